@@ -1,0 +1,36 @@
+# The two commands: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.blockx-installed
+
+.PHONY: setup test test-fast demo lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -U pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev]'
+	@touch $(STAMP)
+
+# The whole suite, slow end-to-end tests included.
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Everything but the tests marked slow.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(PY) examples/wire_roundtrip.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench examples
+	$(PY) -m mypy src/blockx/wire
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache

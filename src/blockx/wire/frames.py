@@ -1,0 +1,244 @@
+"""Frames: the length-prefixed envelopes that cross the Unix socket.
+
+::
+
+    uint32 big-endian N | N bytes body                       (N <= 16 MiB)
+    body = JSON envelope                                      plain frame
+    body = b"BXB1" | uint32 BE J | J bytes JSON | N-8-J bytes sidecar frame
+
+:func:`encode_frame` builds one frame; :class:`FrameDecoder` is an incremental,
+sans-IO decoder: feed it whatever bytes arrived (a whole buffer, one byte, a
+split at any boundary) and it returns every frame completed so far. It never
+reads a socket, so the executor's reader thread and the worker's asyncio
+protocol use the same code. The length limit is checked as soon as the 4-byte
+prefix is in, before any of the body is buffered.
+
+After a :class:`~blockx.wire.errors.ProtocolError` a decoder is *poisoned*: the
+stream has lost framing and every later ``feed`` raises the same error. The
+owner closes the connection.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+import orjson
+
+from . import keys
+from .errors import (
+    EnvelopeNotObjectError,
+    FrameEncodingError,
+    FrameJSONError,
+    FrameTooLargeError,
+    MissingMessageTypeError,
+    PayloadTooLargeError,
+    ProtocolError,
+    SidecarHeaderError,
+    TruncatedFrameError,
+)
+from .values import dumps_wire, loads_wire
+
+__all__ = [
+    "HEADER_SIZE",
+    "MAX_FRAME_BYTES",
+    "SIDECAR_MAGIC",
+    "Frame",
+    "FrameDecoder",
+    "decode_body",
+    "decode_frame",
+    "encode_envelope",
+    "encode_frame",
+]
+
+MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+HEADER_SIZE: Final = 4
+SIDECAR_MAGIC: Final = b"BXB1"
+_SIDECAR_HEADER_SIZE: Final = 8
+
+_U32 = struct.Struct(">I")
+_U32_PAIR = struct.Struct(">4sI")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame: the envelope object and the raw sidecar bytes, if any."""
+
+    envelope: dict[str, Any]
+    sidecar: bytes | None = None
+
+    @property
+    def message_type(self) -> str:
+        mt: str = self.envelope[keys.F_MESSAGE_TYPE]
+        return mt
+
+    def __repr__(self) -> str:
+        side = "" if self.sidecar is None else f", sidecar={len(self.sidecar)}B"
+        call = self.envelope.get(keys.F_CALL_ID)
+        return f"Frame({self.message_type}, callId={call!r}{side})"
+
+
+# --- encoding ------------------------------------------------------------------
+
+
+def encode_envelope(envelope: dict[str, Any]) -> bytes:
+    """Encode an envelope object to JSON bytes.
+
+    Values from user code (outputs, args, params) should already be
+    ``orjson.Fragment(dumps_wire(value))`` so they are validated once; anything
+    else the envelope holds goes through the same strict rules.
+    """
+    try:
+        return orjson.dumps(envelope)
+    except TypeError:
+        return dumps_wire(envelope)
+
+
+def encode_frame(
+    envelope: dict[str, Any] | bytes,
+    sidecar: bytes | bytearray | memoryview | None = None,
+    *,
+    limit: int = MAX_FRAME_BYTES,
+) -> bytes:
+    """Build one frame from an envelope (an object, or its encoded JSON bytes).
+
+    Raises :class:`~blockx.wire.errors.PayloadTooLargeError` when the body would
+    exceed ``limit``, and :class:`~blockx.wire.errors.NotSerializableError` when
+    the envelope holds a value JSON cannot represent. Nothing is half-written.
+    """
+    body = envelope if isinstance(envelope, bytes) else encode_envelope(envelope)
+    if sidecar is None:
+        size = len(body)
+        if size > limit:
+            raise PayloadTooLargeError(size, limit)
+        return _U32.pack(size) + body
+    size = _SIDECAR_HEADER_SIZE + len(body) + len(sidecar)
+    if size > limit:
+        raise PayloadTooLargeError(size, limit)
+    return b"".join((_U32.pack(size), _U32_PAIR.pack(SIDECAR_MAGIC, len(body)), body, sidecar))
+
+
+# --- decoding ------------------------------------------------------------------
+
+
+def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
+    try:
+        envelope = loads_wire(data)
+    except msgspec.DecodeError as exc:
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as utf_exc:
+            raise FrameEncodingError(f"envelope is not valid UTF-8: {utf_exc}") from None
+        raise FrameJSONError(f"envelope is not valid JSON: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise EnvelopeNotObjectError(
+            f"envelope must be a JSON object, got {type(envelope).__name__}"
+        )
+    if not isinstance(envelope.get(keys.F_MESSAGE_TYPE), str):
+        raise MissingMessageTypeError("envelope has no messageType string")
+    return envelope
+
+
+def decode_body(body: bytes | memoryview) -> Frame:
+    """Decode one frame body (without its length prefix)."""
+    if body[:4] == SIDECAR_MAGIC:
+        size = len(body)
+        if size < _SIDECAR_HEADER_SIZE:
+            raise SidecarHeaderError(f"sidecar frame of {size} bytes has no JSON length")
+        (json_len,) = _U32.unpack_from(body, 4)
+        if json_len > size - _SIDECAR_HEADER_SIZE:
+            raise SidecarHeaderError(
+                f"sidecar JSON length {json_len} exceeds the {size - 8} body bytes after the header"
+            )
+        view = memoryview(body)
+        end = _SIDECAR_HEADER_SIZE + json_len
+        return Frame(_decode_json(view[_SIDECAR_HEADER_SIZE:end]), bytes(view[end:]))
+    return Frame(_decode_json(body))
+
+
+def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame:
+    """Decode exactly one whole frame (prefix included); extra bytes are an error."""
+    if len(data) < HEADER_SIZE:
+        raise TruncatedFrameError(f"frame header needs 4 bytes, got {len(data)}")
+    (size,) = _U32.unpack_from(data, 0)
+    if size > limit:
+        raise FrameTooLargeError(size, limit)
+    if len(data) - HEADER_SIZE < size:
+        raise TruncatedFrameError(f"frame body needs {size} bytes, got {len(data) - HEADER_SIZE}")
+    if len(data) - HEADER_SIZE > size:
+        raise ProtocolError(f"{len(data) - HEADER_SIZE - size} bytes after the frame")
+    return decode_body(memoryview(data)[HEADER_SIZE:])
+
+
+class FrameDecoder:
+    """Incremental frame decoder: ``feed(bytes) -> list[Frame]``.
+
+    One per connection, reused for its whole life. Not thread-safe: the owner
+    (a reader thread or an asyncio protocol) is its only caller.
+    """
+
+    __slots__ = ("_buffer", "_error", "_limit", "_need")
+
+    def __init__(self, *, limit: int = MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self._limit = limit
+        self._error: ProtocolError | None = None
+        # Bytes needed before the next frame can complete (a hint for readers).
+        self._need = HEADER_SIZE
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not yet make a whole frame."""
+        return len(self._buffer)
+
+    @property
+    def bytes_needed(self) -> int:
+        """At least this many more bytes are needed to complete the next frame."""
+        return max(self._need - len(self._buffer), 1)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Add received bytes; return the frames they completed, in order.
+
+        Raises a :class:`~blockx.wire.errors.ProtocolError` for a malformed frame;
+        frames completed before it in the same call are lost with the connection.
+        """
+        if self._error is not None:
+            raise self._error
+        buffer = self._buffer
+        buffer += data
+        frames: list[Frame] = []
+        total = len(buffer)
+        offset = 0
+        limit = self._limit
+        try:
+            while total - offset >= HEADER_SIZE:
+                (size,) = _U32.unpack_from(buffer, offset)
+                if size > limit:
+                    raise FrameTooLargeError(size, limit)
+                end = offset + HEADER_SIZE + size
+                if end > total:
+                    self._need = HEADER_SIZE + size
+                    break
+                frames.append(decode_body(bytes(buffer[offset + HEADER_SIZE : end])))
+                offset = end
+            else:
+                self._need = HEADER_SIZE
+        except ProtocolError as exc:
+            self._error = exc
+            buffer.clear()
+            raise
+        if offset:
+            del buffer[:offset]
+        return frames
+
+    def close(self) -> None:
+        """The stream ended: raise :class:`TruncatedFrameError` if a frame was cut off."""
+        if self._error is not None:
+            raise self._error
+        if self._buffer:
+            what = "header" if len(self._buffer) < HEADER_SIZE else "body"
+            raise TruncatedFrameError(
+                f"stream ended inside a frame {what} ({len(self._buffer)} bytes buffered)"
+            )

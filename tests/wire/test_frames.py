@@ -1,0 +1,253 @@
+"""Frames: encode/decode round trips fed whole, byte by byte and split anywhere; every malformed input."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blockx import wire
+from blockx.wire import (
+    MAX_FRAME_BYTES,
+    EnvelopeNotObjectError,
+    FrameDecoder,
+    FrameEncodingError,
+    FrameJSONError,
+    FrameTooLargeError,
+    MissingMessageTypeError,
+    PayloadTooLargeError,
+    ProtocolError,
+    SidecarHeaderError,
+    TruncatedFrameError,
+    decode_frame,
+    encode_frame,
+)
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**200), max_value=2**200)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=40)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+message_types = st.sampled_from(sorted(wire.keys.MESSAGE_TYPES)) | st.text(min_size=1, max_size=12)
+envelopes = st.fixed_dictionaries(
+    {"messageType": message_types, "payload": json_values},
+    optional={
+        "callId": st.text(max_size=20),
+        "requestId": st.none() | st.text(max_size=20),
+        "executorId": st.text(max_size=10),
+        "sentAtMs": st.integers(min_value=0, max_value=2**53),
+    },
+)
+sidecars = st.none() | st.binary(max_size=3000)
+frame_lists = st.lists(st.tuples(envelopes, sidecars), min_size=1, max_size=8)
+
+
+def _encode_all(items: list[tuple[dict, bytes | None]]) -> bytes:
+    return b"".join(encode_frame(env, side) for env, side in items)
+
+
+def _as_pairs(frames: list[wire.Frame]) -> list[tuple[dict, bytes | None]]:
+    return [(f.envelope, f.sidecar) for f in frames]
+
+
+@settings(max_examples=150, deadline=None)
+@given(frame_lists)
+def test_round_trip_fed_whole(items):
+    decoder = FrameDecoder()
+    assert _as_pairs(decoder.feed(_encode_all(items))) == items
+    assert decoder.buffered == 0
+    decoder.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(frame_lists)
+def test_round_trip_fed_byte_by_byte(items):
+    data = _encode_all(items)
+    decoder = FrameDecoder()
+    frames: list[wire.Frame] = []
+    for i in range(len(data)):
+        frames.extend(decoder.feed(data[i : i + 1]))
+    assert _as_pairs(frames) == items
+    decoder.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(frame_lists, st.data())
+def test_round_trip_split_at_random_boundaries(items, data):
+    encoded = _encode_all(items)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(encoded)), max_size=12)))
+    decoder = FrameDecoder()
+    frames: list[wire.Frame] = []
+    start = 0
+    for cut in [*cuts, len(encoded)]:
+        frames.extend(decoder.feed(memoryview(encoded)[start:cut]))
+        start = cut
+    assert _as_pairs(frames) == items
+
+
+def test_plain_frame_layout_is_byte_exact():
+    frame = encode_frame({"messageType": "HeartbeatAck", "payload": {}})
+    body = b'{"messageType":"HeartbeatAck","payload":{}}'
+    assert frame == struct.pack(">I", len(body)) + body
+
+
+def test_sidecar_frame_layout_is_byte_exact():
+    frame = encode_frame({"messageType": "ResumeCall", "payload": {}}, b"\x00\x01raw")
+    body_json = b'{"messageType":"ResumeCall","payload":{}}'
+    expected_body = b"BXB1" + struct.pack(">I", len(body_json)) + body_json + b"\x00\x01raw"
+    assert frame == struct.pack(">I", len(expected_body)) + expected_body
+    decoded = decode_frame(frame)
+    assert decoded.sidecar == b"\x00\x01raw"
+    assert decoded.envelope == {"messageType": "ResumeCall", "payload": {}}
+
+
+def test_empty_sidecar_is_still_a_sidecar():
+    decoded = decode_frame(encode_frame({"messageType": "ResumeCall"}, b""))
+    assert decoded.sidecar == b""
+
+
+# --- malformed input -----------------------------------------------------------
+
+
+def _raw(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3])
+def test_short_header_is_truncated(size):
+    with pytest.raises(TruncatedFrameError):
+        decode_frame(b"\x00" * size)
+    decoder = FrameDecoder()
+    assert decoder.feed(b"\x00" * size) == []
+    if size == 0:
+        decoder.close()  # a stream that ends between frames ends cleanly
+        return
+    with pytest.raises(TruncatedFrameError, match="header"):
+        decoder.close()
+
+
+def test_short_body_is_truncated():
+    data = _raw(b'{"messageType":"X"}')[:-3]
+    with pytest.raises(TruncatedFrameError):
+        decode_frame(data)
+    decoder = FrameDecoder()
+    assert decoder.feed(data) == []
+    with pytest.raises(TruncatedFrameError, match="body"):
+        decoder.close()
+
+
+def test_oversize_length_is_rejected_before_the_body_arrives():
+    decoder = FrameDecoder()
+    with pytest.raises(FrameTooLargeError) as info:
+        decoder.feed(struct.pack(">I", MAX_FRAME_BYTES + 1))  # only the header: no body sent
+    assert info.value.length == MAX_FRAME_BYTES + 1
+    assert decoder.buffered == 0
+    # the decoder is poisoned: framing is lost for good
+    with pytest.raises(FrameTooLargeError):
+        decoder.feed(_raw(b'{"messageType":"HeartbeatAck"}'))
+
+
+def test_exactly_the_limit_is_accepted():
+    limit = 64
+    body = b'{"messageType":"HeartbeatAck","payload":{"p":"' + b"x" * 10 + b'"}}'
+    body = body + b" " * (limit - len(body))
+    decoder = FrameDecoder(limit=limit)
+    assert len(decoder.feed(_raw(body))) == 1
+    with pytest.raises(FrameTooLargeError):
+        FrameDecoder(limit=limit).feed(_raw(body + b" "))
+
+
+def test_sidecar_json_length_beyond_body_is_rejected():
+    body = b"BXB1" + struct.pack(">I", 100) + b'{"messageType":"X"}'
+    with pytest.raises(SidecarHeaderError):
+        FrameDecoder().feed(_raw(body))
+
+
+def test_sidecar_without_json_length_is_rejected():
+    with pytest.raises(SidecarHeaderError):
+        decode_frame(_raw(b"BXB1\x00"))
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"messageType":"X","p":"\xff\xfe"}', FrameEncodingError),
+        (b'{"messageType":"X",', FrameJSONError),
+        (b"not json", FrameJSONError),
+        (b"", FrameJSONError),
+        (b"[1,2]", EnvelopeNotObjectError),
+        (b'"str"', EnvelopeNotObjectError),
+        (b"null", EnvelopeNotObjectError),
+        (b'{"payload":{}}', MissingMessageTypeError),
+        (b'{"messageType":7}', MissingMessageTypeError),
+        (b'{"messageType":null}', MissingMessageTypeError),
+    ],
+)
+def test_malformed_bodies_raise_their_documented_error(body, error):
+    assert issubclass(error, ProtocolError)
+    with pytest.raises(error):
+        decode_frame(_raw(body))
+    decoder = FrameDecoder()
+    with pytest.raises(error):
+        for i in range(len(_raw(body))):
+            decoder.feed(_raw(body)[i : i + 1])
+
+
+def test_sidecar_with_bad_json_raises_json_error():
+    body = b"BXB1" + struct.pack(">I", 3) + b"{{{" + b"raw"
+    with pytest.raises(FrameJSONError):
+        decode_frame(_raw(body))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_hang_and_raise_only_protocol_errors(data):
+    decoder = FrameDecoder(limit=1024)
+    try:
+        decoder.feed(data)
+        decoder.close()
+    except ProtocolError:
+        pass
+
+
+def test_frames_before_a_bad_one_in_separate_feeds_are_delivered():
+    decoder = FrameDecoder()
+    good = encode_frame({"messageType": "HeartbeatAck", "payload": {}})
+    assert len(decoder.feed(good)) == 1
+    with pytest.raises(FrameJSONError):
+        decoder.feed(_raw(b"{oops"))
+
+
+def test_encoder_refuses_oversize_frames_and_writes_nothing():
+    big = {"messageType": "CallCompleted", "payload": {"output": "x" * 200}}
+    with pytest.raises(PayloadTooLargeError) as info:
+        encode_frame(big, limit=100)
+    assert info.value.error_kind == "payload_too_large"
+    with pytest.raises(PayloadTooLargeError):
+        encode_frame({"messageType": "ResumeCall"}, b"x" * 200, limit=100)
+
+
+def test_encoder_accepts_pre_encoded_envelope_bytes():
+    body = b'{"messageType":"HeartbeatAck","payload":{}}'
+    assert encode_frame(body) == _raw(body)
+
+
+def test_bytes_needed_hint():
+    decoder = FrameDecoder()
+    frame = encode_frame({"messageType": "HeartbeatAck", "payload": {}})
+    assert decoder.bytes_needed == 4
+    decoder.feed(frame[:4])
+    assert decoder.bytes_needed == len(frame) - 4
+    decoder.feed(frame[4:10])
+    assert decoder.bytes_needed == len(frame) - 10

@@ -1,0 +1,190 @@
+"""Typed payloads, envelopes, unknown keys and unknown message types."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from blockx import wire
+from blockx.wire import (
+    PAYLOAD_TYPES,
+    CallWaiting,
+    ExecuteCall,
+    Heartbeat,
+    PayloadError,
+    UnknownMessageTypeError,
+    build_envelope,
+    decode_frame,
+    encode_frame,
+    keys,
+    parse_message,
+)
+
+PROTOCOL = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+
+
+def _roundtrip(envelope, sidecar=None):
+    return parse_message(decode_frame(encode_frame(envelope, sidecar)))
+
+
+def test_every_message_type_of_the_protocol_has_a_payload_class():
+    documented = set(re.findall(r"^### `(\w+)`", PROTOCOL, re.M))
+    assert documented == set(PAYLOAD_TYPES) == keys.MESSAGE_TYPES
+
+
+def test_every_payload_key_is_documented_in_the_protocol():
+    for cls in PAYLOAD_TYPES.values():
+        for _name, key, _check, _required in cls._fields():
+            assert f"`{key}`" in PROTOCOL or f'"{key}"' in PROTOCOL, (cls.__name__, key)
+
+
+def test_envelope_keys_match_the_protocol_table():
+    table = PROTOCOL.split("## Envelope", 1)[1].split("##", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
+    assert documented == {
+        keys.F_MESSAGE_TYPE,
+        keys.F_CALL_ID,
+        keys.F_REQUEST_ID,
+        keys.F_EXECUTOR_ID,
+        keys.F_SENT_AT_MS,
+        keys.F_TRACE,
+        keys.F_PAYLOAD,
+    }
+
+
+def test_execute_call_round_trip_with_defaults_and_exact_keys():
+    payload = ExecuteCall(
+        task_id="t1",
+        function_id="adder",
+        function_code_digest="sha256:" + "0" * 64,
+        entry_selector="_",
+        args=[1, 2**100],
+        call_key="k",
+        call_budget_ms=5000,
+    )
+    env = build_envelope(
+        keys.MT_EXECUTE_CALL, payload, call_id="t1/c1", executor_id="exec-1", sent_at_ms=7
+    )
+    assert set(env["payload"]) == {
+        "taskId", "functionId", "functionCodeDigest", "entrySelector", "args", "parentCallId",
+        "callKey", "ancestry", "callBudgetMs", "attemptSeq", "audit", "debug",
+    }  # fmt: skip
+    message = _roundtrip(env)
+    assert message.payload == payload
+    assert message.call_id == "t1/c1"
+    assert message.to_envelope() == env
+
+
+def test_unknown_keys_are_ignored():
+    env = {
+        "messageType": "CancelCall",
+        "callId": "c",
+        "payload": {"reason": "x", "attemptSeq": 2, "futureKey": [1]},
+        "futureEnvelopeKey": True,
+    }
+    message = _roundtrip(env)
+    assert message.payload == wire.CancelCall(reason="x", attempt_seq=2)
+
+
+def test_cancel_reason_defaults_to_worker_shutdown():
+    message = _roundtrip({"messageType": "CancelCall", "callId": "c", "payload": {}})
+    assert message.payload.reason == "worker_shutdown"
+
+
+def test_unknown_message_type_is_not_a_protocol_error():
+    frame = decode_frame(encode_frame({"messageType": "FutureThing", "payload": {}}))
+    with pytest.raises(UnknownMessageTypeError) as info:
+        parse_message(frame)
+    assert not isinstance(info.value, wire.ProtocolError)
+    assert info.value.message_type == "FutureThing"
+
+
+@pytest.mark.parametrize(
+    ("envelope", "key"),
+    [
+        ({"messageType": "ExecuteCall", "callId": "c", "payload": {"taskId": "t"}}, "functionId"),
+        ({"messageType": "ExecuteCall", "payload": {"taskId": "t", "functionId": "f", "functionCodeDigest": "d"}}, "callId"),
+        ({"messageType": "ExecuteCall", "callId": "c", "payload": {"taskId": 3, "functionId": "f", "functionCodeDigest": "d"}}, "taskId"),
+        ({"messageType": "ResumeCall", "callId": "c", "payload": {"resumeKind": "io"}}, "requestId"),
+        ({"messageType": "ResumeCall", "callId": "c", "requestId": "r"}, "payload"),
+        ({"messageType": "CallFailed", "callId": "c", "payload": {"taskId": "t", "retryable": "yes", "errorKind": "x"}}, "retryable"),
+        ({"messageType": "Heartbeat", "payload": {"executorId": "e"}}, "heartbeatSeq"),
+        ({"messageType": "Heartbeat", "payload": {"executorId": "e", "heartbeatSeq": True}}, "heartbeatSeq"),
+        ({"messageType": "CancelCall", "callId": "c", "payload": []}, "payload"),
+        ({"messageType": "CallWaiting", "callId": "c", "payload": {"taskId": "t", "waitKind": "nap"}}, "waitKind"),
+        ({"messageType": "CallWaiting", "callId": "c", "payload": {"taskId": "t", "waitKind": "io", "ioKind": "read"}}, "backend"),
+    ],
+)  # fmt: skip
+def test_wrong_payloads_raise_payload_error_naming_the_key(envelope, key):
+    with pytest.raises(PayloadError) as info:
+        _roundtrip(envelope)
+    assert info.value.key == key
+    assert isinstance(info.value, wire.ProtocolError)
+
+
+def test_call_waiting_io_with_sidecar():
+    payload = CallWaiting(
+        task_id="t",
+        wait_kind="io",
+        io_kind="read",
+        backend="blockdb",
+        operation="get_row",
+        cache_key="k",
+    )
+    env = build_envelope(keys.MT_CALL_WAITING, payload, call_id="c", request_id="req-p-1")
+    message = _roundtrip(env, b"\x08\x96\x01")
+    assert message.payload == payload
+    assert message.sidecar == b"\x08\x96\x01"
+
+
+def test_heartbeat_with_every_field():
+    hb = Heartbeat(
+        executor_id="exec-1",
+        heartbeat_seq=1,
+        runnable_count=2,
+        inflight_count=3,
+        available_contexts=125,
+        memory_bytes=10_000_000,
+        executor_cpu_utilization=0.25,
+        executor_cpu_seconds_total=1.5,
+        executor_process_instance_id="p1",
+        last_scheduler_active_at_ms=99,
+        running_call_id=None,
+        call_state_counts={"RUNNABLE": 2, "WAITING_IO": 1},
+        sent_at_ms=100,
+    )
+    message = _roundtrip(build_envelope(keys.MT_HEARTBEAT, hb, executor_id="exec-1"))
+    assert message.payload == hb
+    assert set(hb.to_wire()) == {
+        "executorId", "heartbeatSeq", "runnableCount", "inflightCount", "availableContexts",
+        "memoryBytes", "executorCpuUtilization", "executorCpuSecondsTotal",
+        "executorProcessInstanceId", "lastSchedulerActiveAtMs", "runningCallId",
+        "callStateCounts", "sentAtMs",
+    }  # fmt: skip
+
+
+def test_resume_error_maps_to_remote_error():
+    env = {
+        "messageType": "ResumeCall",
+        "callId": "c",
+        "requestId": "r",
+        "payload": {
+            "resumeKind": "subcall",
+            "error": {"kind": "subcall_failed", "message": "boom", "retryable": True},
+        },
+    }
+    error = _roundtrip(env).payload.remote_error()
+    assert error == wire.RemoteError(kind="subcall_failed", message="boom", retryable=True)
+
+
+def test_heartbeat_ack_without_payload():
+    message = _roundtrip({"messageType": "HeartbeatAck"})
+    assert isinstance(message.payload, wire.HeartbeatAck)
+
+
+def test_retryable_defaults_follow_protocol():
+    assert keys.RETRYABLE_BY_DEFAULT["transport_lost"] is True
+    assert keys.RETRYABLE_BY_DEFAULT["user_error"] is False
+    assert "io_error" not in keys.RETRYABLE_BY_DEFAULT
