@@ -21,8 +21,7 @@ owner closes the connection.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 import orjson
@@ -57,14 +56,18 @@ MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 HEADER_SIZE: Final = 4
 SIDECAR_MAGIC: Final = b"BXB1"
 _SIDECAR_HEADER_SIZE: Final = 8
+_MAGIC_FIRST: Final = SIDECAR_MAGIC[0]
 
 _U32 = struct.Struct(">I")
 _U32_PAIR = struct.Struct(">4sI")
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One decoded frame: the envelope object and the raw sidecar bytes, if any."""
+class Frame(NamedTuple):
+    """One decoded frame: the envelope object and the raw sidecar bytes, if any.
+
+    A named tuple: decoders build one per frame, and a tuple is the cheapest
+    immutable record Python has.
+    """
 
     envelope: dict[str, Any]
     sidecar: bytes | None = None
@@ -143,7 +146,8 @@ def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
 
 def decode_body(body: bytes | memoryview) -> Frame:
     """Decode one frame body (without its length prefix)."""
-    if body[:4] == SIDECAR_MAGIC:
+    # A JSON envelope starts with "{" or blank space, never "B": one byte decides.
+    if len(body) >= 4 and body[0] == _MAGIC_FIRST and body[:4] == SIDECAR_MAGIC:
         size = len(body)
         if size < _SIDECAR_HEADER_SIZE:
             raise SidecarHeaderError(f"sidecar frame of {size} bytes has no JSON length")
@@ -154,7 +158,7 @@ def decode_body(body: bytes | memoryview) -> Frame:
             )
         view = memoryview(body)
         end = _SIDECAR_HEADER_SIZE + json_len
-        return Frame(_decode_json(view[_SIDECAR_HEADER_SIZE:end]), bytes(view[end:]))
+        return Frame(_decode_json(view[_SIDECAR_HEADER_SIZE:end]), view[end:].tobytes())
     return Frame(_decode_json(body))
 
 
@@ -206,31 +210,36 @@ class FrameDecoder:
         """
         if self._error is not None:
             raise self._error
-        buffer = self._buffer
-        buffer += data
-        frames: list[Frame] = []
-        total = len(buffer)
+        if self._buffer:
+            self._buffer += data
+            if len(self._buffer) < self._need:
+                return []
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        # One view over the received bytes; bodies are decoded straight from it
+        # without copying (msgspec reads any buffer).
+        view = memoryview(data)
+        total = len(view)
         offset = 0
         limit = self._limit
+        frames: list[Frame] = []
+        self._need = HEADER_SIZE
         try:
             while total - offset >= HEADER_SIZE:
-                (size,) = _U32.unpack_from(buffer, offset)
+                (size,) = _U32.unpack_from(view, offset)
                 if size > limit:
                     raise FrameTooLargeError(size, limit)
                 end = offset + HEADER_SIZE + size
                 if end > total:
                     self._need = HEADER_SIZE + size
                     break
-                frames.append(decode_body(bytes(buffer[offset + HEADER_SIZE : end])))
+                frames.append(decode_body(view[offset + HEADER_SIZE : end]))
                 offset = end
-            else:
-                self._need = HEADER_SIZE
         except ProtocolError as exc:
             self._error = exc
-            buffer.clear()
             raise
-        if offset:
-            del buffer[:offset]
+        if offset < total:
+            self._buffer += view[offset:]
         return frames
 
     def close(self) -> None:

@@ -1,0 +1,201 @@
+"""Frames/s for encoding and decoding typical envelopes: orjson vs msgspec vs stdlib json.
+
+Run: .venv/bin/python bench/wire_codec.py [--seconds 0.3]
+
+Rows:
+* ``encode`` / ``decode``: envelope dict <-> JSON bytes with each library.
+* ``blockx.wire frame``: what the protocol code really does per frame
+  (``encode_frame``; ``FrameDecoder.feed`` of a 64-frame batch, per frame).
+* ``typed payload``: building the typed ``ExecuteCall``/``CallCompleted`` from
+  the decoded dict, against msgspec decoding straight into a ``Struct``. This is
+  why the hot paths read dicts and the dataclasses are for validation/docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import orjson
+
+from blockx import wire
+
+EXECUTE_CALL: dict[str, Any] = {
+    "messageType": "ExecuteCall",
+    "callId": "task-7f3a/c-000042",
+    "requestId": None,
+    "executorId": "exec-1",
+    "sentAtMs": 1764450000000,
+    "trace": None,
+    "payload": {
+        "taskId": "task-7f3a",
+        "functionId": "pricing/adder",
+        "functionCodeDigest": "sha256:" + "ab" * 32,
+        "entrySelector": "_",
+        "args": {"left": 12345, "right": 67890, "chain": "eth", "block": 19000000},
+        "parentCallId": None,
+        "callKey": "ck-" + "cd" * 16,
+        "ancestry": [],
+        "callBudgetMs": 5000,
+        "attemptSeq": 1,
+        "audit": None,
+        "debug": False,
+    },
+}
+CALL_COMPLETED: dict[str, Any] = {
+    "messageType": "CallCompleted",
+    "callId": "task-7f3a/c-000042",
+    "executorId": "exec-1",
+    "sentAtMs": 1764450000123,
+    "payload": {
+        "taskId": "task-7f3a",
+        "attemptSeq": 1,
+        "output": {"sum": 80235, "balance": "1250000000000000000", "price": 3012.55},
+        "budgetUsedMs": 3,
+        "effectiveExecutionDurationUs": 2870,
+        "queueWaitUs": 41,
+        "debugOutput": None,
+    },
+}
+
+
+class ExecuteCallStruct(msgspec.Struct, rename="camel"):
+    task_id: str
+    function_id: str
+    function_code_digest: str
+    entry_selector: str = ""
+    args: Any = None
+    parent_call_id: str | None = None
+    call_key: str = ""
+    ancestry: list[str] = []
+    call_budget_ms: int = 0
+    attempt_seq: int = 1
+    audit: dict[str, Any] | None = None
+    debug: bool = False
+
+
+class CallCompletedStruct(msgspec.Struct, rename="camel"):
+    task_id: str
+    attempt_seq: int = 1
+    output: Any = None
+    budget_used_ms: int = 0
+    effective_execution_duration_us: int = 0
+    queue_wait_us: int = 0
+    debug_output: str | None = None
+
+
+def _envelope_struct(payload_type: type) -> type:
+    return msgspec.defstruct(
+        "Envelope",
+        [
+            ("messageType", str),
+            ("payload", payload_type),
+            ("callId", str | None, None),
+            ("requestId", str | None, None),
+            ("executorId", str | None, None),
+            ("sentAtMs", int | None, None),
+            ("trace", dict | None, None),
+        ],
+    )
+
+
+def rate(fn: Callable[[], object], seconds: float, per_call: int = 1) -> float:
+    """Operations per second: median of 3 timed runs."""
+    n = 1000
+    while True:  # calibrate
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - start > seconds / 5:
+            break
+        n *= 2
+    results = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        results.append(n * per_call / (time.perf_counter() - start))
+    return statistics.median(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=0.3)
+    args = parser.parse_args()
+    seconds = args.seconds
+
+    rows: list[tuple[str, str, float, float]] = []
+    ms_encoder = msgspec.json.Encoder()
+    ms_decoder = msgspec.json.Decoder()
+    for name, env, typed, struct in (
+        ("ExecuteCall", EXECUTE_CALL, wire.ExecuteCall, ExecuteCallStruct),
+        ("CallCompleted", CALL_COMPLETED, wire.CallCompleted, CallCompletedStruct),
+    ):
+        body = orjson.dumps(env)
+        frame = wire.encode_frame(env)
+        batch = frame * 64
+        struct_decoder = msgspec.json.Decoder(_envelope_struct(struct))
+        decoder = wire.FrameDecoder()
+        payload = env["payload"]
+        cases: list[tuple[str, Callable[[], object], Callable[[], object], int]] = [
+            ("orjson", lambda env=env: orjson.dumps(env), lambda body=body: orjson.loads(body), 1),
+            ("msgspec", lambda env=env: ms_encoder.encode(env), lambda body=body: ms_decoder.decode(body), 1),
+            (
+                "stdlib json",
+                lambda env=env: json.dumps(env, separators=(",", ":")).encode(),
+                lambda body=body: json.loads(body),
+                1,
+            ),
+            (
+                "blockx.wire frame",
+                lambda env=env: wire.encode_frame(env),
+                lambda batch=batch, decoder=decoder: decoder.feed(batch),
+                64,
+            ),
+        ]
+        for label, enc, dec, per in cases:
+            rows.append((name, label, rate(enc, seconds), rate(dec, seconds, per)))
+        rows.append(
+            (
+                name,
+                "typed payload (dataclass from dict)",
+                float("nan"),
+                rate(lambda typed=typed, payload=payload: typed.from_wire(payload), seconds),
+            )
+        )
+        rows.append(
+            (
+                name,
+                "msgspec Struct decode (bytes->typed)",
+                float("nan"),
+                rate(lambda d=struct_decoder, body=body: d.decode(body), seconds),
+            )
+        )
+        rows.append(("", "", 0.0, 0.0))
+
+    print(f"{'message':<14} {'codec':<38} {'encode frames/s':>16} {'decode frames/s':>16}")
+    print("-" * 88)
+    for message, codec, enc_rate, dec_rate in rows:
+        if not message:
+            print()
+            continue
+        enc = "-" if enc_rate != enc_rate else f"{enc_rate:,.0f}"
+        print(f"{message:<14} {codec:<38} {enc:>16} {dec_rate:>16,.0f}")
+    base = {r[:2]: r for r in rows}
+    for name in ("ExecuteCall", "CallCompleted"):
+        o = base[(name, "orjson")]
+        j = base[(name, "stdlib json")]
+        m = base[(name, "msgspec")]
+        print(
+            f"{name}: orjson/stdlib encode {o[2] / j[2]:.1f}x, decode {o[3] / j[3]:.1f}x; "
+            f"msgspec/orjson decode {m[3] / o[3]:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
