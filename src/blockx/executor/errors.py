@@ -1,0 +1,177 @@
+"""The executor's own errors, split by who they are aimed at.
+
+* **Framework signals** — :class:`CallCancelledError` and
+  :class:`CallDeadlineExceededError` end a call from inside its greenlet. They
+  derive from :class:`BaseException` so a user's ``except Exception`` does not
+  swallow them; each carries the terminal ``errorKind`` and ``retryable`` flag
+  the call ends with. They are raised at safe points (``ExecContext.check_safe_point``),
+  thrown into a suspended greenlet (cancel, attempt replacement, transport loss)
+  or raised by the ``SIGALRM`` handler (:class:`DeadlineSignalExpired`).
+* **Admission refusals** — :class:`AdmissionError` and its subclasses: an
+  ``ExecuteCall`` the runtime will not run. They become one ``CallFailed`` for
+  that call; nothing else is affected.
+* **Loading failures** — :class:`UserCodeError`: the user's module does not
+  compile, or has no entry function. Reported as ``user_error``.
+
+Errors that user code may catch on purpose (a failed IO, a failed sub-call)
+are the ``RemoteCallError`` family in :mod:`blockx.executor.sdk_bridge`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from blockx.wire import keys
+
+__all__ = [
+    "REASON_ATTEMPT_REPLACED",
+    "REASON_CALL_TIMEOUT",
+    "REASON_EXECUTOR_SHUTDOWN",
+    "REASON_TRANSPORT_LOST",
+    "AdmissionError",
+    "CallCancelledError",
+    "CallDeadlineExceededError",
+    "DeadlineSignalExpired",
+    "ExecutorCapacityExhausted",
+    "ExecutorClosedError",
+    "InvalidExecuteCall",
+    "NoEntryFunctionError",
+    "SubcallParentNotResident",
+    "UserCodeError",
+    "UserCodeSyntaxError",
+    "termination_exception",
+]
+
+#: ``cancel_reason`` of an attempt replaced by a newer one: ends without a terminal frame.
+REASON_ATTEMPT_REPLACED: Final = "attempt_replaced"
+#: ``cancel_reason`` after the connection to the worker is gone: ends without a frame.
+REASON_TRANSPORT_LOST: Final = "transport_lost"
+#: The local timeout latch: the call ends as ``deadline_exceeded``, not ``cancelled``.
+REASON_CALL_TIMEOUT: Final = "call_timeout"
+#: ``cancel_reason`` prefix used by :meth:`ExecutorRuntime.shutdown`.
+REASON_EXECUTOR_SHUTDOWN: Final = "executor_shutdown"
+
+
+# --- framework signals (BaseException: user `except Exception` cannot stop them) ---
+
+
+class CallCancelledError(BaseException):
+    """The call was cancelled (CancelCall, shutdown, replacement, transport loss).
+
+    ``error_kind`` is the terminal ``errorKind``: ``cancelled`` for a cancel,
+    ``transport_lost`` when the connection is gone. ``suppress_terminal`` is
+    True when no terminal frame may be sent (attempt replaced, transport lost).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        error_kind: str = keys.ERR_CANCELLED,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(f"call cancelled: {reason}")
+        self.reason = reason
+        self.error_kind = error_kind
+        self.retryable = retryable
+
+    @property
+    def suppress_terminal(self) -> bool:
+        return self.reason in (REASON_ATTEMPT_REPLACED, REASON_TRANSPORT_LOST)
+
+
+class CallDeadlineExceededError(BaseException):
+    """The call used up its budget (or hit its deadline). Ends as ``deadline_exceeded``."""
+
+    error_kind: str = keys.ERR_DEADLINE_EXCEEDED
+    retryable: bool = False
+
+    def __init__(self, reason: str, *, used_ms: float = 0.0, budget_ms: int = 0) -> None:
+        if budget_ms:
+            text = f"call {reason}: used {used_ms:.1f} ms of a {budget_ms} ms budget"
+        else:
+            text = f"call {reason}"
+        super().__init__(text)
+        self.reason = reason
+        self.used_ms = used_ms
+        self.budget_ms = budget_ms
+
+
+class DeadlineSignalExpired(CallDeadlineExceededError):
+    """Raised by the ``SIGALRM`` handler into a call stuck in pure CPU work."""
+
+
+def termination_exception(reason: str, *, retryable: bool = False) -> BaseException:
+    """The exception that ends a call whose ``cancel_reason`` is ``reason``."""
+    if reason == REASON_CALL_TIMEOUT:
+        return CallDeadlineExceededError(REASON_CALL_TIMEOUT)
+    if reason == REASON_TRANSPORT_LOST:
+        return CallCancelledError(
+            reason,
+            error_kind=keys.ERR_TRANSPORT_LOST,
+            retryable=keys.RETRYABLE_BY_DEFAULT[keys.ERR_TRANSPORT_LOST],
+        )
+    return CallCancelledError(reason, retryable=retryable)
+
+
+# --- admission refusals -------------------------------------------------------------
+
+
+class AdmissionError(Exception):
+    """An ExecuteCall the runtime refuses; answered with one ``CallFailed``."""
+
+    error_kind: str = keys.ERR_INTERNAL_ERROR
+    retryable: bool = False
+
+
+class ExecutorCapacityExhausted(AdmissionError):
+    """A top-level call arrived while ``inflight >= max_inflight``."""
+
+    error_kind = keys.ERR_EXECUTOR_CAPACITY_EXHAUSTED
+    retryable = True
+
+
+class SubcallParentNotResident(AdmissionError):
+    """A sub-call whose parent context is not resident in this executor."""
+
+    error_kind = keys.ERR_SUBCALL_PARENT_NOT_RESIDENT
+    retryable = False
+
+
+class ExecutorClosedError(AdmissionError):
+    """An ExecuteCall that arrived after :meth:`ExecutorRuntime.shutdown` began."""
+
+    error_kind = keys.ERR_EXECUTOR_CAPACITY_EXHAUSTED
+    retryable = True
+
+
+class InvalidExecuteCall(AdmissionError):
+    """An ExecuteCall whose payload misses a key or has a wrong type (the peer's fault)."""
+
+    error_kind = keys.ERR_INTERNAL_ERROR
+    retryable = False
+
+
+# --- loading the user's module ------------------------------------------------------
+
+
+class UserCodeError(Exception):
+    """The user's module cannot give an entry function. Reported as ``user_error``."""
+
+    error_kind: str = keys.ERR_USER_ERROR
+    retryable: bool = False
+
+
+class UserCodeSyntaxError(UserCodeError):
+    """The module does not compile. ``lineno`` / ``offset`` locate the error (1-based)."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        where = f"line {error.lineno}, column {error.offset}"
+        super().__init__(f"SyntaxError: {error.msg} ({error.filename}, {where})")
+        self.syntax_error = error
+        self.lineno = error.lineno
+        self.offset = error.offset
+
+
+class NoEntryFunctionError(UserCodeError):
+    """The module defines no function the entry rules can pick."""

@@ -1,0 +1,588 @@
+"""SdkBridge: every SDK call becomes ``CallWaiting`` → suspend → ``ResumeCall``.
+
+Theory of operation
+-------------------
+User code calls the SDK synchronously (``Table(...).get_row``, ``function.call``,
+``time.sleep``). The provider forwards to this bridge, which runs on the call's
+own greenlet:
+
+1. :meth:`SdkBridge._perform_wait` — the ONLY suspend path for worker round
+   trips — checks the safe point, takes a fresh ``requestId``, sends one
+   ``CallWaiting``, records the pending request and switches to the scheduler.
+   The scheduler switches back with the validated :class:`ResumePayload` when
+   the matching ``ResumeCall`` arrives (or throws a framework exception into
+   the greenlet to end the call). Back on the call's greenlet the wait's
+   ``budgetUsedMs`` is charged, the safe point is checked again, and the result
+   is returned or ``ResumeCall.error`` is raised as a :class:`RemoteCallError`.
+2. :meth:`SdkBridge.do_sleep` suspends on a local timer: no frame is sent.
+3. :meth:`SdkBridge.do_function_code_req` fetches a module's source by digest
+   with a local singleflight: the first call missing a digest (the leader)
+   sends ``CallWaiting(function_code)``; later ones (followers) wait in
+   ``WAITING_FUNCTION_CODE`` without a request and are woken by the leader with
+   its outcome. A leader that is cancelled hands the fetch to a follower.
+
+Errors raised into user code are the :class:`RemoteCallError` family (plain
+``Exception`` subclasses: user code may catch them). Uncaught, each fails the
+call with its :attr:`RemoteCallError.error_kind` and ``retryable`` flag. A
+backend may register its own IO error classes with :func:`register_io_error_kinds`.
+
+Invariants: at most one pending ``requestId`` per context; a context whose
+``cancel_reason`` is set never suspends again (the safe point re-raises, so
+user code that swallowed a cancellation cannot wait its way back to life).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import orjson
+
+from blockx.sdk.runtime import NoProviderError
+from blockx.wire import dumps_wire
+from blockx.wire.keys import (
+    ERR_FUNCTION_CODE_FETCH_FAILED,
+    ERR_INTERNAL_ERROR,
+    ERR_SUBCALL_CYCLE_DETECTED,
+    ERR_SUBCALL_DEPTH_EXCEEDED,
+    ERR_SUBCALL_FAILED,
+    F_CALL_ID,
+    F_EXECUTOR_ID,
+    F_MESSAGE_TYPE,
+    F_PAYLOAD,
+    F_REQUEST_ID,
+    FP_ANCESTRY,
+    FP_ARGS,
+    FP_ATTEMPT_SEQ,
+    FP_BACKEND,
+    FP_CACHE_KEY,
+    FP_ERROR_KIND_FIELD,
+    FP_ERROR_MESSAGE_FIELD,
+    FP_ERROR_RETRYABLE_FIELD,
+    FP_FUNCTION_CODE_DIGEST,
+    FP_FUNCTION_ID,
+    FP_GRANTED_BUDGET_MS,
+    FP_IO_KIND,
+    FP_OPERATION,
+    FP_PARAMS,
+    FP_SOURCE,
+    FP_TASK_ID,
+    FP_WAIT_KIND,
+    IO_CAPABILITY,
+    IO_READ,
+    IO_WRITE,
+    MT_CALL_WAITING,
+    RETRYABLE_BY_DEFAULT,
+    WAIT_FUNCTION_CODE,
+    WAIT_IO,
+    WAIT_SUBCALL,
+)
+
+from .context import ExecState, ResumePayload, current_context
+from .errors import (  # the framework signals are re-exported where the seed keeps them
+    REASON_TRANSPORT_LOST,
+    CallCancelledError,
+    CallDeadlineExceededError,
+)
+
+if TYPE_CHECKING:
+    from .context import ExecContext
+
+__all__ = [
+    "SLEEP_WAKE",
+    "SUSPENDED",
+    "BridgeHost",
+    "CallCancelledError",
+    "CallDeadlineExceededError",
+    "FunctionCodeFetchError",
+    "RemoteCallError",
+    "RemoteIOError",
+    "SdkBridge",
+    "SubcallCycleDetectedError",
+    "SubcallDepthExceededError",
+    "SubcallFailedError",
+    "io_error_class",
+    "register_io_error_kinds",
+    "verify_fetched_source",
+]
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+#: What a call's greenlet hands the scheduler when it suspends in a wait.
+SUSPENDED: Final = _Marker("suspended")
+#: The resume value of a cooperative sleep whose timer is due.
+SLEEP_WAKE: Final = _Marker("sleep-wake")
+#: A code-fetch follower's resume value when its leader ended without an outcome.
+_RETRY_FETCH: Final = _Marker("retry-fetch")
+
+
+# --- the RemoteCallError family --------------------------------------------------------
+
+
+class RemoteCallError(Exception):
+    """A wait the worker answered with ``ResumeCall.error``.
+
+    ``kind`` / ``message`` / ``retryable`` are the remote error's fields.
+    ``error_kind`` is the ``errorKind`` the call fails with when user code does
+    not catch this exception.
+    """
+
+    error_kind_override: str | None = None
+
+    def __init__(self, kind: str, message: str = "", retryable: bool = False) -> None:
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+
+    @property
+    def error_kind(self) -> str:
+        return self.error_kind_override or self.kind
+
+
+class RemoteIOError(RemoteCallError):
+    """An IO wait (read, write, capability) failed; uncaught, the call fails with ``kind``."""
+
+
+class SubcallFailedError(RemoteCallError):
+    """The child call failed. ``kind`` is the child's ``errorKind``; uncaught, the
+    caller fails as ``subcall_failed`` with the child's ``retryable`` flag."""
+
+    error_kind_override = ERR_SUBCALL_FAILED
+
+    @property
+    def child_error_kind(self) -> str:
+        return self.kind
+
+
+class SubcallDepthExceededError(RemoteCallError):
+    """The worker refused the sub-call: the call chain is too deep."""
+
+    error_kind_override = ERR_SUBCALL_DEPTH_EXCEEDED
+
+
+class SubcallCycleDetectedError(RemoteCallError):
+    """The worker refused the sub-call: its callKey is already in the ancestry."""
+
+    error_kind_override = ERR_SUBCALL_CYCLE_DETECTED
+
+
+class FunctionCodeFetchError(RemoteCallError):
+    """The module's source could not be fetched or did not match its digest."""
+
+    error_kind_override = ERR_FUNCTION_CODE_FETCH_FAILED
+
+
+_IO_ERROR_KINDS: dict[str, type[RemoteCallError]] = {}
+
+
+def register_io_error_kinds(kinds: Mapping[str, type[RemoteCallError]]) -> None:
+    """Map backend-specific IO error kinds to exception classes (later wins).
+
+    The classes must derive from :class:`RemoteCallError` (usually
+    :class:`RemoteIOError`) and accept ``(kind, message, retryable)``.
+    """
+    for kind, cls in kinds.items():
+        if not (isinstance(cls, type) and issubclass(cls, RemoteCallError)):
+            raise TypeError(f"IO error kind {kind!r}: {cls!r} is not a RemoteCallError subclass")
+    _IO_ERROR_KINDS.update(kinds)
+
+
+def io_error_class(kind: str) -> type[RemoteCallError]:
+    """The class an IO error of ``kind`` is raised as."""
+    return _IO_ERROR_KINDS.get(kind, RemoteIOError)
+
+
+def _map_resume_error(wait_kind: str, error: Mapping[str, Any]) -> RemoteCallError:
+    """Turn a validated ``ResumeCall.error`` into the exception raised in user code."""
+    kind = error.get(FP_ERROR_KIND_FIELD) or ERR_INTERNAL_ERROR
+    message = error.get(FP_ERROR_MESSAGE_FIELD) or ""
+    retryable = error.get(FP_ERROR_RETRYABLE_FIELD)
+    if retryable is None:
+        retryable = RETRYABLE_BY_DEFAULT.get(kind, False)
+    if wait_kind == WAIT_FUNCTION_CODE:
+        if error.get(FP_ERROR_RETRYABLE_FIELD) is None:
+            retryable = RETRYABLE_BY_DEFAULT[ERR_FUNCTION_CODE_FETCH_FAILED]
+        return FunctionCodeFetchError(kind, message, retryable)
+    if wait_kind == WAIT_SUBCALL:
+        if kind == ERR_SUBCALL_DEPTH_EXCEEDED:
+            return SubcallDepthExceededError(kind, message, retryable)
+        if kind == ERR_SUBCALL_CYCLE_DETECTED:
+            return SubcallCycleDetectedError(kind, message, retryable)
+        return SubcallFailedError(kind, message, retryable)
+    return io_error_class(kind)(kind, message, retryable)
+
+
+def verify_fetched_source(result: Any, digest: str) -> str:
+    """The source in a ``ResumeCall(function_code)`` result, checked against ``digest``.
+
+    Raises :class:`FunctionCodeFetchError` when the result is malformed, names
+    another digest, or the source does not hash to ``sha256:<hex>``.
+    """
+    fail = ERR_FUNCTION_CODE_FETCH_FAILED
+    if type(result) is not dict:
+        raise FunctionCodeFetchError(fail, "function_code result must be an object", True)
+    source = result.get(FP_SOURCE)
+    if type(source) is not str:
+        raise FunctionCodeFetchError(fail, "function_code result has no source string", True)
+    named = result.get(FP_FUNCTION_CODE_DIGEST)
+    if named is not None and named != digest:
+        raise FunctionCodeFetchError(fail, f"asked for {digest}, the worker sent {named}", True)
+    algorithm, _, expected = digest.partition(":")
+    if algorithm != "sha256" or len(expected) != 64:
+        raise FunctionCodeFetchError(
+            fail, f"unsupported function code digest {digest!r} (want sha256:<64 hex>)", False
+        )
+    try:
+        actual = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:
+        raise FunctionCodeFetchError(fail, "source is not valid UTF-8 text", True) from None
+    if actual != expected.lower():
+        raise FunctionCodeFetchError(
+            fail, f"fetched source hashes to sha256:{actual}, not {digest}", True
+        )
+    return source
+
+
+# --- the host: what the bridge needs from the runtime ----------------------------------
+
+
+class BridgeHost(Protocol):
+    """The runtime as the bridge sees it (``ExecutorRuntime`` implements it)."""
+
+    executor_id: str
+
+    def next_request_id(self) -> str: ...
+
+    def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
+        """Send now; raises ``ConnectionError`` (transport gone) or ``EncodeError``."""
+        ...
+
+    def note_transport_lost(self) -> None: ...
+
+    def schedule_sleep(self, ctx: ExecContext, duration_s: float) -> None:
+        """Arm ``ctx``'s sleep timer and mark it ``WAITING_SLEEP``."""
+        ...
+
+    def wake_context(self, ctx: ExecContext, value: Any) -> None:
+        """Queue ``ctx`` to be switched into with ``value`` (code-fetch followers)."""
+        ...
+
+
+class _CodeFetch:
+    """One in-flight fetch of a digest: its leader and the contexts waiting on it."""
+
+    __slots__ = ("followers", "leader")
+
+    def __init__(self, leader: ExecContext) -> None:
+        self.leader = leader
+        self.followers: list[ExecContext] = []
+
+    def __repr__(self) -> str:
+        return f"_CodeFetch(leader={self.leader.call_id!r}, followers={len(self.followers)})"
+
+
+class _FetchFailed:
+    """A leader's fetch failure, replayed as a fresh exception in every follower."""
+
+    __slots__ = ("kind", "message", "retryable")
+
+    def __init__(self, error: RemoteCallError) -> None:
+        self.kind = error.kind
+        self.message = error.message
+        self.retryable = error.retryable
+
+    def exception(self) -> FunctionCodeFetchError:
+        return FunctionCodeFetchError(self.kind, self.message, self.retryable)
+
+
+def _sleep_seconds(seconds: Any) -> float:
+    """``time.sleep``'s argument rules: a real number (``__float__``/``__index__``),
+    not negative, not NaN."""
+    if isinstance(seconds, (int, float)):
+        value = float(seconds)
+    elif hasattr(type(seconds), "__float__"):
+        value = float(seconds)
+    elif hasattr(type(seconds), "__index__"):
+        value = float(operator.index(seconds))
+    else:
+        raise TypeError(
+            f"'{type(seconds).__name__}' object cannot be interpreted as an integer or float"
+        )
+    if math.isnan(value):
+        raise ValueError("Invalid value NaN (not a number)")
+    if value < 0:
+        raise ValueError("sleep length must be non-negative")
+    return value
+
+
+class SdkBridge:
+    """The synchronous SDK contract on top of greenlet suspension (see the module doc)."""
+
+    __slots__ = ("_function_code_fetches", "_host")
+
+    def __init__(self, host: BridgeHost) -> None:
+        self._host = host
+        self._function_code_fetches: dict[str, _CodeFetch] = {}
+
+    def __repr__(self) -> str:
+        return f"SdkBridge(code_fetches={len(self._function_code_fetches)})"
+
+    @staticmethod
+    def _require_context() -> ExecContext:
+        ctx = current_context()
+        if ctx is None:
+            raise NoProviderError(
+                "the executor's SDK bridge only works on a call's greenlet, inside a BlockX call"
+            )
+        return ctx
+
+    # --- IO --------------------------------------------------------------------------
+
+    def do_read_req(
+        self, backend: str, operation: str, params: Any, *, cache_key: str | None = None
+    ) -> Any:
+        """A read: ``CallWaiting(io, ioKind=read)``; equal ``cache_key`` values may share one."""
+        return self._io(IO_READ, backend, operation, params, cache_key)
+
+    def do_write_req(self, backend: str, operation: str, params: Any) -> Any:
+        """A write: ``CallWaiting(io, ioKind=write)``; never cached."""
+        return self._io(IO_WRITE, backend, operation, params, None)
+
+    def do_capability_req(
+        self, backend: str, operation: str, params: Any, *, cache_key: str = ""
+    ) -> Any:
+        """A capability call: ``CallWaiting(io, ioKind=capability)``; ``""`` means no cache key."""
+        return self._io(IO_CAPABILITY, backend, operation, params, cache_key or None)
+
+    def _io(
+        self, io_kind: str, backend: str, operation: str, params: Any, cache_key: str | None
+    ) -> Any:
+        ctx = self._require_context()
+        if type(backend) is not str or type(operation) is not str:
+            raise TypeError("backend and operation must be strings")
+        if cache_key is not None and type(cache_key) is not str:
+            raise TypeError("cache_key must be a string or None")
+        sidecar: bytes | None = None
+        if isinstance(params, (bytes, bytearray, memoryview)):
+            sidecar = bytes(params)  # the request body travels raw; params stays null
+            params = None
+        elif params is not None and not isinstance(params, dict) and isinstance(params, Mapping):
+            params = dict(params)
+        # The payload is built in the call expression: no frame of ours keeps the
+        # encoded params alive while the call is suspended (see _perform_wait).
+        return self._perform_wait(
+            ctx,
+            ExecState.WAITING_IO,
+            WAIT_IO,
+            {
+                FP_TASK_ID: ctx.task_id,
+                FP_WAIT_KIND: WAIT_IO,
+                FP_ATTEMPT_SEQ: ctx.attempt_seq,
+                FP_IO_KIND: io_kind,
+                FP_BACKEND: backend,
+                FP_OPERATION: operation,
+                FP_PARAMS: None if params is None else orjson.Fragment(dumps_wire(params)),
+                FP_CACHE_KEY: cache_key,
+            },
+            sidecar,
+        )
+
+    # --- sub-calls ---------------------------------------------------------------------
+
+    def do_subcall(self, function_id: str, args: Any) -> Any:
+        """Run ``function_id`` as a child call and return its output.
+
+        ``grantedBudgetMs`` is this call's remaining budget (0 when unlimited);
+        ``ancestry`` is this call's ancestry plus its own ``callKey``.
+        """
+        ctx = self._require_context()
+        if type(function_id) is not str or not function_id:
+            raise TypeError("function_id must be a non-empty string")
+        ctx.check_safe_point()
+        granted = 0
+        if ctx.budget_ms:
+            granted = max(1, round(ctx.budget_ms - ctx.budget_used_ms()))
+        return self._perform_wait(
+            ctx,
+            ExecState.WAITING_SUBCALL,
+            WAIT_SUBCALL,
+            {
+                FP_TASK_ID: ctx.task_id,
+                FP_WAIT_KIND: WAIT_SUBCALL,
+                FP_ATTEMPT_SEQ: ctx.attempt_seq,
+                FP_FUNCTION_ID: function_id,
+                FP_ARGS: orjson.Fragment(dumps_wire(args)),
+                FP_ANCESTRY: [*ctx.ancestry, ctx.call_key] if ctx.call_key else list(ctx.ancestry),
+                FP_GRANTED_BUDGET_MS: granted,
+            },
+        )
+
+    # --- code fetch --------------------------------------------------------------------
+
+    def do_function_code_req(self, function_id: str, digest: str) -> str:
+        """The verified source of ``digest``, fetched once per digest however many calls miss it.
+
+        Raises :class:`FunctionCodeFetchError` when the fetch fails (every
+        follower of that fetch fails the same way).
+        """
+        ctx = self._require_context()
+        while True:
+            fetch = self._function_code_fetches.get(digest)
+            if fetch is None:
+                return self._lead_code_fetch(ctx, function_id, digest)
+            outcome = self._follow_code_fetch(ctx, fetch)
+            if type(outcome) is str:
+                return outcome
+            if type(outcome) is _FetchFailed:
+                raise outcome.exception()
+            # _RETRY_FETCH: the leader ended without an outcome; the loop elects a new one.
+
+    def _lead_code_fetch(self, ctx: ExecContext, function_id: str, digest: str) -> str:
+        fetch = _CodeFetch(ctx)
+        fetches = self._function_code_fetches
+        fetches[digest] = fetch
+        outcome: Any = _RETRY_FETCH
+        try:
+            payload = {
+                FP_TASK_ID: ctx.task_id,
+                FP_WAIT_KIND: WAIT_FUNCTION_CODE,
+                FP_ATTEMPT_SEQ: ctx.attempt_seq,
+                FP_FUNCTION_ID: function_id,
+                FP_FUNCTION_CODE_DIGEST: digest,
+            }
+            result = self._perform_wait(
+                ctx, ExecState.WAITING_FUNCTION_CODE, WAIT_FUNCTION_CODE, payload
+            )
+            source = verify_fetched_source(result, digest)
+            outcome = source
+            return source
+        except FunctionCodeFetchError as exc:
+            outcome = _FetchFailed(exc)
+            raise
+        finally:
+            if fetches.get(digest) is fetch:
+                del fetches[digest]
+            wake = self._host.wake_context
+            for follower in fetch.followers:
+                wake(follower, outcome)
+            fetch.followers.clear()
+
+    def _follow_code_fetch(self, ctx: ExecContext, fetch: _CodeFetch) -> Any:
+        ctx.check_safe_point()
+        fetch.followers.append(ctx)
+        ctx.state = ExecState.WAITING_FUNCTION_CODE
+        ctx.code_fetch_follower = True
+        greenlet = ctx.greenlet
+        assert greenlet is not None and greenlet.parent is not None
+        try:
+            outcome = greenlet.parent.switch(SUSPENDED)
+        finally:
+            ctx.code_fetch_follower = False
+            if ctx in fetch.followers:
+                fetch.followers.remove(ctx)
+        ctx.check_safe_point()
+        return outcome
+
+    # --- sleep -------------------------------------------------------------------------
+
+    def do_sleep(self, seconds: float) -> None:
+        """Suspend this call on a local timer (no frame); the sleep is charged to the budget.
+
+        A sleep longer than the remaining budget wakes when the budget runs out
+        and ends the call as ``deadline_exceeded``.
+        """
+        ctx = self._require_context()
+        duration = _sleep_seconds(seconds)
+        ctx.check_safe_point()
+        remaining = ctx.remaining_s()
+        if remaining is not None and remaining < duration:
+            duration = max(remaining, 0.0)
+        host = self._host
+        started = ctx.clock()
+        host.schedule_sleep(ctx, duration)
+        greenlet = ctx.greenlet
+        assert greenlet is not None and greenlet.parent is not None
+        try:
+            greenlet.parent.switch(SUSPENDED)
+        except BaseException:
+            # Ended mid-sleep: charge what actually elapsed.
+            ctx.sleep_s += min(max(ctx.clock() - started, 0.0), duration)
+            raise
+        ctx.sleep_s += duration  # waking late is queueing, never charged
+        ctx.check_safe_point()
+
+    # --- the one suspend path ---------------------------------------------------------
+
+    def _perform_wait(
+        self,
+        ctx: ExecContext,
+        state: ExecState,
+        wait_kind: str,
+        payload: dict[str, Any],
+        sidecar: bytes | None = None,
+    ) -> Any:
+        """Send one ``CallWaiting``, suspend, and return the result of its ``ResumeCall``.
+
+        Raises the mapped :class:`RemoteCallError` for a ``ResumeCall.error``,
+        an ``EncodeError`` when the request cannot be framed (nothing sent), or
+        a framework exception when the call is cancelled or out of budget.
+        """
+        ctx.check_safe_point()
+        host = self._host
+        request_id = host.next_request_id()
+        envelope = {
+            F_MESSAGE_TYPE: MT_CALL_WAITING,
+            F_CALL_ID: ctx.call_id,
+            F_REQUEST_ID: request_id,
+            F_EXECUTOR_ID: host.executor_id,
+            F_PAYLOAD: payload,
+        }
+        # Not RUNNING from here on: the SIGALRM handler leaves framework code alone.
+        ctx.state = state
+        try:
+            host.send_frame(envelope, sidecar)
+        except ConnectionError:
+            ctx.state = ExecState.RUNNING
+            host.note_transport_lost()
+            if ctx.cancel_reason is None:
+                ctx.cancel_reason = REASON_TRANSPORT_LOST
+            ctx.check_safe_point()
+            raise
+        except BaseException:
+            ctx.state = ExecState.RUNNING
+            raise
+        ctx.pending_request_id = request_id
+        # Sent: drop the request. orjson's output sits in a ~4 KiB allocation
+        # whatever its size, and a suspended frame would keep it for the whole wait.
+        del envelope, payload
+        sidecar = None
+        greenlet = ctx.greenlet
+        assert greenlet is not None and greenlet.parent is not None
+        try:
+            resumed = greenlet.parent.switch(SUSPENDED)
+        finally:
+            ctx.pending_request_id = None
+        # The scheduler set RUNNING before switching back in.
+        if type(resumed) is not ResumePayload:
+            raise RemoteCallError(
+                ERR_INTERNAL_ERROR, f"call resumed with {resumed!r} instead of a ResumeCall"
+            )
+        if resumed.budget_used_ms and wait_kind != WAIT_FUNCTION_CODE:
+            ctx.wait_ms += resumed.budget_used_ms  # code fetches are not charged
+        ctx.check_safe_point()
+        if resumed.error is not None:
+            raise _map_resume_error(wait_kind, resumed.error)
+        return resumed.result

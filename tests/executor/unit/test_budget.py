@@ -1,0 +1,272 @@
+"""Budget: CPU + IO wait + sub-call + sleep are charged, queueing never; the safe points;
+SIGALRM preemption of pure CPU loops; the local call-timeout latch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from textwrap import dedent
+
+import pytest
+from executor_harness import Harness
+
+from blockx.executor import runtime as runtime_module
+from blockx.executor.context import running
+from blockx.executor.runtime import ExecutorRuntime
+from blockx.wire import keys
+
+BURN_THEN_READ = dedent(
+    """
+    from blockx.sdk import db
+
+    def _(p):
+        clock.advance_ms(p["before"])
+        value = db.get("t", 1)
+        record("after wait")
+        clock.advance_ms(p["after"])
+        return value
+    """
+)
+
+
+def _budget(h: Harness, call_id: str) -> int:
+    return h.payload(call_id)[keys.FP_BUDGET_USED_MS]
+
+
+class TestCharging:
+    def test_cpu_time_is_charged(self, h: Harness) -> None:
+        h.execute("c1", "def _(p):\n    clock.advance_ms(30)\n    return 1\n", None)
+        h.run()
+        assert _budget(h, "c1") == 30
+
+    def test_io_wait_is_charged_as_the_worker_reports_it(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 5, "after": 7})
+        h.run()
+        h.clock.advance_ms(1000)  # wall time in the wait is not what counts
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=40)
+        h.run()
+        assert _budget(h, "c1") == 5 + 40 + 7
+
+    def test_queueing_is_never_charged(self, h: Harness) -> None:
+        h.add_source(BURN_THEN_READ)
+        h.rt.registry.compile_source("fn", h.add_source(BURN_THEN_READ), BURN_THEN_READ)
+        h.execute("c1", BURN_THEN_READ, {"before": 1, "after": 1})
+        h.clock.advance_ms(100)  # admitted, waiting in the runnable queue
+        h.run()
+        h.resume(h.last_wait("c1"), "v")
+        h.clock.advance_ms(50)  # resumed, waiting in the runnable queue again
+        h.run()
+        payload = h.payload("c1")
+        assert payload[keys.FP_BUDGET_USED_MS] == 2
+        assert payload[keys.FP_QUEUE_WAIT_US] == 150_000
+        assert payload[keys.FP_EFFECTIVE_EXECUTION_DURATION_US] == 2_000
+
+    def test_sleep_is_charged_for_what_was_asked_not_for_waking_late(self, h: Harness) -> None:
+        h.execute("c1", "import time\ndef _(p):\n    time.sleep(0.2)\n", None)
+        h.run()
+        h.clock.advance(0.5)
+        h.run()
+        payload = h.payload("c1")
+        assert payload[keys.FP_BUDGET_USED_MS] == 200
+        assert payload[keys.FP_QUEUE_WAIT_US] == 300_000
+
+    def test_subcall_time_is_charged(self, h: Harness) -> None:
+        h.execute("c1", "def _(p):\n    return function.call('child', 1)\n", None)
+        h.run()
+        h.resume(h.last_wait("c1"), {"ok": True}, budget_used_ms=25)
+        h.run()
+        assert _budget(h, "c1") == 25
+
+    def test_code_fetches_are_not_charged(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(auto_code=False)
+        digest = h.add_source("def _(p):\n    return p\n")
+        h.execute("c1", digest=digest, args=3)
+        h.run()
+        (wait,) = h.code_waits
+        h.resume(
+            wait,
+            {keys.FP_SOURCE: h.sources[digest], keys.FP_FUNCTION_CODE_DIGEST: digest},
+            budget_used_ms=500,
+        )
+        h.run()
+        assert _budget(h, "c1") == 0
+
+    def test_an_unlimited_budget_never_expires(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 10_000, "after": 10_000}, call_budget_ms=0)
+        h.run()
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=10**6)
+        h.run()
+        assert h.output("c1") == "v"
+
+
+class TestSafePoints:
+    def test_expired_after_resuming_a_wait(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 10, "after": 0}, call_budget_ms=100)
+        h.run()
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=95)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert failure[keys.FP_RETRYABLE] is False
+        assert failure[keys.FP_BUDGET_USED_MS] == 105
+        assert h.records == []  # nothing after the wait ran
+
+    def test_expired_before_sending_a_wait(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 150, "after": 0}, call_budget_ms=100)
+        h.run()
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert h.waits("c1", keys.WAIT_IO) == []
+
+    def test_expired_before_return(self, h: Harness) -> None:
+        h.execute(
+            "c1", "def _(p):\n    clock.advance_ms(101)\n    return 1\n", None, call_budget_ms=100
+        )
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert "101.0 ms of a 100 ms budget" in failure[keys.FP_ERROR_MESSAGE]
+
+    def test_a_sleep_longer_than_the_budget_wakes_at_the_budget_and_fails(self, h: Harness) -> None:
+        h.execute(
+            "c1",
+            "import time\ndef _(p):\n    time.sleep(10)\n    record('after')\n",
+            None,
+            call_budget_ms=100,
+        )
+        h.run()
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.1)
+        h.clock.advance(0.1)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert failure[keys.FP_BUDGET_USED_MS] == 100
+        assert h.records == []
+
+    def test_a_budget_that_holds_completes(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 30, "after": 30}, call_budget_ms=100)
+        h.run()
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=39)
+        h.run()
+        assert h.output("c1") == "v"
+        assert _budget(h, "c1") == 99
+
+
+class TestPreemption:
+    def test_a_pure_cpu_loop_is_preempted_at_its_budget(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(real_clock=True)
+        h.execute(
+            "c1", "def _(p):\n    n = 0\n    while True:\n        n += 1\n", None, call_budget_ms=50
+        )
+        started = time.perf_counter()
+        h.run()
+        elapsed = time.perf_counter() - started
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert 0.045 <= elapsed < 2.0
+        assert 50 <= failure[keys.FP_BUDGET_USED_MS] < 500
+        assert 'File "<blockx:fn>", line' in failure[keys.FP_ERROR_STACK]
+        h.execute("c2", "def _(p):\n    return p\n", 2)  # the executor carries on
+        h.run()
+        assert h.output("c2") == 2
+
+    def test_while_true_pass_is_preempted(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(real_clock=True)
+        h.execute("c1", "def _(p):\n    while True:\n        pass\n", None, call_budget_ms=30)
+        h.run()
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+
+    def test_preemption_counts_budget_already_used_by_waits(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(real_clock=True)
+        source = dedent(
+            """
+            from blockx.sdk import db
+
+            def _(p):
+                db.get("t", 1)
+                while True:
+                    pass
+            """
+        )
+        h.execute("c1", source, None, call_budget_ms=1000)
+        h.run()
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=960)
+        started = time.perf_counter()
+        h.run()
+        assert time.perf_counter() - started < 0.5
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+
+    def test_the_alarm_is_disarmed_between_calls(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        import signal
+
+        h = make_harness(real_clock=True)
+        h.execute("c1", "def _(p):\n    return 1\n", None, call_budget_ms=10_000)
+        h.run()
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+    def test_the_signal_handler_leaves_everything_else_alone(self) -> None:
+        assert running.ctx is None
+        runtime_module._on_deadline_signal(14, None)  # no call running: nothing happens
+
+    def test_off_the_main_thread_there_is_no_alarm_but_budgets_still_hold(self) -> None:
+        results: dict[str, object] = {}
+
+        def build_and_run() -> None:
+            rt = ExecutorRuntime("exec-t")
+            results["alarm"] = rt._alarm_enabled
+            source = "def _(p):\n    return p\n"
+            from executor_harness import digest_of
+
+            digest = digest_of(source)
+            rt.registry.compile_source("fn", digest, source)
+            rt.handle_inbound_message(
+                {
+                    keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
+                    keys.F_CALL_ID: "c1",
+                    keys.F_PAYLOAD: {
+                        keys.FP_TASK_ID: "t",
+                        keys.FP_FUNCTION_ID: "fn",
+                        keys.FP_FUNCTION_CODE_DIGEST: digest,
+                        keys.FP_ARGS: 4,
+                        keys.FP_CALL_BUDGET_MS: 1000,
+                    },
+                }
+            )
+            rt.run_until_idle()
+            results["frames"] = rt.drain_outbox()
+            rt.shutdown()
+
+        thread = threading.Thread(target=build_and_run)
+        thread.start()
+        thread.join()
+        assert results["alarm"] is False
+        (frame,) = results["frames"]  # type: ignore[misc]
+        assert frame[0][keys.F_PAYLOAD][keys.FP_OUTPUT] == 4
+
+
+class TestCallTimeoutLatch:
+    def test_a_waiting_call_past_its_timeout_ends_as_deadline_exceeded(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(call_timeout_ms=100)
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0})
+        h.run()
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.1)
+        h.clock.advance_ms(150)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert "call_timeout" in failure[keys.FP_ERROR_MESSAGE]
+
+    def test_a_running_call_past_its_timeout_fails_at_the_next_safe_point(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(call_timeout_ms=100)
+        h.execute("c1", BURN_THEN_READ, {"before": 150, "after": 0})
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert h.waits("c1", keys.WAIT_IO) == []
+
+    def test_the_budget_wins_over_the_deadline(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(call_timeout_ms=100)
+        h.execute("c1", "def _(p):\n    clock.advance_ms(200)\n", None, call_budget_ms=50)
+        h.run()
+        assert "budget" in h.failure("c1")[keys.FP_ERROR_MESSAGE]

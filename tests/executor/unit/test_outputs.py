@@ -1,0 +1,202 @@
+"""Outputs and failures: what a return value becomes on the wire, what a failure reports."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+from typing import Any
+
+import pytest
+from executor_harness import Harness
+
+from blockx.executor.outputs import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_ERROR_STACK_CHARS,
+    MAX_LOCAL_VAR_REPR_CHARS,
+    MAX_LOCAL_VARS,
+)
+from blockx.wire import MAX_FRAME_BYTES, keys
+
+
+def _run(h: Harness, body: str, args: Any = None) -> None:
+    h.execute("c1", body, args)
+    h.run()
+
+
+class TestOutputs:
+    @pytest.mark.parametrize(
+        ("expression", "expected"),
+        [
+            ("{'a': 1}", {"a": 1}),
+            ("[{'a': 1}, {'a': 2}]", [{"a": 1}, {"a": 2}]),
+            ("None", None),
+            ("2 ** 256 - 1", 2**256 - 1),
+            ("-(2 ** 70)", -(2**70)),
+            ("date(2026, 6, 10)", "2026-06-10"),
+            ("datetime(2026, 6, 10, 9, 30)", "2026-06-10T09:30:00"),
+            (
+                "datetime(2026, 6, 10, 9, 30, tzinfo=__import__('datetime').timezone.utc)",
+                "2026-06-10T09:30:00+00:00",
+            ),
+            ("{'nested': [1, 'two', 3.5, True, None]}", {"nested": [1, "two", 3.5, True, None]}),
+            ("str(Decimal('1.10'))", "1.10"),
+        ],
+    )
+    def test_values_the_wire_can_carry(self, h: Harness, expression: str, expected: Any) -> None:
+        _run(h, f"def _(p):\n    return {expression}\n")
+        assert h.output("c1") == expected
+
+    def test_a_dataclass_is_converted(self, h: Harness) -> None:
+        source = dedent(
+            """
+            import dataclasses
+
+            @dataclasses.dataclass
+            class Row:
+                a: int
+                b: str
+
+            def _(p):
+                return Row(1, "x")
+            """
+        )
+        _run(h, source)
+        assert h.output("c1") == {"a": 1, "b": "x"}
+
+    @pytest.mark.parametrize(
+        ("expression", "text"),
+        [
+            ("Decimal('1.5')", "Decimal"),
+            ("{1, 2}", "set"),
+            ("{'x': float('nan')}", "NaN"),
+            ("[float('inf')]", "Infinity"),
+            ("{1: 'int key'}", "key"),
+            ("(i for i in range(3))", "generator"),
+            ("b'bytes'", "bytes"),
+        ],
+    )
+    def test_values_it_cannot_fail_as_output_not_serializable(
+        self, h: Harness, expression: str, text: str
+    ) -> None:
+        _run(h, f"def _(p):\n    return {expression}\n")
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_OUTPUT_NOT_SERIALIZABLE
+        assert failure[keys.FP_RETRYABLE] is False
+        assert text in failure[keys.FP_ERROR_MESSAGE]
+
+    def test_an_output_too_large_for_a_frame_fails_only_that_call(self, h: Harness) -> None:
+        _run(h, f"def _(p):\n    return 'x' * {MAX_FRAME_BYTES}\n")
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_PAYLOAD_TOO_LARGE
+        assert failure[keys.FP_RETRYABLE] is False
+        h.execute("c2", "def _(p):\n    return 'next'\n", None)
+        h.run()
+        assert h.output("c2") == "next"
+
+    def test_a_large_output_under_the_limit_goes_out(self, h: Harness) -> None:
+        size = MAX_FRAME_BYTES - 100_000
+        _run(h, f"def _(p):\n    return 'y' * {size}\n")
+        assert len(h.output("c1")) == size
+
+    def test_completed_frames_carry_their_timings(self, h: Harness) -> None:
+        _run(h, "def _(p):\n    clock.advance_ms(3)\n    return 1\n")
+        payload = h.payload("c1")
+        assert payload[keys.FP_BUDGET_USED_MS] == 3
+        assert payload[keys.FP_EFFECTIVE_EXECUTION_DURATION_US] == 3000
+        assert payload[keys.FP_QUEUE_WAIT_US] == 0
+        assert payload[keys.FP_DEBUG_OUTPUT] is None
+        assert payload[keys.FP_TASK_ID] == "t1"
+
+
+class TestFailures:
+    def test_system_exit_in_user_code_is_a_user_error(self, h: Harness) -> None:
+        _run(h, "import sys\ndef _(p):\n    sys.exit(3)\n")
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_USER_ERROR
+        assert failure[keys.FP_ERROR_MESSAGE] == "SystemExit: 3"
+
+    def test_keyboard_interrupt_in_user_code_is_a_user_error(self, h: Harness) -> None:
+        _run(h, "def _(p):\n    raise KeyboardInterrupt\n")
+        assert h.failure("c1")[keys.FP_ERROR_MESSAGE] == "KeyboardInterrupt"
+
+    def test_chained_exceptions_are_all_shown(self, h: Harness) -> None:
+        source = dedent(
+            """
+            def _(p):
+                try:
+                    {}["missing"]
+                except KeyError as exc:
+                    raise ValueError("bad input") from exc
+            """
+        )
+        _run(h, source)
+        stack = h.failure("c1")[keys.FP_ERROR_STACK]
+        assert stack.index("KeyError: 'missing'") < stack.index("ValueError: bad input")
+        assert "direct cause of the following exception" in stack
+
+    def test_local_vars_are_short_and_bounded(self, h: Harness) -> None:
+        names = "\n".join(f"    v{i:02d} = {i}" for i in range(40))
+        source = (
+            dedent(
+                """
+            class Ugly:
+                def __repr__(self):
+                    raise RuntimeError("no repr")
+
+            def _(p):
+                long_text = "z" * 10_000
+                ugly = Ugly()
+            """
+            )
+            + names
+            + "\n    raise ValueError('boom')\n"
+        )
+        _run(h, source)
+        local_vars = h.failure("c1")[keys.FP_LOCAL_VARS]
+        assert len(local_vars) == MAX_LOCAL_VARS + 1
+        assert local_vars["…"] == f"{43 - MAX_LOCAL_VARS} more"  # p, long_text, ugly + 40
+        assert len(local_vars["long_text"]) <= MAX_LOCAL_VAR_REPR_CHARS + 1
+        assert local_vars["ugly"].startswith("<Ugly instance at 0x")  # its __repr__ raised
+        assert local_vars["p"] == "None"
+
+    def test_local_vars_come_from_the_innermost_user_frame(self, h: Harness) -> None:
+        source = dedent(
+            """
+            def inner(x):
+                y = x * 2
+                return json.loads(y)
+
+            def _(p):
+                outer_only = 1
+                return inner("{")
+            """
+        )
+        _run(h, source)
+        failure = h.failure("c1")
+        assert failure[keys.FP_LOCAL_VARS] == {"x": "'{'", "y": "'{{'"}
+        assert failure[keys.FP_ERROR_MESSAGE].startswith("JSONDecodeError")
+        assert (
+            "json/decoder.py" in failure[keys.FP_ERROR_STACK]
+        )  # library frames after user code stay
+
+    def test_huge_messages_and_stacks_are_truncated(self, h: Harness) -> None:
+        source = dedent(
+            """
+            def deep(n):
+                if n == 0:
+                    raise ValueError("m" * 100_000)
+                return deep(n - 1)
+
+            def _(p):
+                return deep(900)
+            """
+        )
+        _run(h, source)
+        failure = h.failure("c1")
+        assert len(failure[keys.FP_ERROR_MESSAGE]) < MAX_ERROR_MESSAGE_CHARS + 100
+        assert failure[keys.FP_ERROR_MESSAGE].endswith("characters]")
+        assert len(failure[keys.FP_ERROR_STACK]) < MAX_ERROR_STACK_CHARS + 100
+        assert failure[keys.FP_ERROR_STACK].startswith("[truncated")
+
+    def test_a_failure_carries_the_budget_used(self, h: Harness) -> None:
+        _run(h, "def _(p):\n    clock.advance_ms(7)\n    raise ValueError\n")
+        assert h.failure("c1")[keys.FP_BUDGET_USED_MS] == 7
