@@ -1,0 +1,90 @@
+"""What the executor adapter tells the orchestrator, and the function-code resolver it asks.
+
+Every callback is a plain synchronous function called on the event loop thread
+from inside the adapter (mostly from ``data_received``). It must not block and
+must not await: the intended body is "append an event to the dispatch actor's
+queue". The adapter calls :attr:`AdapterCallbacks.on_batch_done` once after each
+batch of inbound frames, so the actor can be woken once per batch rather than
+once per frame.
+
+An exception raised by a callback is logged with the executor id and swallowed:
+a bug in the orchestrator must not tear down an executor connection.
+
+Ordering guarantees:
+
+* ``on_executor_attached`` precedes every other callback about that executor
+  id in that era; ``on_executor_lost`` ends the era and is called after the
+  adapter's snapshot already shows the executor unhealthy with no reservations.
+* For one connection, call callbacks arrive in frame order.
+* Every ``send_resume_call`` / ``send_cancel_call`` that returned normally is
+  reported exactly once, by ``on_control_sent`` or ``on_control_failed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from blockx.wire import RemoteError
+
+from .connection import ControlSend
+from .errors import ExecutorUnavailableError
+from .reservations import LostCall
+from .snapshot import ExecutorSnapshot
+
+__all__ = ["AdapterCallbacks", "FunctionCodeResolver", "FunctionCodeUnavailable"]
+
+
+def _ignore(*_args: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterCallbacks:
+    """The orchestrator's entry points; any left out are ignored."""
+
+    #: ``(executor_id, snapshot)`` — the first valid Heartbeat of a connection.
+    on_executor_attached: Callable[[str, ExecutorSnapshot], None] = _ignore
+    #: ``(executor_id, snapshot)`` — every Heartbeat after the attaching one.
+    on_heartbeat: Callable[[str, ExecutorSnapshot], None] = _ignore
+    #: ``(executor_id, call_id, payload)`` — CallCompleted; the reservation is
+    #: already released (unless the frame was for a replaced attempt).
+    on_call_completed: Callable[[str, str, dict[str, Any]], None] = _ignore
+    #: ``(executor_id, call_id, payload)`` — CallFailed; released likewise.
+    on_call_failed: Callable[[str, str, dict[str, Any]], None] = _ignore
+    #: ``(executor_id, call_id, request_id, payload, sidecar)`` — CallWaiting of
+    #: kind ``io`` or ``subcall`` (``function_code`` waits are answered by the
+    #: adapter and never reach the orchestrator).
+    on_call_waiting: Callable[[str, str, str, dict[str, Any], bytes | None], None] = _ignore
+    #: ``(executor_id, lost_calls, reason)`` — the connection era ended
+    #: (disconnect, heartbeat timeout, protocol error, reconnect). Every call
+    #: that held a reservation there is in ``lost_calls``: fail each as
+    #: ``transport_lost`` (retryable).
+    on_executor_lost: Callable[[str, tuple[LostCall, ...], str], None] = _ignore
+    #: ``(note)`` — a ResumeCall / CancelCall was handed to the transport.
+    on_control_sent: Callable[[ControlSend], None] = _ignore
+    #: ``(note, error)`` — the connection ended before it could be.
+    on_control_failed: Callable[[ControlSend, ExecutorUnavailableError], None] = _ignore
+    #: ``(executor_id)`` — a batch of inbound frames has been delivered.
+    on_batch_done: Callable[[str], None] = _ignore
+
+
+class FunctionCodeUnavailable(Exception):
+    """Raised by a resolver that cannot supply a source; sent to the executor as the wait's error.
+
+    The executor fails the call with ``function_code_fetch_failed`` and this
+    ``retryable`` flag.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+#: ``(task_id, function_id, digest) -> source`` for ``waitKind=function_code``.
+#: Return the source text (its sha256 must be ``digest``), or a
+#: :class:`~blockx.wire.RemoteError`, or raise :class:`FunctionCodeUnavailable`.
+#: Called on the event loop thread: it must answer from memory (the task's
+#: pinned code view), never block.
+FunctionCodeResolver = Callable[[str, str, str], "str | RemoteError"]

@@ -1,0 +1,684 @@
+"""ExecutorAdapter: the worker's side of every executor connection (seed: ``adapters/executor``).
+
+Theory of operation
+-------------------
+The adapter listens on a Unix socket in a private directory. Executors connect
+(``--socket-path``); a connection is anonymous until its first valid
+``Heartbeat``, which *attaches* it to ``payload.executorId``. Each attach starts
+a new *era* of that executor id: a reconnect ends the previous era, whose
+reservations are dropped and whose calls are reported lost.
+
+What the adapter owns, per executor id (:class:`ExecutorState`):
+
+* the current :class:`~blockx.worker.adapters.connection.ExecutorConnection`
+  (reader: frames in batches; writer: outbox of 256, 64 frames per write);
+* :class:`~blockx.worker.adapters.reservations.Reservations` — the calls bound
+  there (``bind`` / ``bind_subcall`` / ``unbind`` / ``mark_draining``),
+  released by the executor's terminal frame (transport truth);
+* the latest heartbeat and the terminal frames seen since, from which
+  :meth:`ExecutorAdapter.snapshots` derives the dispatcher's view.
+
+Inbound frames are handled in the protocol's ``data_received``, one batch per
+read, with no task or future per frame; each fact becomes one synchronous
+callback (:class:`~blockx.worker.adapters.callbacks.AdapterCallbacks`) that
+the orchestrator turns into an event for its actor. ``function_code`` waits
+never reach the orchestrator: the adapter answers them itself through the
+function-code resolver.
+
+An era ends — reservations taken, snapshot unhealthy, then
+``on_executor_lost(executor_id, lost_calls, reason)`` — when:
+
+* the connection closes (EOF, reset, a failed write);
+* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`:
+  logged, connection closed);
+* no heartbeat arrived for ``heartbeat_timeout_ms`` (checked every
+  ``heartbeat_check_interval_ms`` by the adapter's own timer — a round that
+  fires late because the event loop stalled is skipped, so heartbeats queued
+  meanwhile are read first — or by the orchestrator's tick through
+  :meth:`ExecutorAdapter.check_heartbeat_timeouts`);
+* the same executor id attaches on a new connection.
+
+Threading: every method runs on the event loop thread that called
+:meth:`ExecutorAdapter.start`. Nothing here blocks.
+
+Errors: ``bind*`` raise a :class:`~blockx.worker.adapters.errors.BindError`
+and ``send_*`` a :class:`~blockx.worker.adapters.errors.SendError` (both
+carry ``error_kind`` and ``retryable``); nothing was reserved or queued then.
+An :class:`~blockx.wire.EncodeError` from ``send_*`` means the payload itself
+cannot go on the wire: fail that call with ``error.error_kind``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import orjson
+
+from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, ProtocolError, encode_frame, keys
+from blockx.wire import ExecuteCall as ExecuteCallPayload
+from blockx.wire import ResumeCall as ResumeCallPayload
+
+from .callbacks import AdapterCallbacks, FunctionCodeResolver
+from .connection import (
+    DEFAULT_FRAMES_PER_WRITE,
+    DEFAULT_OUTBOX_DEPTH,
+    ControlSend,
+    ExecutorConnection,
+)
+from .errors import (
+    AdapterUsageError,
+    CallNotBoundError,
+    ExecutorCapacityError,
+    ExecutorUnavailableError,
+)
+from .executor_state import ExecutorState, build_snapshot
+from .handlers import InboundHandlers
+from .snapshot import ExecutorSnapshot
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS",
+    "DEFAULT_HEARTBEAT_TIMEOUT_MS",
+    "SOCKET_NAME",
+    "ExecutorAdapter",
+]
+
+_log = logging.getLogger("blockx.worker.adapter")
+
+#: Seed default of ``executor.Config.HeartbeatTimeoutMs`` (WorkerConfig couples
+#: it to the scheduler stall timeout: stall + 5000).
+DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 10_000
+#: How often the adapter's own timer checks heartbeat ages.
+DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS: Final = 500
+#: The listening socket's file name inside the adapter's private directory.
+SOCKET_NAME: Final = "worker.sock"
+#: ``sun_path`` holds 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH_BYTES: Final = 107
+
+_dumps = orjson.dumps
+_pack_length = struct.Struct(">I").pack
+
+_MT_EXECUTE_CALL: Final = keys.MT_EXECUTE_CALL
+_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_MT_CANCEL_CALL: Final = keys.MT_CANCEL_CALL
+_F_MESSAGE_TYPE: Final = keys.F_MESSAGE_TYPE
+_F_CALL_ID: Final = keys.F_CALL_ID
+_F_REQUEST_ID: Final = keys.F_REQUEST_ID
+_F_PAYLOAD: Final = keys.F_PAYLOAD
+_F_TRACE: Final = keys.F_TRACE
+_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
+
+
+def _encode(envelope: dict[str, Any]) -> bytes:
+    """One plain frame: orjson on the fast path, the wire's strict encoder otherwise."""
+    try:
+        body = _dumps(envelope)
+    except TypeError:
+        return encode_frame(envelope)  # big ints via the stdlib, or a typed EncodeError
+    if len(body) > MAX_FRAME_BYTES:
+        raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
+    return _pack_length(len(body)) + body
+
+
+class ExecutorAdapter(InboundHandlers):
+    """The UDS listener and every executor connection; see the module docstring.
+
+    Build it, optionally set callbacks and the function-code resolver, then
+    ``await start()`` (or ``async with``). ``socket_path`` is what executors get
+    as ``--socket-path``.
+    """
+
+    def __init__(
+        self,
+        *,
+        callbacks: AdapterCallbacks | None = None,
+        function_code_resolver: FunctionCodeResolver | None = None,
+        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        heartbeat_check_interval_ms: int | None = DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS,
+        outbox_depth: int = DEFAULT_OUTBOX_DEPTH,
+        frames_per_write: int = DEFAULT_FRAMES_PER_WRITE,
+        write_buffer_high_water: int | None = None,
+        socket_dir: str | os.PathLike[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``heartbeat_check_interval_ms=None`` disables the adapter's own timer (the
+        orchestrator then calls :meth:`check_heartbeat_timeouts` on its tick).
+        ``socket_dir`` is where the private socket directory is created
+        (default: the system temp dir). ``clock`` returns monotonic seconds."""
+        if heartbeat_timeout_ms <= 0:
+            raise ValueError(f"heartbeat_timeout_ms must be positive, got {heartbeat_timeout_ms}")
+        if heartbeat_check_interval_ms is not None and heartbeat_check_interval_ms <= 0:
+            raise ValueError("heartbeat_check_interval_ms must be positive or None")
+        if outbox_depth < 1 or frames_per_write < 1:
+            raise ValueError("outbox_depth and frames_per_write must be positive")
+        self._callbacks = callbacks or AdapterCallbacks()
+        self._resolver = function_code_resolver
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._heartbeat_timeout_s = heartbeat_timeout_ms / 1000.0
+        self._check_interval_s = (
+            None if heartbeat_check_interval_ms is None else heartbeat_check_interval_ms / 1000.0
+        )
+        self._outbox_depth = outbox_depth
+        self._frames_per_write = frames_per_write
+        self._write_buffer_high_water = write_buffer_high_water
+        self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
+        self._clock = clock
+        self._executors: dict[str, ExecutorState] = {}
+        self._connections: set[ExecutorConnection] = set()
+        self._next_connection_id = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._socket_dir: str | None = None
+        self._socket_path: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0
+        self._started = False
+        self._closing = False
+        # Counters, for tests, benches and logs.
+        self.protocol_errors = 0
+        self.unknown_frames = 0
+        self.stale_terminal_frames = 0
+        self.function_code_answered = 0
+        self.eras_ended = 0
+
+    def __repr__(self) -> str:
+        attached = sum(1 for s in self._executors.values() if s.connection is not None)
+        status = "closed" if self._closing else ("listening" if self._started else "new")
+        return (
+            f"ExecutorAdapter({status}, {self._socket_path!r}, attached={attached}/"
+            f"{len(self._executors)}, connections={len(self._connections)})"
+        )
+
+    # --- configuration ---------------------------------------------------------------
+
+    def set_callbacks(self, callbacks: AdapterCallbacks) -> None:
+        """Replace the orchestrator's callbacks (takes effect for the next frame)."""
+        self._callbacks = callbacks
+
+    def set_function_code_resolver(self, resolver: FunctionCodeResolver | None) -> None:
+        self._resolver = resolver
+
+    @property
+    def heartbeat_timeout_ms(self) -> int:
+        return self._heartbeat_timeout_ms
+
+    @property
+    def socket_path(self) -> str:
+        """The listening socket (``--socket-path`` for executors). Only after :meth:`start`."""
+        if self._socket_path is None:
+            raise AdapterUsageError("the adapter is not started")
+        return self._socket_path
+
+    @property
+    def socket_dir(self) -> str:
+        """The private directory holding only the socket (what a sandbox mounts)."""
+        if self._socket_dir is None:
+            raise AdapterUsageError("the adapter is not started")
+        return self._socket_dir
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Create the private socket directory, listen, start the heartbeat timer.
+
+        Returns the socket path. Raises :class:`AdapterUsageError` if called twice
+        and :class:`ValueError` if the socket path would not fit ``sun_path``.
+        """
+        if self._started:
+            raise AdapterUsageError("ExecutorAdapter.start() called twice")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        socket_dir = tempfile.mkdtemp(prefix="blockx-worker-", dir=self._socket_parent)
+        path = os.path.join(socket_dir, SOCKET_NAME)
+        if len(os.fsencode(path)) > _MAX_SOCKET_PATH_BYTES:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise ValueError(
+                f"socket path {path!r} is longer than the {_MAX_SOCKET_PATH_BYTES} bytes a Unix "
+                "socket allows; choose a shorter socket directory"
+            )
+        self._socket_dir = socket_dir
+        self._socket_path = path
+        try:
+            self._server = await self._loop.create_unix_server(self._new_connection, path)
+        except BaseException:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
+        if self._check_interval_s is not None:
+            self._schedule_tick()
+        _log.info("executor adapter listening on %s", path)
+        return path
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, remove the socket and its directory.
+
+        Reservations are dropped silently: no ``on_executor_lost`` and no
+        ``on_control_failed`` callbacks are made from here on. Idempotent.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        server = self._server
+        if server is not None:
+            server.close()
+        for state in self._executors.values():
+            if state.connection is not None:
+                self._end_era(state, "worker adapter closed")
+        for conn in list(self._connections):
+            conn.abort("worker adapter closed")
+        if server is not None:
+            await server.wait_closed()
+        # Let the aborted transports run connection_lost before the loop moves on.
+        await asyncio.sleep(0)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+        _log.info("executor adapter closed")
+
+    async def __aenter__(self) -> ExecutorAdapter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # --- reservations ---------------------------------------------------------------------
+
+    def bind(self, call_id: str, executor_id: str) -> None:
+        """Reserve a context on ``executor_id`` for a root call.
+
+        Raises :class:`ExecutorUnavailableError` (no live connection) or
+        :class:`ExecutorCapacityError` (every usable context reserved). Re-binding
+        a call already reserved there is a new attempt: it keeps the one
+        reservation and clears draining.
+        """
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            raise self._unavailable(state, executor_id, call_id)
+        reservations = state.reservations
+        if call_id not in reservations and len(reservations) >= state.capacity:
+            raise ExecutorCapacityError(
+                executor_id, call_id=call_id, reserved=len(reservations), usable=state.capacity
+            )
+        reservations.bind(call_id)
+
+    def bind_subcall(self, call_id: str, parent_call_id: str, executor_id: str) -> None:
+        """Reserve a context for a sub-call on its parent's executor.
+
+        Allowed while the parent holds a live (bound, not draining) reservation
+        there, even at capacity (the executor exempts sub-calls too). Raises
+        :class:`ExecutorUnavailableError` or :class:`ParentNotResidentError`.
+        """
+        self._live_state(executor_id, call_id).reservations.bind_subcall(call_id, parent_call_id)
+
+    def unbind(self, call_id: str, executor_id: str) -> bool:
+        """Release a reservation (idempotent with the terminal-frame release).
+
+        A draining reservation is kept until the executor's terminal frame.
+        True if a reservation was released.
+        """
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.unbind(call_id)
+
+    def mark_draining(self, call_id: str, executor_id: str) -> bool:
+        """Mark a reservation draining (the call is being cancelled); False if none."""
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.mark_draining(call_id)
+
+    def is_draining(self, call_id: str, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.is_draining(call_id)
+
+    def is_reserved(self, call_id: str, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and call_id in state.reservations
+
+    def reserved_calls(self, executor_id: str) -> tuple[str, ...]:
+        """Call ids holding a reservation on ``executor_id``, in bind order."""
+        state = self._executors.get(executor_id)
+        return () if state is None else state.reservations.call_ids()
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def send_execute_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        payload: Mapping[str, Any] | ExecuteCallPayload,
+        *,
+        trace: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue an ``ExecuteCall`` for a bound call; never blocks.
+
+        ``payload`` is the ExecuteCall payload dict (PROTOCOL.md keys; values
+        from user code may be ``orjson.Fragment``) or a typed
+        :class:`blockx.wire.ExecuteCall`. Raises :class:`ExecutorUnavailableError`,
+        :class:`OutboxFullError` (retryable), :class:`CallNotBoundError` (no
+        reservation in this era, retryable), :class:`CallDrainingError` (the
+        call was cancelled), or an :class:`~blockx.wire.EncodeError`.
+        """
+        # The hot path of dispatch: a few dict lookups, one orjson call, one list append.
+        state = self._executors.get(executor_id)
+        conn = None if state is None else state.connection
+        if conn is None:
+            raise self._unavailable(state, executor_id, call_id)
+        reservations = state.reservations  # type: ignore[union-attr]
+        reservations.check_sendable(call_id)
+        if type(payload) is not dict:
+            payload = (
+                payload.to_wire() if isinstance(payload, ExecuteCallPayload) else dict(payload)
+            )
+        envelope: dict[str, Any] = {
+            _F_MESSAGE_TYPE: _MT_EXECUTE_CALL,
+            _F_CALL_ID: call_id,
+            _F_PAYLOAD: payload,
+        }
+        if trace is not None:
+            envelope[_F_TRACE] = dict(trace)
+        conn.enqueue(_encode(envelope), call_id)
+        attempt = payload.get(_FP_ATTEMPT_SEQ, 1)
+        reservations.note_dispatched(call_id, attempt if type(attempt) is int else 1)
+
+    def send_resume_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: Mapping[str, Any] | ResumeCallPayload,
+        *,
+        sidecar: bytes | None = None,
+        token: Any = None,
+    ) -> None:
+        """Queue a ``ResumeCall`` answering the wait ``request_id``.
+
+        It counts as sent only once handed to the transport: then
+        ``on_control_sent(ControlSend(..., token))`` follows, or
+        ``on_control_failed`` if the connection ends first — exactly one of the
+        two. Raises (nothing queued, no callback) :class:`ExecutorUnavailableError`,
+        :class:`CallNotBoundError`, :class:`OutboxFullError` or an
+        :class:`~blockx.wire.EncodeError`: fail the waiting call as
+        ``resume_send_failed`` (retryable) — or with the EncodeError's kind.
+        """
+        state = self._executors.get(executor_id)
+        conn = None if state is None else state.connection
+        if conn is None:
+            raise self._unavailable(state, executor_id, call_id)
+        if call_id not in state.reservations:  # type: ignore[union-attr]
+            raise CallNotBoundError(executor_id, call_id=call_id)
+        if isinstance(payload, ResumeCallPayload):
+            payload = payload.to_wire()
+        envelope = {
+            _F_MESSAGE_TYPE: _MT_RESUME_CALL,
+            _F_CALL_ID: call_id,
+            _F_REQUEST_ID: request_id,
+            _F_PAYLOAD: payload,
+        }
+        conn.enqueue_control(
+            _encode(envelope) if sidecar is None else encode_frame(envelope, sidecar),
+            ControlSend(executor_id, _MT_RESUME_CALL, call_id, request_id, token),
+            call_id,
+        )
+
+    def send_cancel_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        *,
+        attempt_seq: int,
+        reason: str = keys.DEFAULT_CANCEL_REASON,
+        token: Any = None,
+    ) -> None:
+        """Queue a best-effort ``CancelCall``; reported like :meth:`send_resume_call`.
+
+        Pair it with :meth:`mark_draining`: the reservation then stays until
+        the executor's terminal frame. Sent whether or not the call is still
+        reserved (the executor drops a stale cancel). Raises
+        :class:`ExecutorUnavailableError` or :class:`OutboxFullError`.
+        """
+        state = self._executors.get(executor_id)
+        conn = None if state is None else state.connection
+        if conn is None:
+            raise self._unavailable(state, executor_id, call_id)
+        envelope = {
+            _F_MESSAGE_TYPE: _MT_CANCEL_CALL,
+            _F_CALL_ID: call_id,
+            _F_PAYLOAD: {keys.FP_REASON: reason, _FP_ATTEMPT_SEQ: attempt_seq},
+        }
+        conn.enqueue_control(
+            _encode(envelope),
+            ControlSend(executor_id, _MT_CANCEL_CALL, call_id, None, token),
+            call_id,
+        )
+
+    def flush(self, executor_id: str | None = None) -> None:
+        """Write what is queued now instead of at the end of this loop turn (all executors
+        when ``executor_id`` is None). Optional: queued frames are flushed anyway."""
+        if executor_id is not None:
+            state = self._executors.get(executor_id)
+            if state is not None and state.connection is not None:
+                state.connection.flush()
+            return
+        for state in self._executors.values():
+            if state.connection is not None:
+                state.connection.flush()
+
+    async def wait_flushed(self, executor_id: str) -> None:
+        """Return once every frame queued so far for ``executor_id`` was handed to the
+        transport (one future for the whole batch). Raises :class:`ExecutorUnavailableError`
+        if the connection is gone or ends first."""
+        state = self._executors.get(executor_id)
+        conn = None if state is None else state.connection
+        if conn is None:
+            raise self._unavailable(state, executor_id, None)
+        await conn.wait_flushed()
+
+    # --- views -----------------------------------------------------------------------------------
+
+    def snapshots(self) -> list[ExecutorSnapshot]:
+        """One snapshot per executor id ever attached, sorted by id (lost ones unhealthy)."""
+        now = self._clock()
+        return [
+            self._snapshot(self._executors[executor_id], now)
+            for executor_id in sorted(self._executors)
+            if self._executors[executor_id].heartbeat is not None
+        ]
+
+    def snapshot(self, executor_id: str) -> ExecutorSnapshot | None:
+        state = self._executors.get(executor_id)
+        if state is None or state.heartbeat is None:
+            return None
+        return self._snapshot(state, self._clock())
+
+    def is_attached(self, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and state.connection is not None
+
+    def attached_executor_ids(self) -> list[str]:
+        return sorted(e for e, s in self._executors.items() if s.connection is not None)
+
+    def connection(self, executor_id: str) -> ExecutorConnection | None:
+        """The attached connection (its counters are useful in tests and benches)."""
+        state = self._executors.get(executor_id)
+        return None if state is None else state.connection
+
+    def forget_executor(self, executor_id: str) -> bool:
+        """Drop a lost executor id from :meth:`snapshots` (e.g. its pool slot stopped).
+
+        An attached executor is not forgotten (False); disconnect it first.
+        """
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is not None:
+            return False
+        del self._executors[executor_id]
+        return True
+
+    def disconnect(self, executor_id: str, reason: str = "disconnected by the worker") -> bool:
+        """End the executor's current era now (closes the connection; lost path runs)."""
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            return False
+        self._end_era(state, reason)
+        return True
+
+    def check_heartbeat_timeouts(self, now: float | None = None) -> list[str]:
+        """End the era of every executor silent for longer than the heartbeat timeout.
+
+        Also closes connections that sent no heartbeat within the timeout of
+        connecting. Returns the executor ids declared lost. ``now`` is monotonic
+        seconds from the adapter's clock (default: read it).
+        """
+        if now is None:
+            now = self._clock()
+        timeout = self._heartbeat_timeout_s
+        lost: list[str] = []
+        for state in list(self._executors.values()):
+            if state.connection is not None and now - state.heartbeat_at > timeout:
+                silent_ms = int((now - state.heartbeat_at) * 1000)
+                self._end_era(
+                    state,
+                    f"heartbeat timeout: none for {silent_ms} ms "
+                    f"(limit {self._heartbeat_timeout_ms} ms)",
+                )
+                lost.append(state.executor_id)
+        for conn in list(self._connections):
+            if conn.state is None and not conn.closed and now - conn.opened_at > timeout:
+                _log.warning(
+                    "closing %r: no heartbeat within %d ms of connecting",
+                    conn,
+                    self._heartbeat_timeout_ms,
+                )
+                conn.abort("no heartbeat after connecting")
+        return lost
+
+    # --- internals: connections --------------------------------------------------------------
+
+    def _new_connection(self) -> ExecutorConnection:
+        conn = ExecutorConnection(
+            self,
+            connection_id=self._next_connection_id,
+            opened_at=self._clock(),
+            outbox_depth=self._outbox_depth,
+            frames_per_write=self._frames_per_write,
+        )
+        self._next_connection_id += 1
+        return conn
+
+    def _schedule_tick(self) -> None:
+        assert self._loop is not None and self._check_interval_s is not None
+        self._tick_due = self._clock() + self._check_interval_s
+        self._timer = self._loop.call_later(self._check_interval_s, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        interval = self._check_interval_s
+        assert interval is not None
+        late = self._clock() - self._tick_due
+        try:
+            if late > interval:
+                # The event loop stalled. uvloop runs due timers before it polls the
+                # sockets, so heartbeats that arrived meanwhile are still unread:
+                # judge silence only after they had a turn.
+                _log.warning("event loop stalled %.0f ms; heartbeat check deferred", late * 1000)
+            else:
+                self.check_heartbeat_timeouts()
+        finally:
+            if not self._closing:
+                self._schedule_tick()
+
+    def _live_state(self, executor_id: str, call_id: str | None) -> ExecutorState:
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            raise self._unavailable(state, executor_id, call_id)
+        return state
+
+    @staticmethod
+    def _unavailable(
+        state: ExecutorState | None, executor_id: str, call_id: str | None
+    ) -> ExecutorUnavailableError:
+        if state is None:
+            reason = "never attached"
+        else:
+            reason = state.lost_reason or "not attached"
+        return ExecutorUnavailableError(executor_id, call_id=call_id, reason=reason)
+
+    def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
+        return build_snapshot(state, now, self._heartbeat_timeout_ms)
+
+    def _end_era(self, state: ExecutorState, reason: str) -> None:
+        """The transport-lost path: detach, take the reservations, close, then report."""
+        conn = state.connection
+        if conn is None:
+            return
+        state.connection = None
+        state.lost_reason = reason
+        lost = state.reservations.take_all()
+        self.eras_ended += 1
+        if not self._closing:
+            _log.warning(
+                "executor %s lost (era %d): %s; %d in-flight call(s)",
+                state.executor_id,
+                state.era,
+                reason,
+                len(lost),
+                extra={"executorId": state.executor_id},
+            )
+        # Pending control frames fail first (on_control_failed), then the era ends.
+        conn.abort(reason)
+        if not self._closing:
+            try:
+                self._callbacks.on_executor_lost(state.executor_id, lost, reason)
+            except Exception:
+                _log.exception("on_executor_lost callback failed for %s", state.executor_id)
+
+    def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
+        self.protocol_errors += 1
+        reason = f"protocol error: {error}"
+        _log.error(
+            "%r: %s; closing the connection",
+            conn,
+            reason,
+            extra={"errorType": type(error).__name__},
+        )
+        state = conn.state
+        if state is not None and state.connection is conn:
+            self._end_era(state, reason)
+        else:
+            conn.abort(reason)
+
+    # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
+
+    def on_connection_made(self, conn: ExecutorConnection) -> None:
+        if self._closing:
+            conn.abort("worker adapter closed")
+            return
+        self._connections.add(conn)
+        transport = conn._transport
+        if self._write_buffer_high_water is not None and transport is not None:
+            transport.set_write_buffer_limits(high=self._write_buffer_high_water)
+        _log.debug("executor connection #%d opened", conn.connection_id)
+
+    def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
+        self._connections.discard(conn)
+        state = conn.state
+        if state is not None and state.connection is conn:
+            self._end_era(state, conn.close_reason or "connection lost")
+
+    def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
+        self._protocol_error(conn, error)
+
+    def on_control_flushed(self, note: ControlSend) -> None:
+        self._callbacks.on_control_sent(note)
+
+    def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
+        if not self._closing:
+            self._callbacks.on_control_failed(note, error)

@@ -1,0 +1,300 @@
+"""Executor → worker message handling (seed: ``adapters/executor/handlers.go``).
+
+:class:`InboundHandlers` is the half of
+:class:`~blockx.worker.adapters.executor_adapter.ExecutorAdapter` that reads:
+every batch of frames one read completed arrives in :meth:`InboundHandlers.on_frames`
+(called by the connection's ``data_received``) and is routed by
+``messageType``:
+
+* before attach — the first valid ``Heartbeat`` attaches the connection
+  (a new era of its ``executorId``); any other known type is a protocol error;
+  unknown types are dropped;
+* ``CallCompleted`` / ``CallFailed`` — release the reservation (transport
+  truth; a frame for a replaced attempt releases nothing), count it for
+  completion compensation, then ``on_call_completed`` / ``on_call_failed``;
+* ``CallWaiting`` — ``io`` and ``subcall`` go to ``on_call_waiting``;
+  ``function_code`` is answered here from the resolver;
+* ``Heartbeat`` — new snapshot data, a lossy ``HeartbeatAck``, ``on_heartbeat``;
+* a worker→executor type, or a known frame of the wrong shape — protocol
+  error: logged, the era ends (connection closed, calls reported lost);
+* anything else — logged and dropped (PROTOCOL.md).
+
+The hot path reads envelopes as dicts (bench/wire_codec.py: a typed payload
+per frame costs several times the decode). Heartbeats (one a second) and
+function-code waits (one per digest per executor) are validated in full with
+the typed payloads of :mod:`blockx.wire.messages`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from blockx.wire import (
+    EncodeError,
+    Frame,
+    Heartbeat,
+    PayloadError,
+    ProtocolError,
+    encode_frame,
+    keys,
+)
+
+from .callbacks import AdapterCallbacks, FunctionCodeResolver
+from .connection import ExecutorConnection
+from .errors import ExecutorUnavailableError, OutboxFullError
+from .executor_state import ExecutorState
+from .function_code import function_code_resume_payload
+from .snapshot import ExecutorSnapshot
+
+__all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers"]
+
+_log = logging.getLogger("blockx.worker.adapter")
+
+_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
+_MT_CALL_FAILED: Final = keys.MT_CALL_FAILED
+_MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
+_MT_HEARTBEAT: Final = keys.MT_HEARTBEAT
+_F_MESSAGE_TYPE: Final = keys.F_MESSAGE_TYPE
+_F_CALL_ID: Final = keys.F_CALL_ID
+_F_REQUEST_ID: Final = keys.F_REQUEST_ID
+_F_PAYLOAD: Final = keys.F_PAYLOAD
+_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
+_FP_WAIT_KIND: Final = keys.FP_WAIT_KIND
+_FP_TASK_ID: Final = keys.FP_TASK_ID
+_WAIT_FUNCTION_CODE: Final = keys.WAIT_FUNCTION_CODE
+_ORCHESTRATOR_WAIT_KINDS: Final = frozenset({keys.WAIT_IO, keys.WAIT_SUBCALL})
+
+#: HeartbeatAck never changes: encode it once.
+HEARTBEAT_ACK_FRAME: Final = encode_frame(
+    {keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK, keys.F_PAYLOAD: {}}
+)
+
+
+class InboundHandlers:
+    """Mixin: the adapter's inbound frame handling. State lives in the adapter."""
+
+    # Provided by ExecutorAdapter.
+    _callbacks: AdapterCallbacks
+    _resolver: FunctionCodeResolver | None
+    _clock: Callable[[], float]
+    _executors: dict[str, ExecutorState]
+    unknown_frames: int
+    stale_terminal_frames: int
+    function_code_answered: int
+
+    def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
+        raise NotImplementedError
+
+    def _end_era(self, state: ExecutorState, reason: str) -> None:
+        raise NotImplementedError
+
+    def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
+        raise NotImplementedError
+
+    def on_frames(self, conn: ExecutorConnection, frames: list[Frame]) -> None:
+        """One batch of inbound frames (one read). The hot path."""
+        state = conn.state
+        start = 0
+        count = len(frames)
+        if state is None:
+            # Before attach only a Heartbeat may come (unknown types are dropped).
+            while start < count:
+                envelope = frames[start][0]
+                start += 1
+                message_type = envelope[_F_MESSAGE_TYPE]
+                if message_type == _MT_HEARTBEAT:
+                    state = self._attach(conn, envelope)
+                    if state is None:
+                        return
+                    break
+                if message_type in keys.MESSAGE_TYPES:
+                    self._protocol_error(conn, f"{message_type} before the attaching Heartbeat")
+                    return
+                self._drop_unknown(conn, message_type)
+            if state is None:
+                return
+        executor_id = state.executor_id
+        reservations = state.reservations
+        callbacks = self._callbacks
+        on_completed = callbacks.on_call_completed
+        on_failed = callbacks.on_call_failed
+        for index in range(start, count):
+            frame = frames[index]
+            envelope = frame[0]
+            message_type = envelope[_F_MESSAGE_TYPE]
+            if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
+                call_id = envelope.get(_F_CALL_ID)
+                payload = envelope.get(_F_PAYLOAD)
+                if type(call_id) is not str or type(payload) is not dict:
+                    self._protocol_error(
+                        conn, f"{message_type} needs a callId and a payload object"
+                    )
+                    return
+                if not reservations.release_on_terminal(call_id, payload.get(_FP_ATTEMPT_SEQ)):
+                    self.stale_terminal_frames += 1
+                state.completions_since_heartbeat += 1
+                try:
+                    if message_type == _MT_CALL_COMPLETED:
+                        on_completed(executor_id, call_id, payload)
+                    else:
+                        on_failed(executor_id, call_id, payload)
+                except Exception:
+                    _log.exception(
+                        "%s callback failed for %s on %s", message_type, call_id, executor_id
+                    )
+            elif message_type == _MT_CALL_WAITING:
+                self._handle_call_waiting(state, conn, envelope, frame[1])
+            elif message_type == _MT_HEARTBEAT:
+                self._handle_heartbeat(state, conn, envelope)
+            elif message_type in keys.MESSAGE_TYPES:
+                self._protocol_error(conn, f"{message_type} is not sent by executors")
+            else:
+                self._drop_unknown(conn, message_type)
+            if conn.closed:
+                return  # a handler ended the era; the rest of the batch is void
+        try:
+            callbacks.on_batch_done(executor_id)
+        except Exception:
+            _log.exception("on_batch_done callback failed for %s", executor_id)
+
+    # --- internals: handlers ----------------------------------------------------------------
+
+    def _drop_unknown(self, conn: ExecutorConnection, message_type: str) -> None:
+        self.unknown_frames += 1
+        log = _log.warning if self.unknown_frames <= 10 else _log.debug
+        log("%r sent unknown messageType %r; dropped", conn, message_type)
+
+    def _parse_heartbeat(
+        self, conn: ExecutorConnection, envelope: dict[str, Any]
+    ) -> Heartbeat | None:
+        payload = envelope.get(_F_PAYLOAD)
+        try:
+            if not isinstance(payload, dict):
+                raise PayloadError(_MT_HEARTBEAT, _F_PAYLOAD, "must be an object")
+            heartbeat = Heartbeat.from_wire(payload)
+            if not heartbeat.executor_id:
+                raise PayloadError(_MT_HEARTBEAT, keys.FP_EXECUTOR_ID, "must not be empty")
+        except PayloadError as exc:
+            self._protocol_error(conn, exc)
+            return None
+        return heartbeat
+
+    def _attach(self, conn: ExecutorConnection, envelope: dict[str, Any]) -> ExecutorState | None:
+        heartbeat = self._parse_heartbeat(conn, envelope)
+        if heartbeat is None:
+            return None
+        executor_id = heartbeat.executor_id
+        state = self._executors.get(executor_id)
+        if state is None:
+            state = self._executors[executor_id] = ExecutorState(executor_id)
+        elif state.connection is not None:
+            self._end_era(state, f"superseded by a new connection (#{conn.connection_id})")
+        now = self._clock()
+        state.start_era(conn, heartbeat, now)
+        conn.state = state
+        conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
+        _log.info(
+            "executor %s attached (era %d, connection #%d, process %s)",
+            executor_id,
+            state.era,
+            conn.connection_id,
+            heartbeat.executor_process_instance_id or "?",
+            extra={"executorId": executor_id},
+        )
+        try:
+            self._callbacks.on_executor_attached(executor_id, self._snapshot(state, now))
+        except Exception:
+            _log.exception("on_executor_attached callback failed for %s", executor_id)
+        return state
+
+    def _handle_heartbeat(
+        self, state: ExecutorState, conn: ExecutorConnection, envelope: dict[str, Any]
+    ) -> None:
+        heartbeat = self._parse_heartbeat(conn, envelope)
+        if heartbeat is None:
+            return
+        if heartbeat.executor_id != state.executor_id:
+            self._protocol_error(
+                conn,
+                f"Heartbeat for {heartbeat.executor_id!r} on the connection of "
+                f"{state.executor_id!r}",
+            )
+            return
+        now = self._clock()
+        state.record_heartbeat(heartbeat, now)
+        conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
+        try:
+            self._callbacks.on_heartbeat(state.executor_id, self._snapshot(state, now))
+        except Exception:
+            _log.exception("on_heartbeat callback failed for %s", state.executor_id)
+
+    def _handle_call_waiting(
+        self,
+        state: ExecutorState,
+        conn: ExecutorConnection,
+        envelope: dict[str, Any],
+        sidecar: bytes | None,
+    ) -> None:
+        call_id = envelope.get(_F_CALL_ID)
+        request_id = envelope.get(_F_REQUEST_ID)
+        payload = envelope.get(_F_PAYLOAD)
+        if type(call_id) is not str or type(request_id) is not str or type(payload) is not dict:
+            self._protocol_error(
+                conn, "CallWaiting needs a callId, a requestId and a payload object"
+            )
+            return
+        wait_kind = payload.get(_FP_WAIT_KIND)
+        if type(payload.get(_FP_TASK_ID)) is not str:
+            self._protocol_error(conn, "CallWaiting: taskId must be a string")
+            return
+        if wait_kind in _ORCHESTRATOR_WAIT_KINDS:
+            try:
+                self._callbacks.on_call_waiting(
+                    state.executor_id, call_id, request_id, payload, sidecar
+                )
+            except Exception:
+                _log.exception(
+                    "on_call_waiting callback failed for %s on %s", call_id, state.executor_id
+                )
+        elif wait_kind == _WAIT_FUNCTION_CODE:
+            self._answer_function_code(state, conn, call_id, request_id, payload)
+        else:
+            self._protocol_error(conn, f"CallWaiting: unknown waitKind {wait_kind!r}")
+
+    def _answer_function_code(
+        self,
+        state: ExecutorState,
+        conn: ExecutorConnection,
+        call_id: str,
+        request_id: str,
+        payload: dict[str, Any],
+    ) -> None:
+        task_id = payload[_FP_TASK_ID]
+        function_id = payload.get(keys.FP_FUNCTION_ID)
+        digest = payload.get(keys.FP_FUNCTION_CODE_DIGEST)
+        if type(function_id) is not str or type(digest) is not str:
+            self._protocol_error(
+                conn, "CallWaiting(function_code) needs functionId and functionCodeDigest strings"
+            )
+            return
+        answer = function_code_resume_payload(self._resolver, task_id, function_id, digest)
+        envelope = {
+            _F_MESSAGE_TYPE: _MT_RESUME_CALL,
+            _F_CALL_ID: call_id,
+            _F_REQUEST_ID: request_id,
+            _F_PAYLOAD: answer,
+        }
+        try:
+            conn.enqueue_control(encode_frame(envelope), None, call_id)
+        except (EncodeError, ExecutorUnavailableError, OutboxFullError) as exc:
+            _log.error(
+                "cannot answer the function code wait of %s on %s: %s",
+                call_id,
+                state.executor_id,
+                exc,
+            )
+            return
+        self.function_code_answered += 1

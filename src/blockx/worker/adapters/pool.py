@@ -1,0 +1,675 @@
+"""PoolManager: one executor process per slot, restarted with throttling (seed: ``pool.go``).
+
+Theory of operation
+-------------------
+The pool owns ``executor_count`` slots, ``exec-0`` … ``exec-{N-1}``; the slot's
+id is the ``--executor-id`` of every process it runs, so a restarted executor
+reattaches to the adapter under the same id (a new era there). Each slot is a
+small state machine:
+
+======== ============================================ ========
+state    event                                        next
+======== ============================================ ========
+STOPPED  ``start()``                                  RUNNING
+RUNNING  exit, < ``max_restarts`` in the window       WAITING
+RUNNING  exit, ``max_restarts`` already in the window BACKOFF
+WAITING  ``restart_delay_ms`` passed                  RUNNING
+BACKOFF  ``backoff_ms`` passed (window forgotten)     RUNNING
+any      ``stop()``                                   STOPPED
+======== ============================================ ========
+
+A spawn that fails counts as an exit. ``kill_executor`` (the wedge backstop)
+SIGKILLs the slot's process group; the exit then restarts it as above.
+
+Spawns run on one long-lived spawner thread, so the event loop never waits
+for a child to exec (under load a ``Popen`` takes up to ~15 ms on our
+machines); the children's parent-death signal is tied to that thread, which
+lives until ``stop()`` has reaped them. No task or thread per process: exits
+are seen through a pidfd registered with the event loop (``add_reader``; a
+100 ms poll where pidfds are missing), and
+the children's stdout/stderr are non-blocking pipes read the same way and
+forwarded line by line to the ``blockx.worker.executor`` logger with the
+executor id (the executor writes JSON log lines; their level, message and call
+fields are kept). Before a dead executor is reaped, its process group is
+SIGKILLed, so nothing it started survives it.
+
+``stop()``: SIGTERM to every process group, up to ``stop_grace_ms`` for them to
+exit (the executor cancels its calls and exits 0), SIGKILL for the rest, reap
+all. Together with the spawner's parent-death signal, no executor outlives
+the worker.
+
+Every method runs on the event loop thread that called :meth:`PoolManager.start`;
+only ``spawner.spawn`` runs on the spawner thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import functools
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from .errors import AdapterUsageError, SpawnError
+from .spawner import ExecutorLaunchSpec, ExecutorSpawner, ProcessSpawner
+
+if TYPE_CHECKING:
+    from blockx.worker.config import WorkerConfig
+
+__all__ = ["PoolManager", "SlotInfo", "SlotState"]
+
+_log = logging.getLogger("blockx.worker.pool")
+_output_log = logging.getLogger("blockx.worker.executor")
+
+#: Poll interval when pidfds are unavailable.
+_POLL_INTERVAL_S: Final = 0.1
+#: Longest forwarded output line; the rest is cut.
+_MAX_LINE: Final = 64 * 1024
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+#: Fields of the executor's JSON log lines kept on the forwarded record.
+_FORWARDED_FIELDS: Final = ("callId", "taskId", "attemptSeq", "functionId")
+
+
+class SlotState(enum.Enum):
+    """Where one executor slot is in its life."""
+
+    #: A process is running (it may not have attached to the adapter yet).
+    RUNNING = "RUNNING"
+    #: The process exited; a restart is due after ``restart_delay_ms``.
+    WAITING = "WAITING"
+    #: Restarted too often; the next start is after ``backoff_ms``.
+    BACKOFF = "BACKOFF"
+    #: Not started, or the pool stopped.
+    STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """A slot at one instant (for status pages, logs and tests)."""
+
+    executor_id: str
+    state: SlotState
+    pid: int | None
+    #: Restarts counted in the current restart window.
+    restarts_in_window: int
+    restarts_total: int
+    exits_total: int
+    #: Exit status of the last process (negative: killed by that signal).
+    last_returncode: int | None
+    last_exit_reason: str | None
+
+
+class _OutputReader:
+    """Forwards one child pipe to the log, line by line, from the event loop."""
+
+    __slots__ = ("_buffer", "_fd", "_loop", "_stream", "executor_id")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fd: int, executor_id: str, stream: str
+    ) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._stream = stream
+        self._buffer = bytearray()
+        self.executor_id = executor_id
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            self._emit(bytes(buffer[start:end]))
+            start = end + 1
+        del buffer[:start]
+        if len(buffer) > _MAX_LINE:
+            self._emit(bytes(buffer[:_MAX_LINE]) + b" [cut]")
+            buffer.clear()
+
+    def close(self) -> None:
+        """Stop reading (EOF or pool shutdown); the rest of the buffer is logged."""
+        if self._fd < 0:
+            return
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        if self._buffer:
+            self._emit(bytes(self._buffer))
+            self._buffer.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def _emit(self, line: bytes) -> None:
+        text = line.decode("utf-8", "replace").rstrip("\r")
+        if not text:
+            return
+        executor_id = self.executor_id
+        level = logging.WARNING if self._stream == "stderr" else logging.INFO
+        extra: dict[str, Any] = {"executorId": executor_id, "executorStream": self._stream}
+        if text.startswith("{"):
+            try:
+                record = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and "msg" in record:
+                level = _LEVELS.get(str(record.get("level", "")).lower(), level)
+                text = str(record["msg"])
+                if record.get("exc"):
+                    text += "\n" + str(record["exc"])
+                for key in _FORWARDED_FIELDS:
+                    if key in record:
+                        extra[key] = record[key]
+                if "logger" in record:
+                    extra["executorLogger"] = record["logger"]
+        if _output_log.isEnabledFor(level):
+            _output_log.log(level, "[%s] %s", executor_id, text, extra=extra)
+
+
+class _Slot:
+    __slots__ = (
+        "executor_id",
+        "exits_total",
+        "last_exit_reason",
+        "last_returncode",
+        "outputs",
+        "pidfd",
+        "process",
+        "restart_times",
+        "restarts_total",
+        "spawning",
+        "started_at",
+        "state",
+        "timer",
+    )
+
+    def __init__(self, executor_id: str) -> None:
+        self.executor_id = executor_id
+        self.state = SlotState.STOPPED
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pidfd = -1
+        self.timer: asyncio.TimerHandle | None = None
+        self.restart_times: deque[float] = deque()
+        self.restarts_total = 0
+        self.exits_total = 0
+        self.last_returncode: int | None = None
+        self.last_exit_reason: str | None = None
+        self.started_at = 0.0
+        self.outputs: list[_OutputReader] = []
+        #: The spawn in flight on the spawner thread, if any.
+        self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
+
+    def __repr__(self) -> str:
+        pid = self.process.pid if self.process is not None else None
+        return f"_Slot({self.executor_id!r}, {self.state.name}, pid={pid})"
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "exited (status unknown)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with status {returncode}"
+
+
+class PoolManager:
+    """The executor processes of one worker; see the module docstring."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        *,
+        executor_count: int,
+        spawner: ExecutorSpawner | None = None,
+        max_inflight: int = 128,
+        max_runnable: int = 128,
+        heartbeat_interval_s: float = 1.0,
+        python: str | None = None,
+        restart_delay_ms: int = 1000,
+        max_restarts: int = 10,
+        restart_window_ms: int = 60_000,
+        backoff_ms: int = 30_000,
+        stop_grace_ms: int = 5000,
+        on_slot_state: Callable[[str, SlotState], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``on_slot_state(executor_id, state)`` is called on every state change (plain
+        synchronous function, like the adapter's callbacks)."""
+        if executor_count < 1:
+            raise ValueError(f"executor_count must be at least 1, got {executor_count}")
+        for name, value in (
+            ("restart_delay_ms", restart_delay_ms),
+            ("max_restarts", max_restarts),
+            ("backoff_ms", backoff_ms),
+            ("stop_grace_ms", stop_grace_ms),
+        ):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if restart_window_ms <= 0:
+            raise ValueError(f"restart_window_ms must be positive, got {restart_window_ms}")
+        self._socket_path = socket_path
+        self._spawner: ExecutorSpawner = spawner or ProcessSpawner()
+        self._launch = {
+            "max_inflight": max_inflight,
+            "max_runnable": max_runnable,
+            "heartbeat_interval_s": heartbeat_interval_s,
+        }
+        self._python = python
+        self._restart_delay_s = restart_delay_ms / 1000.0
+        self._max_restarts = max_restarts
+        self._restart_window_s = restart_window_ms / 1000.0
+        self._backoff_s = backoff_ms / 1000.0
+        self._stop_grace_s = stop_grace_ms / 1000.0
+        self._on_slot_state = on_slot_state
+        self._clock = clock
+        self._slots = {f"exec-{i}": _Slot(f"exec-{i}") for i in range(executor_count)}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._stopping = False
+        self._all_exited: asyncio.Future[None] | None = None
+        # One long-lived thread runs every spawn: Popen waits (vfork) until the child
+        # has exec'd, which under load can take milliseconds the event loop should
+        # not lose. The children's parent-death signal is tied to this thread, which
+        # lives until stop() has reaped them all.
+        self._spawn_thread: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: WorkerConfig,
+        socket_path: str,
+        *,
+        spawner: ExecutorSpawner | None = None,
+        on_slot_state: Callable[[str, SlotState], None] | None = None,
+    ) -> PoolManager:
+        """A pool as ``config`` says (``spawner`` default: the one of ``pool.spawn_mode``)."""
+        from .spawner import spawner_for_mode
+
+        pool = config.pool
+        return cls(
+            socket_path,
+            executor_count=pool.executor_count,
+            spawner=spawner or spawner_for_mode(pool.spawn_mode),
+            max_inflight=config.dispatcher.executor_max_inflight,
+            max_runnable=config.dispatcher.executor_max_runnable,
+            heartbeat_interval_s=pool.heartbeat_interval_s,
+            python=pool.python_executable,
+            restart_delay_ms=pool.restart_delay_ms,
+            max_restarts=pool.max_restarts,
+            restart_window_ms=pool.restart_window_ms,
+            backoff_ms=pool.backoff_ms,
+            stop_grace_ms=pool.stop_grace_ms,
+            on_slot_state=on_slot_state,
+        )
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for slot in self._slots.values():
+            counts[slot.state.name] = counts.get(slot.state.name, 0) + 1
+        states = ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+        return f"PoolManager({len(self._slots)} slots: {states}, {self._spawner.mode})"
+
+    # --- views ------------------------------------------------------------------------
+
+    @property
+    def executor_ids(self) -> list[str]:
+        return list(self._slots)
+
+    def slot_state(self, executor_id: str) -> SlotState:
+        return self._slot(executor_id).state
+
+    def pid(self, executor_id: str) -> int | None:
+        process = self._slot(executor_id).process
+        return None if process is None else process.pid
+
+    def pids(self) -> dict[str, int]:
+        """Pids of the running processes, by executor id."""
+        return {s.executor_id: s.process.pid for s in self._slots.values() if s.process is not None}
+
+    def slots(self) -> list[SlotInfo]:
+        now = self._clock()
+        return [self._info(slot, now) for slot in self._slots.values()]
+
+    def slot(self, executor_id: str) -> SlotInfo:
+        return self._info(self._slot(executor_id), self._clock())
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawn every slot's executor; they boot in parallel.
+
+        Returns once every process exists (or its spawn failed and it went the
+        restart way), not once they attached: the adapter's
+        ``on_executor_attached`` says that.
+        """
+        if self._started:
+            raise AdapterUsageError("PoolManager.start() called twice")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._spawn_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="blockx-executor-spawner"
+        )
+        for slot in self._slots.values():
+            self._spawn(slot)
+        await self._spawns_settled()
+        _log.info("executor pool started: %d slot(s), %r", len(self._slots), self._spawner)
+
+    async def _spawns_settled(self) -> None:
+        """Wait until no spawn is in flight (their results are registered by then)."""
+        while True:
+            pending = [s.spawning for s in self._slots.values() if s.spawning is not None]
+            if not pending:
+                return
+            await asyncio.wait(pending)
+            await asyncio.sleep(0)  # let the done-callbacks register the processes
+
+    async def stop(self) -> None:
+        """Terminate every executor: SIGTERM, ``stop_grace_ms``, SIGKILL; reap all. Idempotent."""
+        if self._stopping or not self._started:
+            self._stopping = True
+            return
+        self._stopping = True
+        loop = self._loop
+        assert loop is not None
+        await self._spawns_settled()
+        for slot in self._slots.values():
+            if slot.timer is not None:
+                slot.timer.cancel()
+                slot.timer = None
+            if slot.process is None:
+                self._set_state(slot, SlotState.STOPPED)
+        running = [s for s in self._slots.values() if s.process is not None]
+        if running:
+            self._all_exited = loop.create_future()
+            for slot in running:
+                self._signal(slot, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._all_exited), self._stop_grace_s)
+            except TimeoutError:
+                left = [s for s in self._slots.values() if s.process is not None]
+                _log.warning(
+                    "%d executor(s) still running %.1fs after SIGTERM; sending SIGKILL: %s",
+                    len(left),
+                    self._stop_grace_s,
+                    ", ".join(s.executor_id for s in left),
+                )
+                for slot in left:
+                    self._signal(slot, signal.SIGKILL)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._all_exited), 10.0)
+                except TimeoutError:  # pragma: no cover - SIGKILL not delivered (D state)
+                    _log.error("executors did not die after SIGKILL; reaping what exited")
+                    for slot in self._slots.values():
+                        if slot.process is not None:
+                            self._reap(slot)
+        for slot in self._slots.values():
+            for reader in slot.outputs:
+                reader.close()
+            slot.outputs.clear()
+        if self._spawn_thread is not None:
+            # Every child is reaped: the thread their parent-death signal is tied to may end.
+            self._spawn_thread.shutdown(wait=False)
+        _log.info("executor pool stopped")
+
+    async def __aenter__(self) -> PoolManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
+
+    def kill_executor(self, executor_id: str) -> bool:
+        """SIGKILL the slot's process group now (the wedge backstop); it restarts as usual.
+
+        False when the slot has no running process.
+        """
+        slot = self._slot(executor_id)
+        if slot.process is None:
+            return False
+        _log.warning(
+            "killing executor %s (pid %d)",
+            executor_id,
+            slot.process.pid,
+            extra={"executorId": executor_id},
+        )
+        self._signal(slot, signal.SIGKILL)
+        return True
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _slot(self, executor_id: str) -> _Slot:
+        try:
+            return self._slots[executor_id]
+        except KeyError:
+            raise KeyError(f"no executor slot {executor_id!r}") from None
+
+    def _info(self, slot: _Slot, now: float) -> SlotInfo:
+        window_start = now - self._restart_window_s
+        return SlotInfo(
+            executor_id=slot.executor_id,
+            state=slot.state,
+            pid=None if slot.process is None else slot.process.pid,
+            restarts_in_window=sum(1 for t in slot.restart_times if t > window_start),
+            restarts_total=slot.restarts_total,
+            exits_total=slot.exits_total,
+            last_returncode=slot.last_returncode,
+            last_exit_reason=slot.last_exit_reason,
+        )
+
+    def _set_state(self, slot: _Slot, state: SlotState) -> None:
+        if slot.state is state:
+            return
+        slot.state = state
+        if self._on_slot_state is not None:
+            try:
+                self._on_slot_state(slot.executor_id, state)
+            except Exception:
+                _log.exception("on_slot_state callback failed for %s", slot.executor_id)
+
+    def _spec(self, slot: _Slot) -> ExecutorLaunchSpec:
+        kwargs: dict[str, Any] = dict(self._launch)
+        if self._python is not None:
+            kwargs["python"] = self._python
+        return ExecutorLaunchSpec(
+            executor_id=slot.executor_id, socket_path=self._socket_path, **kwargs
+        )
+
+    def _spawn(self, slot: _Slot) -> None:
+        """Start the slot's process on the spawner thread; ``_spawned`` registers it."""
+        slot.timer = None
+        if self._stopping or slot.spawning is not None:
+            return
+        loop = self._loop
+        assert loop is not None and self._spawn_thread is not None
+        spawning = loop.run_in_executor(self._spawn_thread, self._spawner.spawn, self._spec(slot))
+        slot.spawning = spawning
+        spawning.add_done_callback(functools.partial(self._spawned, slot))
+
+    def _spawned(self, slot: _Slot, spawning: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+        slot.spawning = None
+        loop = self._loop
+        assert loop is not None
+        try:
+            process = spawning.result()
+        except Exception as exc:
+            if not isinstance(exc, SpawnError):
+                exc = SpawnError(slot.executor_id, repr(exc))
+            _log.error("%s", exc, extra={"executorId": slot.executor_id})
+            slot.exits_total += 1
+            slot.last_returncode = None
+            slot.last_exit_reason = f"spawn failed: {exc}"
+            if self._stopping:
+                self._set_state(slot, SlotState.STOPPED)
+            else:
+                self._schedule_restart(slot)
+            return
+        # Registered even while stopping: stop() signals it like the others.
+        slot.process = process
+        slot.started_at = self._clock()
+        for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
+            if pipe is not None:
+                # The reader owns the fd from here; detach it from the file object.
+                fd = os.dup(pipe.fileno())
+                pipe.close()
+                slot.outputs.append(_OutputReader(loop, fd, slot.executor_id, stream))
+        try:
+            slot.pidfd = os.pidfd_open(process.pid)
+        except (AttributeError, OSError):
+            slot.pidfd = -1
+            slot.timer = loop.call_later(_POLL_INTERVAL_S, self._poll, slot, process)
+        else:
+            loop.add_reader(slot.pidfd, self._exited, slot, process)
+        _log.info(
+            "executor %s started (pid %d)",
+            slot.executor_id,
+            process.pid,
+            extra={"executorId": slot.executor_id},
+        )
+        self._set_state(slot, SlotState.RUNNING)
+
+    def _poll(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+        slot.timer = None
+        if slot.process is not process:
+            return
+        if process.poll() is None:
+            assert self._loop is not None
+            slot.timer = self._loop.call_later(_POLL_INTERVAL_S, self._poll, slot, process)
+            return
+        self._exited(slot, process)
+
+    def _exited(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+        """The process is dead (pidfd readable): kill its group, reap, decide what next."""
+        if slot.process is not process:
+            return
+        self._reap(slot)
+        returncode = slot.last_returncode
+        reason = _describe_exit(returncode)
+        if self._stopping:
+            _log.info(
+                "executor %s %s", slot.executor_id, reason, extra={"executorId": slot.executor_id}
+            )
+            self._set_state(slot, SlotState.STOPPED)
+            if self._all_exited is not None and not self._all_exited.done():
+                if all(s.process is None for s in self._slots.values()):
+                    self._all_exited.set_result(None)
+            return
+        _log.warning(
+            "executor %s (pid %d) %s after %.1fs",
+            slot.executor_id,
+            process.pid,
+            reason,
+            self._clock() - slot.started_at,
+            extra={"executorId": slot.executor_id},
+        )
+        self._schedule_restart(slot)
+
+    def _reap(self, slot: _Slot) -> None:
+        process = slot.process
+        assert process is not None
+        if slot.pidfd >= 0:
+            assert self._loop is not None
+            self._loop.remove_reader(slot.pidfd)
+            os.close(slot.pidfd)
+            slot.pidfd = -1
+        if slot.timer is not None:
+            slot.timer.cancel()
+            slot.timer = None
+        # The leader is not reaped yet, so its pid (the group id) cannot be reused:
+        # safe to kill whatever else is left in its group.
+        _signal_process_group(process, signal.SIGKILL)
+        returncode = process.poll()
+        if returncode is None:
+            try:
+                returncode = process.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - pidfd said it was dead
+                _log.error("executor %s: pid %d not reapable", slot.executor_id, process.pid)
+        slot.process = None
+        slot.exits_total += 1
+        slot.last_returncode = returncode
+        slot.last_exit_reason = _describe_exit(returncode)
+
+    def _schedule_restart(self, slot: _Slot) -> None:
+        loop = self._loop
+        assert loop is not None
+        now = self._clock()
+        window_start = now - self._restart_window_s
+        times = slot.restart_times
+        while times and times[0] <= window_start:
+            times.popleft()
+        if len(times) >= self._max_restarts:
+            _log.error(
+                "executor %s restarted %d times within %.0fs; backing off for %.1fs",
+                slot.executor_id,
+                len(times),
+                self._restart_window_s,
+                self._backoff_s,
+                extra={"executorId": slot.executor_id},
+            )
+            self._set_state(slot, SlotState.BACKOFF)
+            slot.timer = loop.call_later(self._backoff_s, self._restart, slot, True)
+        else:
+            self._set_state(slot, SlotState.WAITING)
+            slot.timer = loop.call_later(self._restart_delay_s, self._restart, slot, False)
+
+    def _restart(self, slot: _Slot, after_backoff: bool) -> None:
+        slot.timer = None
+        if self._stopping:
+            return
+        if after_backoff:
+            slot.restart_times.clear()
+        slot.restart_times.append(self._clock())
+        slot.restarts_total += 1
+        self._spawn(slot)
+
+    def _signal(self, slot: _Slot, signum: signal.Signals) -> None:
+        process = slot.process
+        if process is not None:
+            _signal_process_group(process, signum)
+
+
+def _signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
+    """Signal the process's group when it leads one (our spawners make it so), else the
+    process alone. A process that is gone already is not an error."""
+    pid = process.pid
+    try:
+        leads_group = os.getpgid(pid) == pid
+        if leads_group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

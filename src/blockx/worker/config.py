@@ -1,0 +1,871 @@
+"""WorkerConfig: every knob of the worker runtime, with defaults, environment variables and checks.
+
+Theory of operation
+-------------------
+One frozen dataclass tree, built once at start-up and passed down: the pool,
+the executor adapter, the admission gate and the stream builder read their
+section; the orchestrator builds the core's ``DispatcherConfig`` from
+:meth:`WorkerConfig.dispatcher_kwargs` (the ``dispatcher`` section's fields
+carry the core's field names). :func:`load_config` layers the sources::
+
+    defaults  <-  file (TOML or JSON)  <-  environment  <-  explicit overrides
+
+and collects every bad value before raising one :class:`ConfigError` whose
+lines name the source, the knob and the value::
+
+    CALL_DEADLINE_MS='abc': expected a non-negative integer
+    worker.toml: pool.executor_count=0: expected a positive integer
+
+Building a section directly (``PoolConfig(executor_count=0)``) runs the same
+checks. An empty environment variable counts as unset. ``BLOCKX_CONFIG`` names
+the file when :func:`load_config` is given none.
+
+File layout: one table per section, keys are the field names below::
+
+    [pool]
+    executor_count = 4
+    [dispatcher]
+    call_deadline_ms = 3000
+
+Two values are derived, never set:
+
+* ``dispatcher.stall_timeout_ms`` — the effective scheduler-stall (wedge)
+  timeout: ``call_deadline_ms + 5000``; an explicit
+  ``scheduler_stall_timeout_ms`` is used only when it is greater than
+  ``call_deadline_ms + 1000`` (a lower one is raised to the derived value: an
+  executor legitimately runs a call for its whole budget). Same rule as the
+  core's ``DispatcherConfig``.
+* ``heartbeat_timeout_ms`` (on :class:`WorkerConfig`) — the seed couples the
+  heartbeat timeout to the stall timeout:
+  ``max(adapter.heartbeat_timeout_ms, stall_timeout_ms + 5000)`` (15000 with
+  the defaults), so a wedged executor is killed by the wedge backstop before
+  its calls are declared lost.
+
+Knobs (``seed`` marks the seed's own environment variable; the others are
+ours, named in the same style)
+
+.. knob-table-start
+
+``pool.executor_count``
+    ``EXECUTOR_COUNT`` (seed); default ``os.cpu_count()``.
+    Executor processes (the seed's default is 8).
+``pool.spawn_mode``
+    ``EXECUTOR_SPAWN_MODE`` (seed); default ``process``.
+    ``process`` (bare processes) or ``sandbox`` (bubblewrap).
+``pool.restart_delay_ms``
+    ``EXECUTOR_RESTART_DELAY_MS``; default ``1000``.
+    Wait before restarting an executor that exited.
+``pool.max_restarts``
+    ``EXECUTOR_MAX_RESTARTS``; default ``10``.
+    Restarts allowed within ``restart_window_ms`` before the slot backs off.
+``pool.restart_window_ms``
+    ``EXECUTOR_RESTART_WINDOW_MS``; default ``60000``.
+    Window in which restarts are counted.
+``pool.backoff_ms``
+    ``EXECUTOR_BACKOFF_MS``; default ``30000``.
+    How long a slot that restarted too often waits (state BACKOFF).
+``pool.stop_grace_ms``
+    ``EXECUTOR_STOP_GRACE_MS``; default ``5000``.
+    On shutdown, SIGTERM first and SIGKILL after this long.
+``pool.heartbeat_interval_s``
+    ``EXECUTOR_HEARTBEAT_INTERVAL_S``; default ``1.0``.
+    Executor ``--heartbeat-interval``, seconds.
+``pool.python``
+    ``EXECUTOR_PYTHON``; default ``sys.executable``.
+    Python interpreter that runs ``-m blockx.executor``.
+``dispatcher.executor_max_inflight``
+    ``EXECUTOR_MAX_INFLIGHT``; default ``128``.
+    Calls one executor holds at once (0 = unlimited); also its ``--executor-max-inflight``.
+``dispatcher.executor_max_runnable``
+    ``EXECUTOR_MAX_RUNNABLE``; default ``128``.
+    Executors with this many runnable calls (after completion compensation) get none (0 = off).
+``dispatcher.executor_selection_sample_size``
+    ``EXECUTOR_SELECTION_SAMPLE_SIZE`` (seed); default ``0``.
+    0 scores every eligible executor; N > 0 only the first N (power-of-d).
+``dispatcher.executor_memory_high_watermark``
+    ``EXECUTOR_MEMORY_HIGH_WATERMARK``; default ``0``.
+    Executors whose RSS reaches this many bytes get no new calls (0 = off).
+``dispatcher.task_max_inflight_calls``
+    ``TASK_MAX_INFLIGHT_CALLS``; default ``1024``.
+    Calls of one task in flight at once.
+``dispatcher.call_deadline_ms``
+    ``CALL_DEADLINE_MS`` (seed); default ``5000``.
+    Execution budget of every root call attempt, ms (0 = unlimited).
+``dispatcher.scheduler_stall_timeout_ms``
+    ``SCHEDULER_STALL_TIMEOUT_MS`` (seed); default ``call_deadline_ms + 5000``.
+    Wedge backstop threshold; at or below ``call_deadline_ms + 1000`` it is raised to the
+    default.
+``dispatcher.max_subcall_depth``
+    ``MAX_SUBCALL_DEPTH``; default ``8``.
+    Deepest sub-call chain.
+``dispatcher.base_backoff_ms``
+    ``CALL_RETRY_BASE_BACKOFF_MS``; default ``10``.
+    Retry backoff base (``base * 2^(attempt-1)`` + up to 5% jitter) when the task names none.
+``dispatcher.max_backoff_ms``
+    ``CALL_RETRY_MAX_BACKOFF_MS``; default ``60000``.
+    Longest single retry backoff.
+``dispatcher.default_max_attempts``
+    ``CALL_RETRY_MAX_ATTEMPTS`` (seed); default ``3``.
+    Attempts per call when the task names none.
+``dispatcher.instance_fairness``
+    ``DISPATCH_INSTANCE_FAIRNESS`` (seed); default ``false``.
+    Max-min fair release across instances (tenants) instead of task round-robin.
+``dispatcher.instance_fairness_quantum``
+    ``DISPATCH_INSTANCE_FAIRNESS_QUANTUM`` (seed); default ``0``.
+    Binds served to one instance before it is re-picked; 0 and 1 re-pick every call; capped at
+    1024.
+``dispatcher.max_collected_output_bytes``
+    ``MAX_COLLECTED_OUTPUT_BYTES`` (seed); default ``0``.
+    A task whose outputs exceed this stops with ``OUTPUT_BYTES_EXCEEDED`` (0 = no limit).
+``dispatcher.call_cache_max_entries``
+    ``CALL_CACHE_MAX_ENTRIES``; default ``65536``.
+    Results kept per task for call-cache hits (0 = no cache).
+``adapter.heartbeat_timeout_ms``
+    ``EXECUTOR_HEARTBEAT_TIMEOUT_MS``; default ``10000``.
+    No heartbeat for this long = transport lost; coupled: at least ``stall_timeout_ms + 5000``.
+``adapter.outbox_depth``
+    ``EXECUTOR_OUTBOX_DEPTH``; default ``256``.
+    Frames queued per executor connection before sends are refused (retryable).
+``adapter.frames_per_write``
+    ``EXECUTOR_FRAMES_PER_WRITE``; default ``64``.
+    Frames coalesced into one socket write.
+``adapter.socket_dir``
+    ``EXECUTOR_SOCKET_DIR``; default system temp dir.
+    Parent of the private directory that holds the worker's Unix socket.
+``admission.executor_task_slots``
+    ``EXECUTOR_TASK_SLOTS`` (seed); default ``32``.
+    Tasks in the executor phase at once.
+``stream_build.enabled``
+    ``STREAM_BUILD_ENABLED``; default ``false``.
+    Build call lists as streams of batches.
+``stream_build.max_outstanding_batches``
+    ``STREAM_BUILD_MAX_OUTSTANDING_BATCHES``; default ``2``.
+    Committed batches not yet settled (the producer's credit window).
+``stream_build.batch_max_rows``
+    ``STREAM_BUILD_BATCH_MAX_ROWS``; default ``8192``.
+    Calls per streamed batch.
+``stream_build.batch_max_args_bytes``
+    ``STREAM_BUILD_BATCH_MAX_ARGS_BYTES``; default ``33554432``.
+    Argument bytes per streamed batch (32 MiB).
+
+.. knob-table-end
+
+:func:`knob_table` renders this table from the fields themselves (a test keeps
+the two equal); ``knob_table(markdown=True)`` gives it for docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import textwrap
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "HEARTBEAT_TIMEOUT_MARGIN_MS",
+    "STALL_TIMEOUT_MARGIN_MS",
+    "STALL_TIMEOUT_MIN_MARGIN_MS",
+    "AdapterConfig",
+    "AdmissionConfig",
+    "ConfigError",
+    "DispatcherSettings",
+    "PoolConfig",
+    "StreamBuildConfig",
+    "WorkerConfig",
+    "iter_knobs",
+    "knob_table",
+    "load_config",
+]
+
+#: Environment variable naming the configuration file.
+CONFIG_FILE_ENV: Final = "BLOCKX_CONFIG"
+#: ``stall_timeout_ms = call_deadline_ms + STALL_TIMEOUT_MARGIN_MS`` by default.
+STALL_TIMEOUT_MARGIN_MS: Final = 5000
+#: An explicit stall timeout at or below ``call_deadline_ms`` + this is raised.
+STALL_TIMEOUT_MIN_MARGIN_MS: Final = 1000
+#: The heartbeat timeout is at least ``stall_timeout_ms`` + this.
+HEARTBEAT_TIMEOUT_MARGIN_MS: Final = 5000
+
+
+class ConfigError(ValueError):
+    """One or more bad configuration values; each line of the message names one."""
+
+    def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --- value kinds ---------------------------------------------------------------------------
+
+
+class _Kind:
+    """How one knob's value is parsed from text and checked."""
+
+    expected = "a value"
+
+    def from_text(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def check(self, value: Any) -> Any:
+        """Return the value (converted if needed) or raise ValueError."""
+        raise NotImplementedError
+
+
+class _Int(_Kind):
+    def __init__(self, minimum: int, *, optional: bool = False) -> None:
+        self.minimum = minimum
+        self.optional = optional
+        self.expected = "a positive integer" if minimum == 1 else "a non-negative integer"
+
+    def from_text(self, text: str) -> Any:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise ValueError(self.expected) from None
+        return self.check(value)
+
+    def check(self, value: Any) -> Any:
+        if value is None and self.optional:
+            return None
+        if isinstance(value, str):
+            return self.from_text(value)
+        if type(value) is not int or value < self.minimum:
+            raise ValueError(self.expected)
+        return value
+
+
+class _PositiveFloat(_Kind):
+    expected = "a positive number"
+
+    def from_text(self, text: str) -> Any:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(self.expected) from None
+        return self.check(value)
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.from_text(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(self.expected)
+        value = float(value)
+        if not (0 < value < float("inf")):
+            raise ValueError(self.expected)
+        return value
+
+
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+class _Bool(_Kind):
+    expected = "true or false (1/0, yes/no, on/off)"
+
+    def from_text(self, text: str) -> Any:
+        word = text.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise ValueError(self.expected)
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.from_text(value)
+        if type(value) is not bool:
+            raise ValueError(self.expected)
+        return value
+
+
+class _Choice(_Kind):
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.expected = "one of " + ", ".join(choices)
+
+    def from_text(self, text: str) -> Any:
+        return self.check(text.strip().lower())
+
+    def check(self, value: Any) -> Any:
+        if value not in self.choices:
+            raise ValueError(self.expected)
+        return value
+
+
+class _OptionalText(_Kind):
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+
+    def from_text(self, text: str) -> Any:
+        return self.check(text)
+
+    def check(self, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(self.expected)
+        return value
+
+
+_NON_NEGATIVE = _Int(0)
+_POSITIVE = _Int(1)
+
+
+def _knob(
+    default: Any = dataclasses.MISSING,
+    *,
+    kind: _Kind,
+    env: str,
+    doc: str,
+    seed_env: bool = False,
+    default_text: str | None = None,
+    default_factory: Callable[[], Any] | None = None,
+) -> Any:
+    metadata = {
+        "kind": kind,
+        "env": env,
+        "doc": doc,
+        "seed_env": seed_env,
+        "default_text": default_text,
+    }
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _check_section(section: Any, name: str) -> None:
+    """Check every knob of a section instance; store converted values."""
+    problems: list[str] = []
+    for f in dataclasses.fields(section):
+        if not f.init or "kind" not in f.metadata:
+            continue
+        value = getattr(section, f.name)
+        try:
+            checked = f.metadata["kind"].check(value)
+        except ValueError as exc:
+            problems.append(f"{name}.{f.name}={value!r}: expected {exc}")
+            continue
+        if checked is not value:
+            object.__setattr__(section, f.name, checked)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+# --- sections ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolConfig:
+    """The executor pool: how many processes, how they start and restart."""
+
+    executor_count: int = _knob(
+        kind=_POSITIVE,
+        env="EXECUTOR_COUNT",
+        seed_env=True,
+        default_factory=_cpu_count,
+        default_text="os.cpu_count()",
+        doc="Executor processes (the seed's default is 8).",
+    )
+    spawn_mode: str = _knob(
+        "process",
+        kind=_Choice("process", "sandbox"),
+        env="EXECUTOR_SPAWN_MODE",
+        seed_env=True,
+        doc="``process`` (bare processes) or ``sandbox`` (bubblewrap).",
+    )
+    restart_delay_ms: int = _knob(
+        1000,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_RESTART_DELAY_MS",
+        doc="Wait before restarting an executor that exited.",
+    )
+    max_restarts: int = _knob(
+        10,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_MAX_RESTARTS",
+        doc="Restarts allowed within ``restart_window_ms`` before the slot backs off.",
+    )
+    restart_window_ms: int = _knob(
+        60_000,
+        kind=_POSITIVE,
+        env="EXECUTOR_RESTART_WINDOW_MS",
+        doc="Window in which restarts are counted.",
+    )
+    backoff_ms: int = _knob(
+        30_000,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_BACKOFF_MS",
+        doc="How long a slot that restarted too often waits (state BACKOFF).",
+    )
+    stop_grace_ms: int = _knob(
+        5000,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_STOP_GRACE_MS",
+        doc="On shutdown, SIGTERM first and SIGKILL after this long.",
+    )
+    heartbeat_interval_s: float = _knob(
+        1.0,
+        kind=_PositiveFloat(),
+        env="EXECUTOR_HEARTBEAT_INTERVAL_S",
+        doc="Executor ``--heartbeat-interval``, seconds.",
+    )
+    python: str | None = _knob(
+        None,
+        kind=_OptionalText("a path to a Python interpreter"),
+        env="EXECUTOR_PYTHON",
+        default_text="sys.executable",
+        doc="Python interpreter that runs ``-m blockx.executor``.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self, "pool")
+
+    @property
+    def python_executable(self) -> str:
+        return self.python or sys.executable
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatcherSettings:
+    """The dispatcher core's knobs; field names are ``DispatcherConfig``'s."""
+
+    executor_max_inflight: int = _knob(
+        128,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_MAX_INFLIGHT",
+        doc="Calls one executor holds at once (0 = unlimited); also its "
+        "``--executor-max-inflight``.",
+    )
+    executor_max_runnable: int = _knob(
+        128,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_MAX_RUNNABLE",
+        doc="Executors with this many runnable calls (after completion compensation) get "
+        "none (0 = off).",
+    )
+    executor_selection_sample_size: int = _knob(
+        0,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_SELECTION_SAMPLE_SIZE",
+        seed_env=True,
+        doc="0 scores every eligible executor; N > 0 only the first N (power-of-d).",
+    )
+    executor_memory_high_watermark: int = _knob(
+        0,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_MEMORY_HIGH_WATERMARK",
+        doc="Executors whose RSS reaches this many bytes get no new calls (0 = off).",
+    )
+    task_max_inflight_calls: int = _knob(
+        1024,
+        kind=_POSITIVE,
+        env="TASK_MAX_INFLIGHT_CALLS",
+        doc="Calls of one task in flight at once.",
+    )
+    call_deadline_ms: int = _knob(
+        5000,
+        kind=_NON_NEGATIVE,
+        env="CALL_DEADLINE_MS",
+        seed_env=True,
+        doc="Execution budget of every root call attempt, ms (0 = unlimited).",
+    )
+    scheduler_stall_timeout_ms: int | None = _knob(
+        None,
+        kind=_Int(0, optional=True),
+        env="SCHEDULER_STALL_TIMEOUT_MS",
+        seed_env=True,
+        default_text="call_deadline_ms + 5000",
+        doc="Wedge backstop threshold; at or below ``call_deadline_ms + 1000`` it is raised "
+        "to the default.",
+    )
+    max_subcall_depth: int = _knob(
+        8, kind=_POSITIVE, env="MAX_SUBCALL_DEPTH", doc="Deepest sub-call chain."
+    )
+    base_backoff_ms: int = _knob(
+        10,
+        kind=_NON_NEGATIVE,
+        env="CALL_RETRY_BASE_BACKOFF_MS",
+        doc="Retry backoff base (``base * 2^(attempt-1)`` + up to 5% jitter) when the task "
+        "names none.",
+    )
+    max_backoff_ms: int = _knob(
+        60_000,
+        kind=_NON_NEGATIVE,
+        env="CALL_RETRY_MAX_BACKOFF_MS",
+        doc="Longest single retry backoff.",
+    )
+    default_max_attempts: int = _knob(
+        3,
+        kind=_POSITIVE,
+        env="CALL_RETRY_MAX_ATTEMPTS",
+        seed_env=True,
+        doc="Attempts per call when the task names none.",
+    )
+    instance_fairness: bool = _knob(
+        False,
+        kind=_Bool(),
+        env="DISPATCH_INSTANCE_FAIRNESS",
+        seed_env=True,
+        doc="Max-min fair release across instances (tenants) instead of task round-robin.",
+    )
+    instance_fairness_quantum: int = _knob(
+        0,
+        kind=_NON_NEGATIVE,
+        env="DISPATCH_INSTANCE_FAIRNESS_QUANTUM",
+        seed_env=True,
+        doc="Binds served to one instance before it is re-picked; 0 and 1 re-pick every "
+        "call; capped at 1024.",
+    )
+    max_collected_output_bytes: int = _knob(
+        0,
+        kind=_NON_NEGATIVE,
+        env="MAX_COLLECTED_OUTPUT_BYTES",
+        seed_env=True,
+        doc="A task whose outputs exceed this stops with ``OUTPUT_BYTES_EXCEEDED`` (0 = no limit).",
+    )
+    call_cache_max_entries: int = _knob(
+        65_536,
+        kind=_NON_NEGATIVE,
+        env="CALL_CACHE_MAX_ENTRIES",
+        doc="Results kept per task for call-cache hits (0 = no cache).",
+    )
+    #: Derived: the effective wedge threshold (see the module docstring).
+    stall_timeout_ms: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        _check_section(self, "dispatcher")
+        if self.max_backoff_ms < self.base_backoff_ms:
+            raise ConfigError(
+                [
+                    f"dispatcher.max_backoff_ms={self.max_backoff_ms!r}: expected at least "
+                    f"base_backoff_ms ({self.base_backoff_ms})"
+                ]
+            )
+        derived = self.call_deadline_ms + STALL_TIMEOUT_MARGIN_MS
+        requested = self.scheduler_stall_timeout_ms
+        if requested is None or requested <= self.call_deadline_ms + STALL_TIMEOUT_MIN_MARGIN_MS:
+            stall = derived
+        else:
+            stall = requested
+        object.__setattr__(self, "stall_timeout_ms", stall)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdapterConfig:
+    """The executor adapter: connections, outboxes, the heartbeat timeout."""
+
+    heartbeat_timeout_ms: int = _knob(
+        10_000,
+        kind=_POSITIVE,
+        env="EXECUTOR_HEARTBEAT_TIMEOUT_MS",
+        doc="No heartbeat for this long = transport lost; coupled: at least "
+        "``stall_timeout_ms + 5000``.",
+    )
+    outbox_depth: int = _knob(
+        256,
+        kind=_POSITIVE,
+        env="EXECUTOR_OUTBOX_DEPTH",
+        doc="Frames queued per executor connection before sends are refused (retryable).",
+    )
+    frames_per_write: int = _knob(
+        64,
+        kind=_POSITIVE,
+        env="EXECUTOR_FRAMES_PER_WRITE",
+        doc="Frames coalesced into one socket write.",
+    )
+    socket_dir: str | None = _knob(
+        None,
+        kind=_OptionalText("a directory path"),
+        env="EXECUTOR_SOCKET_DIR",
+        default_text="system temp dir",
+        doc="Parent of the private directory that holds the worker's Unix socket.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self, "adapter")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionConfig:
+    """How many tasks run their executor phase at once."""
+
+    executor_task_slots: int = _knob(
+        32,
+        kind=_POSITIVE,
+        env="EXECUTOR_TASK_SLOTS",
+        seed_env=True,
+        doc="Tasks in the executor phase at once.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self, "admission")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamBuildConfig:
+    """Streamed call lists: the producer's window and the batch size."""
+
+    enabled: bool = _knob(
+        False,
+        kind=_Bool(),
+        env="STREAM_BUILD_ENABLED",
+        doc="Build call lists as streams of batches.",
+    )
+    max_outstanding_batches: int = _knob(
+        2,
+        kind=_POSITIVE,
+        env="STREAM_BUILD_MAX_OUTSTANDING_BATCHES",
+        doc="Committed batches not yet settled (the producer's credit window).",
+    )
+    batch_max_rows: int = _knob(
+        8192,
+        kind=_POSITIVE,
+        env="STREAM_BUILD_BATCH_MAX_ROWS",
+        doc="Calls per streamed batch.",
+    )
+    batch_max_args_bytes: int = _knob(
+        32 * 1024 * 1024,
+        kind=_POSITIVE,
+        env="STREAM_BUILD_BATCH_MAX_ARGS_BYTES",
+        doc="Argument bytes per streamed batch (32 MiB).",
+    )
+
+    def __post_init__(self) -> None:
+        _check_section(self, "stream_build")
+
+
+#: Section name -> section class, in table order.
+_SECTIONS: Final[dict[str, type[Any]]] = {
+    "pool": PoolConfig,
+    "dispatcher": DispatcherSettings,
+    "adapter": AdapterConfig,
+    "admission": AdmissionConfig,
+    "stream_build": StreamBuildConfig,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """The whole worker runtime configuration (see the module docstring)."""
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    dispatcher: DispatcherSettings = field(default_factory=DispatcherSettings)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    stream_build: StreamBuildConfig = field(default_factory=StreamBuildConfig)
+    #: Derived: the effective heartbeat timeout, coupled to the stall timeout.
+    heartbeat_timeout_ms: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError([f"{name}: expected a {cls.__name__}"])
+        coupled = self.dispatcher.stall_timeout_ms + HEARTBEAT_TIMEOUT_MARGIN_MS
+        object.__setattr__(
+            self, "heartbeat_timeout_ms", max(self.adapter.heartbeat_timeout_ms, coupled)
+        )
+
+    @property
+    def stall_timeout_ms(self) -> int:
+        """The effective scheduler-stall timeout (``dispatcher.stall_timeout_ms``)."""
+        return self.dispatcher.stall_timeout_ms
+
+    def dispatcher_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the core's ``DispatcherConfig``.
+
+        The ``dispatcher`` section's init fields plus the stream builder's
+        ``max_outstanding_batches`` (the core owns the producer's window).
+        """
+        kwargs = {
+            f.name: getattr(self.dispatcher, f.name)
+            for f in dataclasses.fields(self.dispatcher)
+            if f.init
+        }
+        kwargs["max_outstanding_batches"] = self.stream_build.max_outstanding_batches
+        return kwargs
+
+    def replace(self, **overrides: Any) -> WorkerConfig:
+        """A copy with knobs replaced, by dotted name: ``replace(**{"pool.executor_count": 2})``."""
+        return _build(self, [_apply_mapping(overrides, "override")])
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def iter_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
+    """``(section, field name, dataclass field)`` of every knob, in table order."""
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.init and "kind" in f.metadata:
+                yield section, f.name, f
+
+
+def _knob_field(section: str, name: str) -> dataclasses.Field[Any] | None:
+    cls = _SECTIONS.get(section)
+    if cls is None:
+        return None
+    for f in dataclasses.fields(cls):
+        if f.name == name and f.init and "kind" in f.metadata:
+            return f
+    return None
+
+
+#: One layer of values: ``{(section, field): value}`` plus the problems it had.
+_Layer = tuple[dict[tuple[str, str], Any], list[str]]
+
+
+def _apply_mapping(mapping: Mapping[str, Any], source: str) -> _Layer:
+    """Flatten a nested ``{section: {field: value}}`` or dotted ``{"section.field": value}``."""
+    values: dict[tuple[str, str], Any] = {}
+    problems: list[str] = []
+    prefix = f"{source}: " if source != "override" else ""
+
+    def put(section: str, name: str, value: Any) -> None:
+        f = _knob_field(section, name)
+        if f is None:
+            problems.append(f"{prefix}unknown knob {section}.{name}")
+            return
+        try:
+            values[(section, name)] = f.metadata["kind"].check(value)
+        except ValueError as exc:
+            problems.append(f"{prefix}{section}.{name}={value!r}: expected {exc}")
+
+    for key, value in mapping.items():
+        if "." in key:
+            section, _, name = key.partition(".")
+            put(section, name, value)
+        elif key in _SECTIONS and isinstance(value, Mapping):
+            for name, item in value.items():
+                put(key, str(name), item)
+        else:
+            problems.append(f"{prefix}unknown knob {key}")
+    return values, problems
+
+
+def _read_file(path: Path) -> _Layer:
+    label = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return {}, [f"{label}: cannot read the configuration file: {exc.strerror or exc}"]
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(raw)
+        else:
+            data = tomllib.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {}, [f"{label}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"]
+    if not isinstance(data, dict):
+        return {}, [f"{label}: expected a table of sections at the top level"]
+    return _apply_mapping(data, label)
+
+
+def _read_env(env: Mapping[str, str]) -> _Layer:
+    values: dict[tuple[str, str], Any] = {}
+    problems: list[str] = []
+    for section, name, f in iter_knobs():
+        variable = f.metadata["env"]
+        text = env.get(variable)
+        if text is None or not text.strip():
+            continue
+        try:
+            values[(section, name)] = f.metadata["kind"].from_text(text)
+        except ValueError as exc:
+            problems.append(f"{variable}={text!r}: expected {exc}")
+    return values, problems
+
+
+def _build(base: WorkerConfig | None, layers: list[_Layer]) -> WorkerConfig:
+    problems: list[str] = []
+    merged: dict[tuple[str, str], Any] = {}
+    for values, layer_problems in layers:
+        merged.update(values)
+        problems.extend(layer_problems)
+    if problems:
+        raise ConfigError(problems)
+    sections: dict[str, Any] = {}
+    for name, cls in _SECTIONS.items():
+        changes = {field_name: v for (sec, field_name), v in merged.items() if sec == name}
+        if base is not None:
+            current = getattr(base, name)
+            sections[name] = dataclasses.replace(current, **changes) if changes else current
+        else:
+            try:
+                sections[name] = cls(**changes)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return WorkerConfig(**sections)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> WorkerConfig:
+    """Build the configuration: defaults ← file ← environment ← ``overrides``.
+
+    ``path`` is a TOML file (JSON when it ends in ``.json``); without one,
+    ``$BLOCKX_CONFIG`` is used when set. ``env`` defaults to ``os.environ``.
+    ``overrides`` maps dotted knob names (``"pool.executor_count"``) or section
+    tables to values (typed, or strings as a command line gives them).
+    Raises :class:`ConfigError` listing every bad value.
+    """
+    environ = os.environ if env is None else env
+    layers: list[_Layer] = []
+    if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
+        path = environ[CONFIG_FILE_ENV]
+    if path is not None:
+        layers.append(_read_file(Path(path)))
+    layers.append(_read_env(environ))
+    if overrides:
+        layers.append(_apply_mapping(overrides, "override"))
+    return _build(None, layers)
+
+
+def knob_table(*, markdown: bool = False) -> str:
+    """The knob table of the module docstring, rendered from the fields.
+
+    The docstring form is a definition list (it fits the line length); with
+    ``markdown=True`` it is a four-column Markdown table for the docs.
+    """
+    rows: list[tuple[str, str, str, str]] = []
+    for section, name, f in iter_knobs():
+        env = f"``{f.metadata['env']}``" + (" (seed)" if f.metadata["seed_env"] else "")
+        default_text = f.metadata["default_text"]
+        if default_text is None:
+            default = f.default
+            text = str(default).lower() if isinstance(default, bool) else str(default)
+            default_text = f"``{text}``"
+        elif default_text != "system temp dir":
+            default_text = f"``{default_text}``"
+        rows.append((f"``{section}.{name}``", env, default_text, f.metadata["doc"]))
+    if markdown:
+        out = [
+            "| knob | environment variable | default | meaning |",
+            "| --- | --- | --- | --- |",
+        ]
+        for row in rows:
+            out.append("| " + " | ".join(cell.replace("``", "`") for cell in row) + " |")
+        return "\n".join(out)
+    lines: list[str] = []
+    for knob, env, default_text, doc in rows:
+        lines.append(knob)
+        lines.append(f"    {env}; default {default_text}.")
+        lines.extend(textwrap.wrap(doc, width=96, initial_indent="    ", subsequent_indent="    "))
+    return "\n".join(lines)
