@@ -1,0 +1,121 @@
+"""The heartbeat thread: one ``Heartbeat`` frame every ``--heartbeat-interval`` seconds.
+
+Theory of operation
+-------------------
+The first heartbeat goes out as soon as the thread starts: on the worker side
+the first valid ``Heartbeat`` attaches the connection to this ``executorId``
+(there is no registration message), so nothing may delay it. Later ones follow
+every ``interval`` seconds, measured from the previous send.
+
+The payload comes from ``build_heartbeat()`` (``ExecutorRuntime.build_heartbeat``:
+counts, metrics, ``heartbeatSeq``). It runs on this thread while the main thread
+schedules calls, so a build that races the scheduler may raise; such a tick is
+logged and retried shortly after, never fatal. The thread stops when
+:meth:`HeartbeatThread.stop` is called or the session is no longer connected
+(``send_message`` raising :class:`ConnectionError`). It never switches
+greenlets and never touches the runtime beyond ``build_heartbeat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from blockx.wire import keys
+
+__all__ = ["HeartbeatThread"]
+
+_log = logging.getLogger("blockx.executor.heartbeat")
+
+#: Delay before retrying a heartbeat whose build or encode failed.
+_RETRY_DELAY_S = 0.05
+
+
+class _Session(Protocol):
+    def is_connected(self) -> bool: ...
+
+    def send_message(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None: ...
+
+
+class HeartbeatThread:
+    """Sends heartbeats on a daemon thread until stopped or disconnected."""
+
+    def __init__(
+        self,
+        session: _Session,
+        build_heartbeat: Callable[[], dict[str, Any]],
+        *,
+        executor_id: str,
+        interval_s: float = 1.0,
+        wall_clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be positive, got {interval_s}")
+        self._session = session
+        self._build_heartbeat = build_heartbeat
+        self._executor_id = executor_id
+        self._interval_s = interval_s
+        self._wall_clock_ms = wall_clock_ms or (lambda: time.time_ns() // 1_000_000)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        running = self._thread is not None and self._thread.is_alive()
+        return (
+            f"HeartbeatThread({self._executor_id!r}, every {self._interval_s:g}s, "
+            f"sent={self.sent}, {'running' if running else 'stopped'})"
+        )
+
+    def start(self) -> None:
+        """Start the thread; the first heartbeat is sent immediately."""
+        if self._thread is not None:
+            raise RuntimeError("heartbeat thread already started")
+        self._thread = threading.Thread(target=self._run, name="blockx-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop sending and join the thread (for up to ``timeout`` seconds). Idempotent."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def send_one(self) -> bool:
+        """Build and send one heartbeat now; False if that failed (logged)."""
+        try:
+            payload = self._build_heartbeat()
+            now_ms = self._wall_clock_ms()
+            payload.setdefault(keys.FP_SENT_AT_MS, now_ms)
+            envelope = {
+                keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT,
+                keys.F_EXECUTOR_ID: self._executor_id,
+                keys.F_SENT_AT_MS: now_ms,
+                keys.F_PAYLOAD: payload,
+            }
+            self._session.send_message(envelope)
+        except ConnectionError:
+            raise
+        except Exception as exc:  # EncodeError, or a build that raced the scheduler
+            self.failures += 1
+            _log.warning("heartbeat not sent: %s", exc, exc_info=self.failures == 1)
+            return False
+        self.sent += 1
+        return True
+
+    def _run(self) -> None:
+        stop = self._stop
+        while not stop.is_set() and self._session.is_connected():
+            try:
+                ok = self.send_one()
+            except ConnectionError:
+                break
+            stop.wait(self._interval_s if ok else min(_RETRY_DELAY_S, self._interval_s))
+        _log.debug("heartbeat thread stopped after %d heartbeats", self.sent)

@@ -1,0 +1,1 @@
+"""Test-side helpers shared by the executor process tests and benches."""
