@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
-from tests.helpers.fake_worker import (
-    FakeWorker,
+from tests.helpers.fake_worker import FakeWorker
+from tests.helpers.pipelined_driver import (
     PipelinedDriver,
     process_rss_bytes,
 )

@@ -23,10 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
-from tests.helpers.fake_worker import (
-    FakeWorker,
+from tests.helpers.fake_worker import FakeWorker, digest_of
+from tests.helpers.pipelined_driver import (
     PipelinedDriver,
-    digest_of,
     process_cpu_seconds,
 )
 
