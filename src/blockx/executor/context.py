@@ -172,6 +172,11 @@ class ResumePayload:
             result[FP_RESULT_DATA] = sidecar
         return cls(resume_kind, result, None, used)
 
+    def charged_ms(self) -> int:
+        """What this resume charges to the call's budget: its ``budgetUsedMs``, except
+        for a code fetch (never charged)."""
+        return 0 if self.resume_kind == WAIT_FUNCTION_CODE else self.budget_used_ms
+
     @classmethod
     def malformed(cls, resume_kind: str | None, problem: str) -> ResumePayload:
         error = {
@@ -347,7 +352,8 @@ class ExecContext:
     ) -> ExecContext:
         """Validate an ExecuteCall payload and build the context.
 
-        Raises :class:`InvalidExecuteCall` naming the bad key; nothing is kept.
+        Raises :class:`InvalidExecuteCall` naming the bad key (and carrying the
+        ``taskId`` / ``attemptSeq`` it could read); nothing is kept.
         The common case is checked inline (no dataclass per frame); a failure
         is re-checked with :class:`blockx.wire.messages.ExecuteCall` for its message.
         """
@@ -395,7 +401,16 @@ class ExecContext:
                     audit,
                     debug,
                 )
-        raise InvalidExecuteCall(_describe_invalid_execute_call(payload))
+        task_id, attempt_seq = "", 1
+        if type(payload) is dict:
+            if type(payload.get(FP_TASK_ID)) is str:
+                task_id = payload[FP_TASK_ID]
+            seq = payload.get(FP_ATTEMPT_SEQ)
+            if type(seq) is int and seq >= 1:
+                attempt_seq = seq
+        raise InvalidExecuteCall(
+            _describe_invalid_execute_call(payload), task_id=task_id, attempt_seq=attempt_seq
+        )
 
     # --- budget and deadline: the one judge ----------------------------------------
 

@@ -146,10 +146,19 @@ class ExecutorClosedError(AdmissionError):
 
 
 class InvalidExecuteCall(AdmissionError):
-    """An ExecuteCall whose payload misses a key or has a wrong type (the peer's fault)."""
+    """An ExecuteCall whose payload misses a key or has a wrong type (the peer's fault).
+
+    ``task_id`` / ``attempt_seq`` are what the payload said, where it said it
+    validly (else ``""`` / 1): the ``CallFailed`` echoes them.
+    """
 
     error_kind = keys.ERR_INTERNAL_ERROR
     retryable = False
+
+    def __init__(self, message: str, *, task_id: str = "", attempt_seq: int = 1) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.attempt_seq = attempt_seq
 
 
 # --- loading the user's module ------------------------------------------------------

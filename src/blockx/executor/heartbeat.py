@@ -1,11 +1,18 @@
-"""The heartbeat thread: one ``Heartbeat`` frame every ``--heartbeat-interval`` seconds.
+"""Heartbeats: the payload (:func:`heartbeat_payload`) and the thread that sends one
+every ``--heartbeat-interval`` seconds (:class:`HeartbeatThread`).
 
 Theory of operation
 -------------------
-The first heartbeat goes out as soon as the thread starts: on the worker side
-the first valid ``Heartbeat`` attaches the connection to this ``executorId``
-(there is no registration message), so nothing may delay it. Later ones follow
-every ``interval`` seconds, measured from the previous send.
+:func:`heartbeat_payload` turns a snapshot of the runtime (its resident
+contexts, counters and metrics) into the ``Heartbeat`` payload of PROTOCOL.md.
+It only reads: ``ExecutorRuntime.build_heartbeat`` calls it from the
+heartbeat thread while the scheduler runs, with a list copy of the contexts
+table taken under the GIL.
+
+:class:`HeartbeatThread` sends the first heartbeat as soon as it starts: on
+the worker side the first valid ``Heartbeat`` attaches the connection to this
+``executorId`` (there is no registration message), so nothing may delay it.
+Later ones follow every ``interval`` seconds, measured from the previous send.
 
 The payload comes from ``build_heartbeat()`` (``ExecutorRuntime.build_heartbeat``:
 counts, metrics, ``heartbeatSeq``). It runs on this thread while the main thread
@@ -21,17 +28,83 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from blockx.wire import keys
 
-__all__ = ["HeartbeatThread"]
+from .context import ExecContext, ExecState
+
+__all__ = ["HeartbeatThread", "MetricsLike", "heartbeat_payload"]
 
 _log = logging.getLogger("blockx.executor.heartbeat")
 
 #: Delay before retrying a heartbeat whose build or encode failed.
 _RETRY_DELAY_S = 0.05
+
+
+class MetricsLike(Protocol):
+    """Process metrics for heartbeats (``process_metrics.ProcessMetricsSampler``)."""
+
+    def sample_memory_bytes(self) -> int: ...
+
+    def sample_cpu(self) -> tuple[float, float]:
+        """``(utilization 0..1, cpu_seconds_total)``."""
+        ...
+
+
+def heartbeat_payload(
+    *,
+    executor_id: str,
+    heartbeat_seq: int,
+    contexts: Sequence[ExecContext],
+    max_inflight: int,
+    metrics: MetricsLike | None,
+    process_instance_id: str,
+    last_scheduler_active_ms: int,
+    running_call_id: str | None,
+    sent_at_ms: int,
+) -> dict[str, Any]:
+    """The ``Heartbeat`` payload (PROTOCOL.md) for a snapshot of resident ``contexts``.
+
+    ``runnableCount`` counts contexts queued to run (admitted, resumed or woken);
+    ``availableContexts`` is ``max(0, max_inflight - inflight)``, or 1<<30 when
+    ``max_inflight`` is 0 (unlimited). Without ``metrics`` the samples are 0.
+    """
+    counts = dict.fromkeys(keys.EXEC_STATES, 0)
+    runnable = 0
+    for ctx in contexts:
+        state = ctx.state
+        if state is ExecState.DONE:
+            continue
+        counts[state.value] += 1
+        if ctx.queued or state is ExecState.RUNNABLE:
+            runnable += 1
+    inflight = len(contexts)
+    if max_inflight:
+        available = max(0, max_inflight - inflight)
+    else:
+        available = keys.UNLIMITED_CONTEXTS
+    memory = 0
+    utilization, cpu_total = 0.0, 0.0
+    if metrics is not None:
+        memory = metrics.sample_memory_bytes()
+        utilization, cpu_total = metrics.sample_cpu()
+    return {
+        keys.FP_EXECUTOR_ID: executor_id,
+        keys.FP_HEARTBEAT_SEQ: heartbeat_seq,
+        keys.FP_RUNNABLE_COUNT: runnable,
+        keys.FP_INFLIGHT_COUNT: inflight,
+        keys.FP_AVAILABLE_CONTEXTS: available,
+        keys.FP_MEMORY_BYTES: memory,
+        keys.FP_EXECUTOR_CPU_UTILIZATION: utilization,
+        keys.FP_EXECUTOR_CPU_SECONDS_TOTAL: cpu_total,
+        keys.FP_EXECUTOR_PROCESS_INSTANCE_ID: process_instance_id,
+        keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS: last_scheduler_active_ms,
+        keys.FP_RUNNING_CALL_ID: running_call_id,
+        keys.FP_CALL_STATE_COUNTS: counts,
+        keys.FP_SENT_AT_MS: sent_at_ms,
+    }
 
 
 class _Session(Protocol):

@@ -12,7 +12,15 @@ Theory of operation
   namespace pre-filled with :data:`PRELUDE`), so module globals never leak
   between tasks. The runtime counts each task's resident calls
   (:meth:`ModuleRegistry.acquire_task` / :meth:`~ModuleRegistry.release_task`);
-  the task's namespaces are dropped when its last call ends.
+  the task's namespaces are released when its last call ends.
+* **Released namespaces** — a task that has one call in flight at a time
+  would release its namespaces after every call and execute its module again
+  for the next one. So the namespaces of the most recently released tasks
+  are kept in a small LRU (``BLOCKX_EXECUTOR_RELEASED_NAMESPACE_CACHE``
+  tasks, default 32; 0 drops them at once, the seed's exact rule). Only the
+  same ``taskId`` ever takes them back (:meth:`~ModuleRegistry.acquire_task`);
+  an evicted task's namespaces are dropped, and with them everything its
+  module held.
 * **Code fetch** — on a compile-cache miss :meth:`~ModuleRegistry.load_callable`
   asks ``source_loader(function_id, digest)`` (the SDK bridge's singleflight
   ``CallWaiting(function_code)``, which may suspend the calling greenlet).
@@ -50,11 +58,14 @@ from .errors import NoEntryFunctionError, UserCodeSyntaxError
 __all__ = [
     "CODE_CACHE_ENV",
     "DEFAULT_CODE_CACHE_MAX_ENTRIES",
+    "DEFAULT_RELEASED_NAMESPACE_CACHE",
     "PRELUDE",
+    "RELEASED_NAMESPACE_CACHE_ENV",
     "CompiledModule",
     "ModuleRegistry",
     "code_cache_max_entries_from_env",
     "module_filename",
+    "released_namespace_cache_from_env",
     "resolve_entry_name",
 ]
 
@@ -62,6 +73,8 @@ _log = logging.getLogger("blockx.executor")
 
 CODE_CACHE_ENV: Final = "BLOCKX_EXECUTOR_CODE_CACHE_MAX_ENTRIES"
 DEFAULT_CODE_CACHE_MAX_ENTRIES: Final = 512
+RELEASED_NAMESPACE_CACHE_ENV: Final = "BLOCKX_EXECUTOR_RELEASED_NAMESPACE_CACHE"
+DEFAULT_RELEASED_NAMESPACE_CACHE: Final = 32
 
 #: Names every user module sees without an import. Other parts of BlockX add
 #: their SDK names here (``PRELUDE["Table"] = ...``) before the executor runs calls.
@@ -82,25 +95,31 @@ def module_filename(function_id: str) -> str:
     return f"<blockx:{function_id}>"
 
 
-def code_cache_max_entries_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """``BLOCKX_EXECUTOR_CODE_CACHE_MAX_ENTRIES`` (default 512; 0 = unlimited)."""
+def _non_negative_int_from_env(name: str, default: int, environ: Mapping[str, str] | None) -> int:
     env = os.environ if environ is None else environ
-    text = env.get(CODE_CACHE_ENV)
+    text = env.get(name)
     if text is None or not text.strip():
-        return DEFAULT_CODE_CACHE_MAX_ENTRIES
+        return default
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        _log.warning(
-            "%s=%r is not a non-negative integer; using %d",
-            CODE_CACHE_ENV,
-            text,
-            DEFAULT_CODE_CACHE_MAX_ENTRIES,
-        )
-        return DEFAULT_CODE_CACHE_MAX_ENTRIES
+        _log.warning("%s=%r is not a non-negative integer; using %d", name, text, default)
+        return default
     return value
+
+
+def code_cache_max_entries_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``BLOCKX_EXECUTOR_CODE_CACHE_MAX_ENTRIES`` (default 512; 0 = unlimited)."""
+    return _non_negative_int_from_env(CODE_CACHE_ENV, DEFAULT_CODE_CACHE_MAX_ENTRIES, environ)
+
+
+def released_namespace_cache_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """``BLOCKX_EXECUTOR_RELEASED_NAMESPACE_CACHE`` (default 32 tasks; 0 = keep none)."""
+    return _non_negative_int_from_env(
+        RELEASED_NAMESPACE_CACHE_ENV, DEFAULT_RELEASED_NAMESPACE_CACHE, environ
+    )
 
 
 def resolve_entry_name(
@@ -198,6 +217,12 @@ class _TaskModules:
         self.modules: dict[str, _LoadedModule] = {}
         self.restricted_modules: dict[str, _LoadedModule] = {}
 
+    def __repr__(self) -> str:
+        return (
+            f"_TaskModules(calls={self.calls}, modules={len(self.modules)}, "
+            f"restricted={len(self.restricted_modules)})"
+        )
+
 
 def _scan_top_level(tree: ast.Module) -> tuple[tuple[str, ...], bool]:
     defs: list[str] = []
@@ -218,7 +243,12 @@ def _scan_top_level(tree: ast.Module) -> tuple[tuple[str, ...], bool]:
 
 
 class ModuleRegistry:
-    """Compile LRU by digest plus per-task namespaces (see the module doc)."""
+    """Compile LRU by digest plus per-task namespaces (see the module doc).
+
+    ``max_entries`` bounds the compile cache (None: from the environment, 0 =
+    unlimited); ``released_namespace_cache`` bounds how many released tasks
+    keep their namespaces (None: from the environment, 0 = none).
+    """
 
     def __init__(
         self,
@@ -226,10 +256,18 @@ class ModuleRegistry:
         max_entries: int | None = None,
         prelude: Mapping[str, Any] | None = None,
         restricted_namespace_factory: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        released_namespace_cache: int | None = None,
     ) -> None:
         self.max_entries = code_cache_max_entries_from_env() if max_entries is None else max_entries
         if self.max_entries < 0:
             raise ValueError(f"max_entries must be >= 0 (0 = unlimited), got {self.max_entries}")
+        if released_namespace_cache is None:
+            released_namespace_cache = released_namespace_cache_from_env()
+        if released_namespace_cache < 0:
+            raise ValueError(
+                f"released_namespace_cache must be >= 0 (0 = none), got {released_namespace_cache}"
+            )
+        self.released_namespace_cache = released_namespace_cache
         # The module-level PRELUDE dict itself unless overridden, so later additions count.
         self.prelude: Mapping[str, Any] = PRELUDE if prelude is None else prelude
         self.restricted_namespace_factory = restricted_namespace_factory
@@ -237,42 +275,73 @@ class ModuleRegistry:
         self._alive: weakref.WeakValueDictionary[str, CompiledModule] = (
             weakref.WeakValueDictionary()
         )
-        self._tasks: dict[str, _TaskModules] = {}
+        self._tasks: dict[str, _TaskModules] = {}  # tasks with resident calls
+        # Released tasks whose namespaces are kept, least recently released first.
+        self._released: OrderedDict[str, _TaskModules] = OrderedDict()
         self._warned_unrestricted = False
         self.compiles = 0
         self.cache_hits = 0
         self.cache_misses = 0
         self.evictions = 0
         self.module_execs = 0
+        self.namespace_reuses = 0  # released tasks taken back with their namespaces
+        self.released_evictions = 0
 
     def __repr__(self) -> str:
         limit = self.max_entries or "unlimited"
-        return f"ModuleRegistry(code={len(self._code)}/{limit}, tasks={len(self._tasks)})"
+        return (
+            f"ModuleRegistry(code={len(self._code)}/{limit}, tasks={len(self._tasks)}, "
+            f"released={len(self._released)}/{self.released_namespace_cache})"
+        )
 
     # --- task lifetime ---------------------------------------------------------------
 
     def acquire_task(self, task_id: str) -> None:
-        """A call of ``task_id`` became resident."""
+        """A call of ``task_id`` became resident (the task takes back its released
+        namespaces, if they are still kept)."""
         task = self._tasks.get(task_id)
         if task is None:
-            task = self._tasks[task_id] = _TaskModules()
+            task = self._released.pop(task_id, None)
+            if task is None:
+                task = _TaskModules()
+            else:
+                self.namespace_reuses += 1
+            self._tasks[task_id] = task
         task.calls += 1
 
     def release_task(self, task_id: str) -> None:
-        """A call of ``task_id`` ended; the last one frees the task's namespaces."""
+        """A call of ``task_id`` ended; after the last one the task's namespaces are
+        kept among the released (evicting the least recently released) or dropped."""
         task = self._tasks.get(task_id)
         if task is None:
             return
         task.calls -= 1
         if task.calls <= 0:
             del self._tasks[task_id]
+            limit = self.released_namespace_cache
+            if limit and (task.modules or task.restricted_modules):
+                released = self._released
+                released[task_id] = task
+                if len(released) > limit:
+                    released.popitem(last=False)
+                    self.released_evictions += 1
 
     def task_count(self) -> int:
+        """Tasks with resident calls."""
         return len(self._tasks)
 
+    def released_task_count(self) -> int:
+        """Released tasks whose namespaces are still kept."""
+        return len(self._released)
+
     def has_namespace(self, task_id: str, digest: str) -> bool:
-        task = self._tasks.get(task_id)
+        """Whether ``task_id`` holds an executed ``digest`` (resident or kept after release)."""
+        task = self._tasks.get(task_id) or self._released.get(task_id)
         return task is not None and (digest in task.modules or digest in task.restricted_modules)
+
+    def drop_released(self) -> None:
+        """Drop every kept namespace of released tasks (their memory goes with them)."""
+        self._released.clear()
 
     # --- compile cache ---------------------------------------------------------------
 
@@ -467,4 +536,7 @@ class ModuleRegistry:
             "cache_misses": self.cache_misses,
             "evictions": self.evictions,
             "module_execs": self.module_execs,
+            "released_tasks": len(self._released),
+            "namespace_reuses": self.namespace_reuses,
+            "released_evictions": self.released_evictions,
         }

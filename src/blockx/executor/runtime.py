@@ -21,28 +21,35 @@ directly by tests). They map onto three semantic entry points:
   exception thrown into its greenlet); a runnable one gets ``cancel_reason``
   and ends at its next step.
 
-:meth:`run_until_idle` wakes due sleepers, refreshes the transport state,
-drains inbound frames and steps queued contexts until none is runnable. The
-sleep-ready queue goes first, yielding to the runnable queue after 64 in a row.
-:meth:`_step_context` has exactly three branches: ``cancel_reason`` set →
-terminate; ``resume_payload`` set → switch it in; else the first switch, which
-hands the context to a resident greenlet from the pool.
+:meth:`run_until_idle` refreshes the transport state, drains inbound frames,
+wakes due timers and steps queued contexts until none is runnable (sleep-ready
+first, yielding to the runnable queue after 64 in a row). Another pass follows
+only when it can find work. With one call per wake-up the per-pass fixed cost
+is paid per call, so it is kept to a few attribute checks.
 
-Resident greenlets (PERFORMANCE.md: a fresh greenlet costs ~8 µs, a reused one
-~0.5 µs): each pool greenlet loops "take a context, run it to its terminal
-frame, switch back ``_CALL_FINISHED``". A call ends by returning, raising, or
-by a framework exception (cancel, deadline, replacement, transport loss)
-raised at a safe point or thrown into its suspended greenlet; the pool loop
-classifies the outcome, sends (or suppresses) exactly one terminal frame and
-returns the greenlet to the pool. A greenlet whose user code will not die (it
-leaves its greenlet by itself) is discarded, never reused.
+Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
 
-Deadlines: before every switch into a budgeted call the runtime makes sure
-``signal.setitimer`` has ``SIGALRM`` due by the time that call's budget runs
-out (main thread only; re-armed only when an earlier expiry is needed, with a
-0.1 s re-check interval; disarmed when the scheduler goes idle). The handler
-raises only when the call is ``RUNNING`` on the current greenlet and
-:meth:`ExecContext.deadline_expired_reason` says it really expired.
+* :mod:`.call_runner` (``CallRunner``, inherited) — stepping a context
+  (``_step_context``: terminate, resume, or first switch), one switch into its
+  greenlet (``_run_slice``), ending it (``_terminate_context``), the call body
+  on its greenlet (``_run_call``) and its one terminal frame (``_finish*``);
+* :mod:`.greenlet_pool` — the resident greenlets (PERFORMANCE.md: a fresh
+  greenlet costs ~8 µs, a reused one ~0.5 µs). Each loops "take a context, run
+  it to its terminal frame, switch back ``CALL_FINISHED``"; one whose user
+  code will not die is discarded, never reused;
+* :mod:`.deadline` — ``SIGALRM`` preemption of calls that overrun their budget
+  in pure CPU work (armed before each switch into a budgeted call, disarmed
+  when the scheduler goes idle; the handler raises only into a ``RUNNING``
+  call whose budget really expired);
+* :mod:`.timers` — the sleep and call-timeout heaps (``CallTimers``): which
+  contexts are due; the runtime queues or ends them;
+* :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
+  (:meth:`build_heartbeat`) and the thread that sends it;
+* :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
+  suspend → ``ResumeCall``); this module is its host (``next_request_id``,
+  ``send_frame``, ``schedule_sleep``, ``wake_context``);
+* :mod:`.module_registry` — code by digest, namespaces by task (acquired on
+  admission, released with the terminal frame).
 
 Invariants: every admitted attempt that is not replaced ends in exactly one
 ``CallCompleted`` / ``CallFailed`` (none once the transport is gone); a
@@ -54,12 +61,10 @@ never raises on bad peer input (it logs and drops, or fails that one call).
 from __future__ import annotations
 
 import contextvars
-import heapq
 import itertools
 import logging
 import math
 import os
-import signal
 import threading
 import time
 import uuid
@@ -67,46 +72,23 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-import orjson
-from greenlet import GreenletExit, getcurrent, greenlet
-
 from blockx.sdk.runtime import set_provider
-from blockx.wire import decode_frame, dumps_wire, encode_frame
-from blockx.wire.errors import EncodeError, NotSerializableError
+from blockx.wire import decode_frame, encode_frame
 from blockx.wire.keys import (
     DEFAULT_CANCEL_REASON,
-    ERR_INTERNAL_ERROR,
-    ERR_OUTPUT_NOT_SERIALIZABLE,
-    ERR_USER_ERROR,
-    EXEC_STATES,
     F_CALL_ID,
     F_MESSAGE_TYPE,
     F_PAYLOAD,
     F_REQUEST_ID,
     FP_ATTEMPT_SEQ,
-    FP_AVAILABLE_CONTEXTS,
-    FP_CALL_STATE_COUNTS,
-    FP_EXECUTOR_CPU_SECONDS_TOTAL,
-    FP_EXECUTOR_CPU_UTILIZATION,
-    FP_EXECUTOR_ID,
-    FP_EXECUTOR_PROCESS_INSTANCE_ID,
-    FP_HEARTBEAT_SEQ,
-    FP_INFLIGHT_COUNT,
-    FP_LAST_SCHEDULER_ACTIVE_AT_MS,
-    FP_MEMORY_BYTES,
     FP_REASON,
-    FP_RUNNABLE_COUNT,
-    FP_RUNNING_CALL_ID,
-    FP_SENT_AT_MS,
-    FP_TASK_ID,
     MT_CANCEL_CALL,
     MT_EXECUTE_CALL,
     MT_HEARTBEAT_ACK,
     MT_RESUME_CALL,
-    UNLIMITED_CONTEXTS,
-    WAIT_FUNCTION_CODE,
 )
 
+from .call_runner import CallRunner, admission_failure
 from .context import (
     RESUME_KIND_BY_STATE,
     WAITING_STATES,
@@ -114,47 +96,36 @@ from .context import (
     ExecState,
     ResumePayload,
     current_context,
-    running,
 )
+from .deadline import DeadlineAlarm
 from .debug_capture import ensure_debug_tee
 from .errors import (
     REASON_ATTEMPT_REPLACED,
     REASON_CALL_TIMEOUT,
     REASON_TRANSPORT_LOST,
     AdmissionError,
-    DeadlineSignalExpired,
     ExecutorCapacityExhausted,
     ExecutorClosedError,
     InvalidExecuteCall,
     SubcallParentNotResident,
-    termination_exception,
 )
+from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
+from .heartbeat import MetricsLike, heartbeat_payload
 from .module_registry import ModuleRegistry
-from .outputs import (
-    Failure,
-    call_completed_envelope,
-    call_failed_envelope,
-    describe_failure,
-    ensure_frame_fits,
-    output_failure,
-)
-from .sdk_bridge import SLEEP_WAKE, SUSPENDED, SdkBridge
+from .sdk_bridge import SLEEP_WAKE, SdkBridge
 from .sdk_bridge_provider import SdkBridgeProvider
 from .sleep_patch import install_global_sleep_patch
+from .timers import CallTimers
 
-__all__ = ["ExecutorRuntime", "MetricsLike", "SessionLike"]
+__all__ = ["POOL_MAX_IDLE", "SLEEP_READY_STREAK", "ExecutorRuntime", "MetricsLike", "SessionLike"]
 
 _log = logging.getLogger("blockx.executor")
 
 #: Sleep-ready contexts stepped in a row before one runnable context gets a turn.
 SLEEP_READY_STREAK: Final = 64
-#: Idle resident greenlets kept for reuse; the rest are retired when their call ends.
-POOL_MAX_IDLE: Final = 256
 #: Bound on the outer passes of one run_until_idle (a call looping on sleep(0)
 #: must not keep the main loop from checking its connection).
 _MAX_PASSES: Final = 64
-#: SIGALRM re-fires this often while a call overruns (the handler re-checks).
-_ALARM_INTERVAL_S: Final = 0.1
 
 
 class SessionLike(Protocol):
@@ -170,40 +141,8 @@ class SessionLike(Protocol):
 
     def is_connected(self) -> bool: ...
 
-
-class MetricsLike(Protocol):
-    """Process metrics for heartbeats (``process_metrics.ProcessMetricsSampler``)."""
-
-    def sample_memory_bytes(self) -> int: ...
-
-    def sample_cpu(self) -> tuple[float, float]:
-        """``(utilization 0..1, cpu_seconds_total)``."""
-        ...
-
-
-class _Marker:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
-_CALL_FINISHED: Final = _Marker("call-finished")
-_RETIRE: Final = _Marker("retire")
-
-
-def _on_deadline_signal(signum: int, frame: Any) -> None:
-    """SIGALRM: end a call stuck in pure CPU work once its budget really expired."""
-    ctx = running.ctx
-    if ctx is None or ctx.state is not ExecState.RUNNING or ctx.greenlet is not getcurrent():
-        return
-    reason = ctx.deadline_expired_reason()
-    if reason is None:
-        return  # armed early (or the budget moved): the interval timer re-checks
-    raise DeadlineSignalExpired(reason, used_ms=ctx.budget_used_ms(), budget_ms=ctx.budget_ms)
+    # Optional: ``has_incoming() -> bool`` (frames waiting to be drained) lets
+    # run_until_idle skip a pass that would drain nothing.
 
 
 def _running_call_fields() -> dict[str, Any] | None:
@@ -215,8 +154,8 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ExecutorRuntime:
-    """The contexts table, run queues, greenlet scheduling, cancel and deadlines.
+class ExecutorRuntime(CallRunner):
+    """The contexts table, the run queues and the three entry points (see the module doc).
 
     ``session`` is the transport (None in unit tests: sent frames collect in
     :meth:`drain_outbox`). ``max_inflight`` caps resident top-level calls (0 =
@@ -266,19 +205,18 @@ class ExecutorRuntime:
         self.call_timeout_ms = call_timeout_ms
         self.registry = registry if registry is not None else ModuleRegistry()
         self._session = session
+        self._session_has_incoming = getattr(session, "has_incoming", None)  # optional
         self._metrics = metrics
         self._clock_ms = clock_ms or _wall_clock_ms
         self._monotonic = monotonic or time.perf_counter
         self._contexts: dict[str, ExecContext] = {}
         self._runnable: deque[ExecContext] = deque()
         self._sleep_ready: deque[ExecContext] = deque()
-        self._sleepers: list[tuple[float, int, ExecContext]] = []
-        self._timeouts: list[tuple[float, int, ExecContext]] = []
-        self._timer_seq = itertools.count(1)
+        self._timers = CallTimers()
         self._request_prefix = f"req-{self.process_instance_id}-"
         self._request_seq = itertools.count(1)
         self._heartbeat_seq = itertools.count(1)
-        self._pool: list[greenlet] = []
+        self._pool = ResidentGreenletPool(self._run_call, self._fail_escaped)
         self._running: ExecContext | None = None
         self._outbox: list[bytes] = []
         self._transport_lost = False
@@ -307,21 +245,13 @@ class ExecutorRuntime:
                 "heartbeat_acks",
                 "transport_lost_calls",
                 "refused_after_transport_lost",
-                "greenlets_created",
-                "greenlets_retired",
-                "greenlets_discarded",
                 "inbound_errors",
             ),
             0,
         )
         os.environ["BLOCKX_EXECUTOR_RUNTIME"] = "1"
         install_global_sleep_patch()
-        self._alarm_enabled = threading.current_thread() is threading.main_thread()
-        self._previous_alarm_handler: Any = None
-        if self._alarm_enabled:
-            self._previous_alarm_handler = signal.signal(signal.SIGALRM, _on_deadline_signal)
-        self._alarm_ready = self._alarm_enabled  # the handler is ours (checked every pass)
-        self._alarm_due = math.inf  # monotonic time the armed timer fires; inf = disarmed
+        self._alarm = DeadlineAlarm()  # installs the SIGALRM handler on the main thread
         try:
             from .logging_setup import set_call_fields_provider
         except ImportError:  # pragma: no cover - the process shell ships with the runtime
@@ -333,7 +263,7 @@ class ExecutorRuntime:
         return (
             f"ExecutorRuntime({self.executor_id!r}, inflight={len(self._contexts)}, "
             f"runnable={len(self._runnable) + len(self._sleep_ready)}, "
-            f"sleeping={len(self._sleepers)}, pool={len(self._pool)}"
+            f"sleeping={len(self._timers.sleepers)}, pool={len(self._pool)}"
             f"{', transport lost' if self._transport_lost else ''})"
         )
 
@@ -380,20 +310,19 @@ class ExecutorRuntime:
         try:
             ctx = ExecContext.from_execute_call(call_id, payload, clock=self._monotonic)
         except InvalidExecuteCall as exc:
-            if call_id in self._contexts:  # never disturb the live attempt
+            live = self._contexts.get(call_id)
+            if live is not None and exc.attempt_seq <= live.attempt_seq:
+                # A duplicate: never disturb the live attempt.
                 self._counters["invalid_message_dropped"] += 1
                 _log.warning("dropped an invalid ExecuteCall for live call %s: %s", call_id, exc)
                 return
-            task_id, attempt_seq = "", 1
-            if type(payload) is dict:
-                if type(payload.get(FP_TASK_ID)) is str:
-                    task_id = payload[FP_TASK_ID]
-                seq = payload.get(FP_ATTEMPT_SEQ)
-                if type(seq) is int and seq >= 1:
-                    attempt_seq = seq
+            if live is not None:
+                # A newer attempt, malformed or not, replaces the live one (the worker
+                # now waits for the new attempt's terminal frame only): it is failed below.
+                self._replace_existing_attempt(live)
             _log.warning("refused an invalid ExecuteCall: %s", exc, extra={"callId": call_id})
             self._counters["calls_refused"] += 1
-            self._send_failed(call_id, task_id, attempt_seq, _admission_failure(exc))
+            self._send_failed(call_id, exc.task_id, exc.attempt_seq, admission_failure(exc))
             return
         self.submit_call(ctx)
 
@@ -461,9 +390,7 @@ class ExecutorRuntime:
             )
         if refusal is not None:
             counters["calls_refused"] += 1
-            self._send_failed(
-                ctx.call_id, ctx.task_id, ctx.attempt_seq, _admission_failure(refusal)
-            )
+            self._send_failed(ctx.call_id, ctx.task_id, ctx.attempt_seq, admission_failure(refusal))
             return False
         counters["calls_admitted"] += 1
         ctx.bridge = self._bridge
@@ -473,7 +400,7 @@ class ExecutorRuntime:
             ensure_debug_tee()
         if self.call_timeout_ms:
             ctx.deadline_at = ctx.admitted_at + self.call_timeout_ms / 1000.0
-            heapq.heappush(self._timeouts, (ctx.deadline_at, next(self._timer_seq), ctx))
+            self._timers.add_timeout(ctx, ctx.deadline_at, resident=len(self._contexts))
         ctx.queued = True
         self._runnable.append(ctx)
         return True
@@ -542,48 +469,60 @@ class ExecutorRuntime:
 
         Each pass refreshes the transport state, drains the session's inbound
         frames, wakes due sleepers and timeouts, then steps the queues (sleep-ready
-        first, a runnable context after every 64). Scheduler thread only.
+        first, a runnable context after every 64). Another pass follows only
+        when one can find work: frames came in, a timer is pending, the
+        transport went away. Scheduler thread only.
         """
         if self._in_scheduler or current_context() is not None:
             raise RuntimeError("run_until_idle is not re-entrant")
         self._in_scheduler = True
-        if self._alarm_enabled:
-            # Someone else may have taken SIGALRM (a test runner): never arm for them.
-            self._alarm_ready = signal.getsignal(signal.SIGALRM) is _on_deadline_signal
+        alarm = self._alarm
+        # Someone else may have taken SIGALRM (a test runner): never arm for them.
+        alarm.refresh()
         try:
             self._last_scheduler_active_ms = self._clock_ms()
             session = self._session
+            has_incoming = self._session_has_incoming
+            timers = self._timers
             for _ in range(_MAX_PASSES):
                 self._refresh_transport_state()
                 if session is not None:
                     for frame in session.drain_incoming():
                         self.handle_inbound_message(frame.envelope, frame.sidecar)
-                if self._sleepers or self._timeouts:
+                if timers.sleepers or timers.timeouts:
                     now = self._monotonic()
-                    if self._sleepers:
+                    if timers.sleepers:
                         self._wake_due_sleepers(now)
-                    if self._timeouts:
+                    if timers.timeouts:
                         self._expire_timeouts(now)
                 if not self._run_queues():
                     break
+                # The queues are empty now; skip the pass that would only find that out.
+                if not (
+                    timers.sleepers
+                    or timers.timeouts
+                    or self._transport_lost
+                    or (
+                        session is not None
+                        and (has_incoming is None or has_incoming() or not session.is_connected())
+                    )
+                ):
+                    break
         finally:
             self._in_scheduler = False
-            if self._alarm_due != math.inf:
-                self._disarm_alarm()
+            if alarm.due != math.inf:
+                alarm.disarm()
 
     def next_scheduler_delay(self, default: float | None) -> float | None:
         """Seconds until the scheduler has work: 0 if some is runnable now,
         else until the next sleeper or timeout is due, else ``default``."""
         if self._runnable or self._sleep_ready or (self._transport_lost and self._contexts):
             return 0.0
-        delay = default
-        for heap in (self._sleepers, self._timeouts):
-            while heap and heap[0][2].finished:
-                heapq.heappop(heap)
-            if heap:
-                due = max(heap[0][0] - self._monotonic(), 0.0)
-                delay = due if delay is None else min(delay, due)
-        return delay
+        due = self._timers.next_due()
+        if due is None:
+            return default
+        delay = max(due - self._monotonic(), 0.0)
+        return delay if default is None else min(default, delay)
 
     def _run_queues(self) -> int:
         runnable = self._runnable
@@ -604,308 +543,6 @@ class ExecutorRuntime:
             ctx.queued = False
             self._step_context(ctx)
             stepped += 1
-
-    def _step_context(self, ctx: ExecContext) -> None:
-        """The three branches: terminate, resume, or first switch."""
-        now = self._monotonic()
-        ctx.queue_wait_s += now - ctx.enqueued_at
-        if ctx.cancel_reason is not None:
-            self._terminate_context(ctx, ctx.cancel_reason)
-            return
-        value = ctx.resume_payload
-        if value is not None:
-            ctx.resume_payload = None
-            glet = ctx.greenlet
-            assert glet is not None
-        else:
-            glet = self._pool.pop() if self._pool else self._new_greenlet()
-            # A fresh Context per call: the provider is set, and ContextVars one call
-            # sets never leak into the next call on the same resident greenlet.
-            glet.gr_context = self._call_context.copy()
-            ctx.greenlet = glet
-            value = ctx
-        self._run_slice(ctx, glet, value, throw=False, now=now)
-
-    def _run_slice(
-        self, ctx: ExecContext, glet: greenlet, value: Any, *, throw: bool, now: float
-    ) -> None:
-        """Switch (or throw) into ``ctx``'s greenlet and settle what it hands back."""
-        ctx.state = ExecState.RUNNING
-        ctx.slice_started = now
-        running.ctx = ctx
-        self._running = ctx
-        if self._alarm_ready and (ctx.budget_ms or ctx.deadline_at is not None):
-            self._arm_alarm(ctx, value, now)
-        try:
-            result = glet.throw(value) if throw else glet.switch(value)
-        except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
-            result = exc
-        finally:
-            running.ctx = None
-            self._running = None
-            if ctx.slice_started:
-                ctx.cpu_s += self._monotonic() - ctx.slice_started
-                ctx.slice_started = 0.0
-            if not self._in_scheduler and self._alarm_due != math.inf:
-                self._disarm_alarm()
-        if result is SUSPENDED:
-            return
-        if result is _CALL_FINISHED:
-            if ctx.greenlet is glet:
-                ctx.greenlet = None
-            self._release_greenlet(glet)
-            return
-        # The greenlet died, raised, or left its call by switching away by itself.
-        if isinstance(result, BaseException) and not isinstance(result, GreenletExit):
-            _log.error(
-                "call greenlet raised into the scheduler",
-                exc_info=result,
-                extra=ctx.log_fields(),
-            )
-        if not ctx.finished:
-            if ctx.cancel_reason is not None:  # it was being ended anyway: say why
-                termination = termination_exception(
-                    ctx.cancel_reason, retryable=ctx.cancel_retryable
-                )
-                self._finish_failed(ctx, describe_failure(termination))
-            else:
-                # A dead greenlet is our bug (retryable); one still alive means user
-                # code switched away by itself (the user's error).
-                kind = ERR_INTERNAL_ERROR if glet.dead else ERR_USER_ERROR
-                message = f"call left its greenlet unexpectedly ({result!r})"
-                self._finish_failed(ctx, (kind, glet.dead, message, None, None))
-        self._discard_greenlet(glet)
-
-    def _arm_alarm(self, ctx: ExecContext, value: Any, now: float) -> None:
-        """Make sure SIGALRM fires by the time ``ctx`` would overrun its budget.
-
-        Timers are re-armed only when this call needs an earlier expiry than the
-        one armed (two syscalls per switch cost more than the switch); a timer
-        that fires early finds nothing expired and its 0.1 s interval re-checks.
-        ``run_until_idle`` disarms when the scheduler goes idle.
-        """
-        remaining = ctx.remaining_s()
-        if remaining is None:
-            return
-        if type(value) is ResumePayload and value.resume_kind != WAIT_FUNCTION_CODE:
-            # The wait's budgetUsedMs is charged on the far side of this switch.
-            if ctx.budget_ms:
-                remaining -= value.budget_used_ms / 1000.0
-        remaining = max(remaining, 0.001)
-        due = now + remaining
-        if due < self._alarm_due:
-            signal.setitimer(signal.ITIMER_REAL, remaining, _ALARM_INTERVAL_S)
-            self._alarm_due = due
-
-    def _disarm_alarm(self) -> None:
-        signal.setitimer(signal.ITIMER_REAL, 0.0, 0.0)
-        self._alarm_due = math.inf
-
-    def _terminate_context(
-        self,
-        ctx: ExecContext,
-        reason: str,
-        *,
-        suppress_terminal_emit: bool = False,
-        retryable: bool = False,
-    ) -> None:
-        """End ``ctx`` now: throw the matching framework exception into its greenlet.
-
-        With ``suppress_terminal_emit`` (replacement, transport loss) no terminal
-        frame is sent. A never-started context is failed without a greenlet.
-        """
-        if ctx.finished:
-            return
-        if ctx.cancel_reason is None:
-            ctx.cancel_reason = reason
-            ctx.cancel_retryable = retryable
-        if suppress_terminal_emit:
-            ctx.suppress_terminal_emit = True
-        ctx.queued = False
-        ctx.resume_payload = None
-        glet = ctx.greenlet
-        if glet is None:
-            exc = termination_exception(ctx.cancel_reason, retryable=ctx.cancel_retryable)
-            self._finish_failed(ctx, describe_failure(exc))
-            return
-        if glet is getcurrent():
-            return  # ending itself: the next safe point raises
-        exc = termination_exception(ctx.cancel_reason, retryable=ctx.cancel_retryable)
-        self._run_slice(ctx, glet, exc, throw=True, now=self._monotonic())
-
-    # --- resident greenlets -------------------------------------------------------------
-
-    def _new_greenlet(self) -> greenlet:
-        self._counters["greenlets_created"] += 1
-        return greenlet(self._greenlet_main)
-
-    def _greenlet_main(self, ctx: Any) -> None:
-        """A resident greenlet: run one call at a time until retired."""
-        parent = getcurrent().parent
-        assert parent is not None
-        while ctx is not _RETIRE:
-            try:
-                self._run_call(ctx)
-            except GreenletExit:
-                raise
-            except BaseException as exc:  # a preemption signal that landed in framework code
-                if not ctx.finished:
-                    self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
-            ctx = parent.switch(_CALL_FINISHED)
-
-    def _run_call(self, ctx: ExecContext) -> None:
-        """Load and run the user function; send exactly one terminal frame."""
-        try:
-            ctx.check_safe_point()  # before the user function
-            target = self.registry.load_callable(
-                ctx.task_id,
-                ctx.function_id,
-                ctx.function_code_digest,
-                ctx.entry_selector,
-                source_loader=self._bridge.do_function_code_req,
-                restricted=ctx.audit is not None,
-            )
-            args = ctx.args
-            if type(args) is not list:
-                output = target(args)
-            elif len(args) == 1:  # no star-call: it re-enters the C eval loop, and a
-                output = target(args[0])  # suspended call would keep that C stack
-            else:
-                output = target(*args)
-            ctx.check_safe_point()  # before return
-            ctx.state = ExecState.DONE  # user code is over: no preemption from here
-        except GreenletExit as exc:
-            # Our own kill of a discarded greenlet (the call is already finished), or
-            # user code raising it: the call still gets its one terminal frame, and
-            # the greenlet ends rather than going back to the pool.
-            if not ctx.finished:
-                ctx.state = ExecState.DONE
-                self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
-            raise
-        except BaseException as exc:
-            ctx.state = ExecState.DONE
-            self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
-            return
-        self._finish_completed(ctx, output)
-
-    def _release_greenlet(self, glet: greenlet) -> None:
-        if len(self._pool) < POOL_MAX_IDLE and not self._closed:
-            self._pool.append(glet)
-        else:
-            self._retire_greenlet(glet)
-
-    def _retire_greenlet(self, glet: greenlet) -> None:
-        self._counters["greenlets_retired"] += 1
-        if not glet.dead:
-            glet.switch(_RETIRE)
-
-    def _discard_greenlet(self, glet: greenlet) -> None:
-        """Never reuse a greenlet whose call misbehaved; try once to end it."""
-        self._counters["greenlets_discarded"] += 1
-        if glet.dead:
-            return
-        try:
-            glet.throw(GreenletExit)
-        except BaseException:
-            _log.exception("discarded call greenlet raised while ending")
-        if not glet.dead:
-            _log.error("a call greenlet refused to end; abandoning it")
-
-    # --- terminal frames ----------------------------------------------------------------
-
-    def _finish_completed(self, ctx: ExecContext, output: Any) -> None:
-        try:
-            encoded = dumps_wire(output)
-        except NotSerializableError as exc:
-            self._finish_failed(ctx, output_failure(exc))
-            return
-        except Exception as exc:  # e.g. a dataclass whose asdict() raises
-            self._finish_failed(
-                ctx,
-                (
-                    ERR_OUTPUT_NOT_SERIALIZABLE,
-                    False,
-                    f"call output is not JSON-serializable: {type(exc).__name__}: {exc}",
-                    None,
-                    None,
-                ),
-            )
-            return
-        capture = ctx.debug_capture
-        debug_output = capture.getvalue() if capture is not None else None
-        now = ctx.clock()
-        queue_wait_s = ctx.queue_wait_s
-        envelope = call_completed_envelope(
-            ctx,
-            self.executor_id,
-            orjson.Fragment(encoded),
-            budget_used_ms=round(ctx.budget_used_ms(now)),
-            effective_us=max(round((now - ctx.admitted_at - queue_wait_s) * 1e6), 0),
-            queue_wait_us=round(queue_wait_s * 1e6),
-            debug_output=debug_output,
-        )
-        try:
-            ensure_frame_fits(envelope, len(encoded) + 4 * len(debug_output or ""))
-        except EncodeError as exc:
-            self._finish_failed(ctx, output_failure(exc))
-            return
-        self._finish(ctx, envelope, completed=True)
-
-    def _finish_failed(self, ctx: ExecContext, failure: Failure) -> None:
-        envelope = call_failed_envelope(
-            ctx.call_id,
-            ctx.task_id,
-            ctx.attempt_seq,
-            self.executor_id,
-            failure,
-            budget_used_ms=round(ctx.budget_used_ms()),
-        )
-        self._finish(ctx, envelope, completed=False)
-
-    def _finish(self, ctx: ExecContext, envelope: dict[str, Any], *, completed: bool) -> None:
-        """Make ``ctx`` DONE, drop it from the table and send its one terminal frame."""
-        if ctx.finished:
-            return
-        ctx.finished = True
-        ctx.state = ExecState.DONE
-        ctx.queued = False
-        if self._contexts.get(ctx.call_id) is ctx:
-            del self._contexts[ctx.call_id]
-        self.registry.release_task(ctx.task_id)
-        counters = self._counters
-        if ctx.suppress_terminal_emit or self._transport_lost:
-            counters["terminal_suppressed"] += 1
-            return
-        counters["calls_completed" if completed else "calls_failed"] += 1
-        try:
-            self.send_frame(envelope)
-        except ConnectionError:
-            self.note_transport_lost()
-        except EncodeError as exc:
-            if not completed:
-                _log.error("could not send CallFailed: %s", exc, extra=ctx.log_fields())
-                return
-            counters["calls_completed"] -= 1
-            counters["calls_failed"] += 1
-            failed = call_failed_envelope(
-                ctx.call_id, ctx.task_id, ctx.attempt_seq, self.executor_id, output_failure(exc)
-            )
-            try:
-                self.send_frame(failed)
-            except (ConnectionError, EncodeError):
-                _log.error("could not send CallFailed", extra=ctx.log_fields())
-        except Exception:  # a transport bug: nothing more can be done for this call
-            _log.exception("could not send the terminal frame", extra=ctx.log_fields())
-
-    def _send_failed(self, call_id: str, task_id: str, attempt_seq: int, failure: Failure) -> None:
-        """A CallFailed for a call that never became resident (refused at admission)."""
-        envelope = call_failed_envelope(call_id, task_id, attempt_seq, self.executor_id, failure)
-        try:
-            self.send_frame(envelope)
-        except ConnectionError:
-            self.note_transport_lost()
-        except EncodeError as exc:
-            _log.error("could not send CallFailed: %s", exc, extra={"callId": call_id})
 
     # --- the bridge's host interface ------------------------------------------------------
 
@@ -931,10 +568,9 @@ class ExecutorRuntime:
             _log.error("executor transport lost; ending every resident call")
 
     def schedule_sleep(self, ctx: ExecContext, duration_s: float) -> None:
-        token = next(self._timer_seq)
-        ctx.sleep_token = token
         ctx.state = ExecState.WAITING_SLEEP
-        heapq.heappush(self._sleepers, (self._monotonic() + duration_s, token, ctx))
+        due = self._monotonic() + duration_s
+        self._timers.add_sleeper(ctx, due, resident=len(self._contexts))
 
     def wake_context(self, ctx: ExecContext, value: Any) -> None:
         if (
@@ -950,12 +586,8 @@ class ExecutorRuntime:
         self._runnable.append(ctx)
 
     def _wake_due_sleepers(self, now: float) -> None:
-        heap = self._sleepers
         ready = self._sleep_ready
-        while heap and heap[0][0] <= now:
-            due, token, ctx = heapq.heappop(heap)
-            if ctx.sleep_token != token or ctx.finished or ctx.state is not ExecState.WAITING_SLEEP:
-                continue
+        for due, ctx in self._timers.pop_due_sleepers(now):
             ctx.sleep_token = 0
             ctx.resume_payload = SLEEP_WAKE
             ctx.queued = True
@@ -963,10 +595,8 @@ class ExecutorRuntime:
             ready.append(ctx)
 
     def _expire_timeouts(self, now: float) -> None:
-        heap = self._timeouts
-        while heap and heap[0][0] <= now:
-            _, _, ctx = heapq.heappop(heap)
-            if ctx.finished or self._contexts.get(ctx.call_id) is not ctx:
+        for ctx in self._timers.pop_expired_timeouts(now):
+            if self._contexts.get(ctx.call_id) is not ctx:
                 continue
             if ctx.state in WAITING_STATES:
                 self._terminate_context(ctx, REASON_CALL_TIMEOUT)
@@ -1011,13 +641,9 @@ class ExecutorRuntime:
         self._closed = True
         for ctx in list(self._contexts.values()):
             self._terminate_context(ctx, reason, retryable=True)
-        while self._pool:
-            self._retire_greenlet(self._pool.pop())
-        if self._alarm_enabled and signal.getsignal(signal.SIGALRM) is _on_deadline_signal:
-            self._disarm_alarm()
-            previous = self._previous_alarm_handler
-            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-        self._alarm_enabled = self._alarm_ready = False
+        self._pool.close()
+        self.registry.drop_released()
+        self._alarm.restore()
 
     # --- observation ----------------------------------------------------------------------
 
@@ -1037,52 +663,31 @@ class ExecutorRuntime:
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.
         """
-        contexts = list(self._contexts.values())  # atomic copy under the GIL
-        counts = dict.fromkeys(EXEC_STATES, 0)
-        runnable = 0
-        for ctx in contexts:
-            state = ctx.state
-            if state is ExecState.DONE:
-                continue
-            counts[state.value] += 1
-            if ctx.queued or state is ExecState.RUNNABLE:
-                runnable += 1
-        inflight = len(contexts)
-        if self.max_inflight:
-            available = max(0, self.max_inflight - inflight)
-        else:
-            available = UNLIMITED_CONTEXTS
-        memory = 0
-        utilization, cpu_total = 0.0, 0.0
-        metrics = self._metrics
-        if metrics is not None:
-            memory = metrics.sample_memory_bytes()
-            utilization, cpu_total = metrics.sample_cpu()
         current = self._running
-        return {
-            FP_EXECUTOR_ID: self.executor_id,
-            FP_HEARTBEAT_SEQ: next(self._heartbeat_seq),
-            FP_RUNNABLE_COUNT: runnable,
-            FP_INFLIGHT_COUNT: inflight,
-            FP_AVAILABLE_CONTEXTS: available,
-            FP_MEMORY_BYTES: memory,
-            FP_EXECUTOR_CPU_UTILIZATION: utilization,
-            FP_EXECUTOR_CPU_SECONDS_TOTAL: cpu_total,
-            FP_EXECUTOR_PROCESS_INSTANCE_ID: self.process_instance_id,
-            FP_LAST_SCHEDULER_ACTIVE_AT_MS: self._last_scheduler_active_ms,
-            FP_RUNNING_CALL_ID: current.call_id if current is not None else None,
-            FP_CALL_STATE_COUNTS: counts,
-            FP_SENT_AT_MS: self._clock_ms(),
-        }
+        return heartbeat_payload(
+            executor_id=self.executor_id,
+            heartbeat_seq=next(self._heartbeat_seq),
+            contexts=list(self._contexts.values()),  # atomic copy under the GIL
+            max_inflight=self.max_inflight,
+            metrics=self._metrics,
+            process_instance_id=self.process_instance_id,
+            last_scheduler_active_ms=self._last_scheduler_active_ms,
+            running_call_id=current.call_id if current is not None else None,
+            sent_at_ms=self._clock_ms(),
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters for tests, benches and logs (drops, terminals, greenlets, queues)."""
         result: dict[str, Any] = dict(self._counters)
+        pool = self._pool
+        result["greenlets_created"] = pool.created
+        result["greenlets_retired"] = pool.retired
+        result["greenlets_discarded"] = pool.discarded
         result["inflight"] = len(self._contexts)
         result["runnable"] = sum(1 for ctx in self._runnable if ctx.queued) + sum(
             1 for ctx in self._sleep_ready if ctx.queued
         )
-        result["sleeping"] = sum(1 for entry in self._sleepers if not entry[2].finished)
+        result["sleeping"] = self._timers.sleeping()
         result["idle_greenlets"] = len(self._pool)
         result["transport_lost"] = self._transport_lost
         result["closed"] = self._closed
@@ -1092,10 +697,3 @@ class ExecutorRuntime:
     def get_context(self, call_id: str) -> ExecContext | None:
         """The resident context of ``call_id`` (tests and diagnostics)."""
         return self._contexts.get(call_id)
-
-
-# --- helpers ---------------------------------------------------------------------------
-
-
-def _admission_failure(exc: AdmissionError) -> Failure:
-    return (exc.error_kind, exc.retryable, str(exc), None, None)

@@ -35,8 +35,9 @@ Invariants:
   write, :meth:`UDSSession.close`) ``is_connected()`` is False for good,
   ``send_message`` raises :class:`ConnectionError` and the main loop is woken.
   There is no reconnect (PROTOCOL.md, "Disconnects").
-* No lost wake-ups: :meth:`drain_incoming` clears ``_wake`` *before* it takes
-  the frames, and the reader appends *before* it sets ``_wake``.
+* No lost wake-ups: :meth:`drain_incoming` clears ``_wake`` (when set) *before*
+  it takes the frames, and the reader appends *before* it sets ``_wake``. At
+  worst a wake-up is spurious: the frames it announced were already taken.
 
 Who calls it: ``blockx.executor.__main__`` builds it and runs the main loop;
 the runtime calls ``send_message`` / ``drain_incoming`` from the main thread,
@@ -225,7 +226,9 @@ class UDSSession:
 
     def drain_incoming(self) -> list[Frame]:
         """Take every frame received so far, in arrival order (main thread only)."""
-        self._wake.clear()
+        wake = self._wake
+        if wake.is_set():  # clear() takes the Event's lock: not when there is nothing to clear
+            wake.clear()
         incoming = self._incoming
         count = len(incoming)
         if count == 0:

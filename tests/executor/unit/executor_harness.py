@@ -66,6 +66,7 @@ class Harness:
         auto_code: bool = True,
         prelude: dict[str, Any] | None = None,
         max_entries: int | None = None,
+        released_namespaces: int | None = None,
         **runtime_kwargs: Any,
     ) -> None:
         self.clock = FakeClock()
@@ -74,7 +75,11 @@ class Harness:
         names["clock"] = self.clock
         names["record"] = self.record
         names.update(prelude or {})
-        registry = ModuleRegistry(prelude=names, max_entries=max_entries)
+        registry = ModuleRegistry(
+            prelude=names,
+            max_entries=max_entries,
+            released_namespace_cache=released_namespaces,
+        )
         if not real_clock:
             runtime_kwargs.setdefault("monotonic", self.clock)
         runtime_kwargs.setdefault("clock_ms", lambda: self.wall_ms)

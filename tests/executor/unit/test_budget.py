@@ -3,6 +3,7 @@ SIGALRM preemption of pure CPU loops; the local call-timeout latch."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from textwrap import dedent
@@ -10,8 +11,8 @@ from textwrap import dedent
 import pytest
 from executor_harness import Harness
 
-from blockx.executor import runtime as runtime_module
-from blockx.executor.context import running
+from blockx.executor.context import ExecContext, running
+from blockx.executor.deadline import on_deadline_signal
 from blockx.executor.runtime import ExecutorRuntime
 from blockx.wire import keys
 
@@ -88,6 +89,37 @@ class TestCharging:
             {keys.FP_SOURCE: h.sources[digest], keys.FP_FUNCTION_CODE_DIGEST: digest},
             budget_used_ms=500,
         )
+        h.run()
+        assert _budget(h, "c1") == 0
+
+    def test_a_delivered_wait_is_charged_even_when_the_call_ends_before_resuming(
+        self, h: Harness
+    ) -> None:
+        # The worker spent 40 ms on the read and said so; a cancel that arrives before
+        # the call is switched back in must not make those 40 ms disappear.
+        h.execute("c1", BURN_THEN_READ, {"before": 5, "after": 7}, call_budget_ms=1000)
+        h.run()
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=40)
+        h.cancel("c1", "user_request")
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_CANCELLED
+        assert failure[keys.FP_BUDGET_USED_MS] == 5 + 40
+
+    def test_a_delivered_code_fetch_is_still_not_charged_when_the_call_ends(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(auto_code=False)
+        digest = h.add_source("def _(p):\n    return p\n")
+        h.execute("c1", digest=digest, args=3)
+        h.run()
+        (wait,) = h.code_waits
+        h.resume(
+            wait,
+            {keys.FP_SOURCE: h.sources[digest], keys.FP_FUNCTION_CODE_DIGEST: digest},
+            budget_used_ms=500,
+        )
+        h.cancel("c1")
         h.run()
         assert _budget(h, "c1") == 0
 
@@ -205,14 +237,14 @@ class TestPreemption:
 
     def test_the_signal_handler_leaves_everything_else_alone(self) -> None:
         assert running.ctx is None
-        runtime_module._on_deadline_signal(14, None)  # no call running: nothing happens
+        on_deadline_signal(14, None)  # no call running: nothing happens
 
     def test_off_the_main_thread_there_is_no_alarm_but_budgets_still_hold(self) -> None:
         results: dict[str, object] = {}
 
         def build_and_run() -> None:
             rt = ExecutorRuntime("exec-t")
-            results["alarm"] = rt._alarm_enabled
+            results["alarm"] = rt._alarm.enabled
             source = "def _(p):\n    return p\n"
             from executor_harness import digest_of
 
@@ -264,6 +296,21 @@ class TestCallTimeoutLatch:
         failure = h.failure("c1")
         assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
         assert h.waits("c1", keys.WAIT_IO) == []
+
+    def test_finished_calls_are_not_kept_alive_by_their_timers(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        # A 60 s latch on a stream of short calls: each call's timer entry outlives the
+        # call by up to 60 s; it must not keep the finished context (and its args) alive.
+        h = make_harness(call_timeout_ms=60_000)
+        source = "import time\ndef _(p):\n    time.sleep(0.001 if p % 2 else 0)\n    return 1\n"
+        for i in range(600):
+            h.execute(f"c{i}", source, i)
+            h.run()
+            h.clock.advance(0.001)
+            h.run()
+        assert h.rt.inflight_count() == 0
+        gc.collect()
+        alive = sum(1 for obj in gc.get_objects() if type(obj) is ExecContext)
+        assert alive < 150, f"{alive} finished contexts still referenced"
 
     def test_the_budget_wins_over_the_deadline(self, make_harness) -> None:  # type: ignore[no-untyped-def]
         h = make_harness(call_timeout_ms=100)

@@ -3,6 +3,7 @@ fetch with singleflight and digest checks, syntax errors and tracebacks of user 
 
 from __future__ import annotations
 
+import gc
 import linecache
 import logging
 from textwrap import dedent
@@ -13,8 +14,10 @@ from executor_harness import Harness, digest_of
 
 from blockx.executor import module_registry
 from blockx.executor.module_registry import (
+    RELEASED_NAMESPACE_CACHE_ENV,
     ModuleRegistry,
     code_cache_max_entries_from_env,
+    released_namespace_cache_from_env,
     resolve_entry_name,
 )
 from blockx.wire import keys
@@ -148,7 +151,10 @@ class TestNamespaces:
         assert h.output("b1") == 1
         assert len(h.code_waits) == 1  # compiled once, shared by digest
 
-    def test_a_tasks_namespace_is_freed_with_its_last_call(self, h: Harness) -> None:
+    def test_without_the_released_cache_a_namespace_is_freed_with_its_last_call(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(released_namespaces=0)  # the seed's rule, exactly
         digest = h.add_source(COUNTER)
         h.execute("hold", COUNTER, "hold", task_id="t1")
         h.run()
@@ -164,13 +170,107 @@ class TestNamespaces:
         assert h.rt.registry.stats()["module_execs"] == 2
 
 
+ONE_AT_A_TIME = dedent(
+    """
+    import weakref
+
+    class Box:
+        pass
+
+    BOX = Box()
+    record(weakref.ref(BOX))  # once per execution of the module body
+    SEEN = []
+
+    def _(p):
+        SEEN.append(p)
+        return len(SEEN)
+    """
+)
+
+
+class TestReleasedNamespaces:
+    """A task with one call in flight at a time keeps its namespace between calls."""
+
+    def _call(self, h: Harness, call_id: str, task_id: str) -> Any:
+        h.execute(call_id, ONE_AT_A_TIME, call_id, task_id=task_id)
+        h.run()
+        return h.output(call_id)
+
+    def test_a_tasks_next_call_reuses_its_namespace(self, h: Harness) -> None:
+        digest = h.add_source(ONE_AT_A_TIME)
+        assert [self._call(h, f"c{i}", "t1") for i in range(4)] == [1, 2, 3, 4]
+        registry = h.rt.registry
+        assert registry.stats()["module_execs"] == 1
+        assert registry.stats()["namespace_reuses"] == 3
+        assert registry.task_count() == 0  # nothing resident ...
+        assert registry.has_namespace("t1", digest)  # ... but the namespace is kept
+        assert len(h.code_waits) == 1
+
+    def test_another_task_never_gets_a_released_namespace(self, h: Harness) -> None:
+        assert self._call(h, "a1", "t1") == 1
+        assert self._call(h, "b1", "t2") == 1  # its own module, not t1's
+        assert self._call(h, "a2", "t1") == 2
+        assert self._call(h, "b2", "t2") == 2
+        assert h.rt.registry.stats()["module_execs"] == 2
+
+    def test_the_kept_namespaces_are_bounded_least_recently_released_first(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(released_namespaces=2)
+        digest = h.add_source(ONE_AT_A_TIME)
+        for task_id in ("t1", "t2", "t3"):
+            self._call(h, f"{task_id}/c1", task_id)
+        registry = h.rt.registry
+        assert registry.released_task_count() == 2
+        assert not registry.has_namespace("t1", digest)  # released first, evicted
+        assert registry.has_namespace("t2", digest) and registry.has_namespace("t3", digest)
+        assert registry.stats()["released_evictions"] == 1
+        assert self._call(h, "t1/c2", "t1") == 1  # a fresh module
+        assert self._call(h, "t3/c2", "t3") == 2  # still kept
+        assert registry.released_task_count() == 2
+
+    def test_an_evicted_namespace_is_freed(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(released_namespaces=1)
+        self._call(h, "t1/c1", "t1")
+        [box_of_t1] = h.records
+        gc.collect()
+        assert box_of_t1() is not None  # kept for t1's next call
+        self._call(h, "t2/c1", "t2")  # evicts t1
+        gc.collect()
+        assert box_of_t1() is None
+        assert h.records[1]() is not None  # t2's is kept
+
+    def test_shutdown_drops_the_kept_namespaces(self, h: Harness) -> None:
+        self._call(h, "c1", "t1")
+        [box] = h.records
+        h.close()
+        gc.collect()
+        assert box() is None
+        assert h.rt.registry.released_task_count() == 0
+
+    @pytest.mark.parametrize(
+        ("value", "expected"), [("0", 0), ("5", 5), ("", 32), ("-1", 32), ("many", 32)]
+    )
+    def test_the_size_comes_from_the_environment(
+        self, value: str, expected: int, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        assert released_namespace_cache_from_env({RELEASED_NAMESPACE_CACHE_ENV: value}) == expected
+        monkeypatch.setenv(RELEASED_NAMESPACE_CACHE_ENV, value)
+        assert ModuleRegistry().released_namespace_cache == expected
+
+    def test_a_negative_size_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="released_namespace_cache"):
+            ModuleRegistry(released_namespace_cache=-1)
+
+
 class TestCompileCache:
     def _run_digest(self, h: Harness, call_id: str, source: str) -> None:
         h.execute(call_id, source, None)
         h.run()
 
     def test_the_lru_evicts_the_least_recently_used_digest(self, make_harness) -> None:  # type: ignore[no-untyped-def]
-        h = make_harness(max_entries=2)
+        # No kept namespaces: they would hold an evicted digest's module for the task.
+        h = make_harness(max_entries=2, released_namespaces=0)
         sources = [f"def _(p):\n    return {i}\n" for i in range(3)]
         self._run_digest(h, "c0", sources[0])
         self._run_digest(h, "c1", sources[1])

@@ -93,6 +93,22 @@ class TestExecuteCallValidation:
         assert h.state("c1") == "WAITING_IO"
         assert h.rt.stats()["invalid_message_dropped"] == 1
 
+    def test_a_malformed_newer_attempt_replaces_the_live_one_and_fails(self, h: Harness) -> None:
+        # attemptSeq 2 names a new attempt: the worker now waits for attempt 2's terminal
+        # frame and will drop attempt 1's. Dropping the frame would leave it waiting forever.
+        h.execute("c1", READ, 1)
+        h.run()
+        h.send(_execute_envelope("c1", {keys.FP_TASK_ID: "t1", keys.FP_ATTEMPT_SEQ: 2}))
+        h.run()
+        failure = h.failure("c1")  # exactly one terminal frame for c1, and it is attempt 2's
+        assert failure[keys.FP_ATTEMPT_SEQ] == 2
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_INTERNAL_ERROR
+        assert h.rt.inflight_count() == 0
+        stats = h.rt.stats()
+        assert stats["attempts_replaced"] == 1
+        assert stats["calls_refused"] == 1
+        assert stats["invalid_message_dropped"] == 0
+
     def test_optional_keys_take_their_defaults(self, h: Harness) -> None:
         h.execute("c1", "def _(p):\n    return p\n")
         h.run()

@@ -303,3 +303,70 @@ class TestWithASession:
         assert h.rt.inflight_count() == 0
         assert len(session.sent) == sent_before
         assert h.rt.stats()["transport_lost_calls"] == 3
+
+
+class EchoingSession(FakeSession):
+    """A worker that answers every io wait at once: the ResumeCall is waiting to be
+    drained before run_until_idle's pass ends. It also counts the drains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drains = 0
+
+    def send_message(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
+        super().send_message(envelope, sidecar)
+        payload = envelope[keys.F_PAYLOAD]
+        if envelope[keys.F_MESSAGE_TYPE] == keys.MT_CALL_WAITING:
+            self.incoming.append(
+                Frame(
+                    {
+                        keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
+                        keys.F_CALL_ID: envelope[keys.F_CALL_ID],
+                        keys.F_REQUEST_ID: envelope[keys.F_REQUEST_ID],
+                        keys.F_PAYLOAD: {
+                            keys.FP_RESUME_KIND: payload[keys.FP_WAIT_KIND],
+                            keys.FP_RESULT: 7,
+                        },
+                    }
+                )
+            )
+
+    def drain_incoming(self) -> list[Frame]:
+        self.drains += 1
+        return super().drain_incoming()
+
+    def has_incoming(self) -> bool:
+        return bool(self.incoming)
+
+
+class TestPasses:
+    def _execute(self, h: Harness, call_id: str, source: str) -> None:
+        digest = h.add_source(source)
+        h.rt.registry.compile_source("fn", digest, source)
+        h.execute(call_id, digest=digest, args=1)
+
+    def test_frames_that_arrive_during_a_pass_are_handled_in_the_same_run(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        session = EchoingSession()
+        h = make_harness(session=session)
+        self._execute(h, "c1", READ)
+        h.rt.run_until_idle()  # waits, is answered, resumes, completes
+        done = session.sent[-1][0]
+        assert done[keys.F_MESSAGE_TYPE] == keys.MT_CALL_COMPLETED
+        assert done[keys.F_PAYLOAD][keys.FP_OUTPUT] == {"key": 1, "row": 7}
+
+    def test_no_second_pass_when_nothing_can_have_arrived(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        session = EchoingSession()
+        h = make_harness(session=session)
+        self._execute(h, "c1", ECHO)
+        h.rt.run_until_idle()
+        assert session.sent[-1][0][keys.F_MESSAGE_TYPE] == keys.MT_CALL_COMPLETED
+        assert session.drains == 1
+
+    def test_a_pending_timer_keeps_the_passes_going(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        session = EchoingSession()
+        h = make_harness(session=session)
+        self._execute(h, "c1", "import time\ndef _(p):\n    time.sleep(0)\n    return p\n")
+        h.rt.run_until_idle()  # sleeps, the timer is due at once, wakes, completes
+        assert session.sent[-1][0][keys.F_MESSAGE_TYPE] == keys.MT_CALL_COMPLETED

@@ -1,0 +1,352 @@
+"""CallRunner: how one admitted context runs, is ended, and sends its terminal frame.
+
+Theory of operation
+-------------------
+``ExecutorRuntime`` inherits this; it is the part of the runtime that switches
+into call greenlets (the scheduler thread only, never from inside a call).
+
+* :meth:`CallRunner._step_context` — the scheduler's one step of a queued
+  context, with exactly three branches: ``cancel_reason`` set → terminate;
+  ``resume_payload`` set → switch it into the waiting greenlet; else the
+  first switch, which hands the context to a resident greenlet
+  (:mod:`.greenlet_pool`) in a fresh copy of the call ``contextvars.Context``.
+* :meth:`CallRunner._run_slice` — one switch (or throw) into a context's
+  greenlet. It marks the context ``RUNNING``, arms the deadline alarm
+  (:mod:`.deadline`), charges the slice to ``cpu_s`` and settles what the
+  greenlet hands back: ``SUSPENDED`` (it waits), ``CALL_FINISHED`` (its
+  greenlet goes back to the pool), anything else (the greenlet died or user
+  code switched away by itself: the call fails if it has not ended, and the
+  greenlet is discarded).
+* :meth:`CallRunner._terminate_context` — end a context now: a framework
+  exception (cancel, deadline, replacement, transport loss) is thrown into
+  its suspended greenlet, or, for a context that never ran, it fails at once.
+  A ``ResumeCall`` already delivered but not yet switched in is dropped, and
+  its ``budgetUsedMs`` charged: the worker spent that time on the call.
+* :meth:`CallRunner._run_call` — runs on the pool greenlet: load the entry
+  function, call it, and send exactly one terminal frame.
+* Terminal frames: :meth:`CallRunner._finish_completed` /
+  :meth:`CallRunner._finish_failed` build them; :meth:`CallRunner._finish`
+  makes the context ``DONE``, drops it from the table and sends the frame
+  (suppressed for a replaced attempt and once the transport is gone);
+  :meth:`CallRunner._send_failed` answers a call refused at admission.
+
+Invariants: a context's terminal outcome is decided once (``finished``);
+``_finish`` is the only place that sets it, removes the context from the
+table and releases the task's namespaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from greenlet import GreenletExit, getcurrent, greenlet
+
+from blockx.wire import dumps_wire
+from blockx.wire.errors import EncodeError, NotSerializableError
+from blockx.wire.keys import ERR_INTERNAL_ERROR, ERR_OUTPUT_NOT_SERIALIZABLE, ERR_USER_ERROR
+
+from .context import ExecContext, ExecState, ResumePayload, running
+from .errors import AdmissionError, termination_exception
+from .greenlet_pool import CALL_FINISHED
+from .outputs import (
+    Failure,
+    call_completed_envelope,
+    call_failed_envelope,
+    describe_failure,
+    ensure_frame_fits,
+    output_failure,
+)
+from .sdk_bridge import SUSPENDED
+
+if TYPE_CHECKING:
+    import contextvars
+    from collections.abc import Callable
+
+    from .deadline import DeadlineAlarm
+    from .greenlet_pool import ResidentGreenletPool
+    from .module_registry import ModuleRegistry
+    from .sdk_bridge import SdkBridge
+
+__all__ = ["CallRunner", "admission_failure"]
+
+_log = logging.getLogger("blockx.executor")
+
+
+def admission_failure(exc: AdmissionError) -> Failure:
+    """The ``CallFailed`` of a call refused at admission."""
+    return (exc.error_kind, exc.retryable, str(exc), None, None)
+
+
+class CallRunner:
+    """Stepping, ending and terminal frames of resident contexts (see the module doc)."""
+
+    if TYPE_CHECKING:  # provided by ExecutorRuntime
+        executor_id: str
+        registry: ModuleRegistry
+        _contexts: dict[str, ExecContext]
+        _counters: dict[str, int]
+        _monotonic: Callable[[], float]
+        _running: ExecContext | None
+        _in_scheduler: bool
+        _transport_lost: bool
+        _alarm: DeadlineAlarm
+        _pool: ResidentGreenletPool
+        _bridge: SdkBridge
+        _call_context: contextvars.Context
+
+        def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None: ...
+
+        def note_transport_lost(self) -> None: ...
+
+    # --- stepping -----------------------------------------------------------------------
+
+    def _step_context(self, ctx: ExecContext) -> None:
+        """The three branches: terminate, resume, or first switch."""
+        now = self._monotonic()
+        ctx.queue_wait_s += now - ctx.enqueued_at
+        if ctx.cancel_reason is not None:
+            self._terminate_context(ctx, ctx.cancel_reason)
+            return
+        value = ctx.resume_payload
+        if value is not None:
+            ctx.resume_payload = None
+            glet = ctx.greenlet
+            assert glet is not None
+        else:
+            glet = self._pool.take()
+            # A fresh Context per call: the provider is set, and ContextVars one call
+            # sets never leak into the next call on the same resident greenlet.
+            glet.gr_context = self._call_context.copy()
+            ctx.greenlet = glet
+            value = ctx
+        self._run_slice(ctx, glet, value, throw=False, now=now)
+
+    def _run_slice(
+        self, ctx: ExecContext, glet: greenlet, value: Any, *, throw: bool, now: float
+    ) -> None:
+        """Switch (or throw) into ``ctx``'s greenlet and settle what it hands back."""
+        ctx.state = ExecState.RUNNING
+        ctx.slice_started = now
+        running.ctx = ctx
+        self._running = ctx
+        alarm = self._alarm
+        if alarm.ready and (ctx.budget_ms or ctx.deadline_at is not None):
+            alarm.arm(ctx, value, now)
+        try:
+            result = glet.throw(value) if throw else glet.switch(value)
+        except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
+            result = exc
+        finally:
+            running.ctx = None
+            self._running = None
+            if ctx.slice_started:
+                ctx.cpu_s += self._monotonic() - ctx.slice_started
+                ctx.slice_started = 0.0
+            if not self._in_scheduler and alarm.due != math.inf:
+                alarm.disarm()
+        if result is SUSPENDED:
+            return
+        if result is CALL_FINISHED:
+            if ctx.greenlet is glet:
+                ctx.greenlet = None
+            self._pool.release(glet)
+            return
+        # The greenlet died, raised, or left its call by switching away by itself.
+        if isinstance(result, BaseException) and not isinstance(result, GreenletExit):
+            _log.error(
+                "call greenlet raised into the scheduler",
+                exc_info=result,
+                extra=ctx.log_fields(),
+            )
+        if not ctx.finished:
+            if ctx.cancel_reason is not None:  # it was being ended anyway: say why
+                termination = termination_exception(
+                    ctx.cancel_reason, retryable=ctx.cancel_retryable
+                )
+                self._finish_failed(ctx, describe_failure(termination))
+            else:
+                # A dead greenlet is our bug (retryable); one still alive means user
+                # code switched away by itself (the user's error).
+                kind = ERR_INTERNAL_ERROR if glet.dead else ERR_USER_ERROR
+                message = f"call left its greenlet unexpectedly ({result!r})"
+                self._finish_failed(ctx, (kind, glet.dead, message, None, None))
+        self._pool.discard(glet)
+
+    def _terminate_context(
+        self,
+        ctx: ExecContext,
+        reason: str,
+        *,
+        suppress_terminal_emit: bool = False,
+        retryable: bool = False,
+    ) -> None:
+        """End ``ctx`` now: throw the matching framework exception into its greenlet.
+
+        With ``suppress_terminal_emit`` (replacement, transport loss) no terminal
+        frame is sent. A never-started context is failed without a greenlet.
+        """
+        if ctx.finished:
+            return
+        if ctx.cancel_reason is None:
+            ctx.cancel_reason = reason
+            ctx.cancel_retryable = retryable
+        if suppress_terminal_emit:
+            ctx.suppress_terminal_emit = True
+        ctx.queued = False
+        delivered = ctx.resume_payload
+        if type(delivered) is ResumePayload:
+            # The worker already spent this wait on the call; switching the answer in
+            # would have charged it, and ending the call first must not lose it.
+            ctx.wait_ms += delivered.charged_ms()
+        ctx.resume_payload = None
+        glet = ctx.greenlet
+        if glet is None:
+            exc = termination_exception(ctx.cancel_reason, retryable=ctx.cancel_retryable)
+            self._finish_failed(ctx, describe_failure(exc))
+            return
+        if glet is getcurrent():
+            return  # ending itself: the next safe point raises
+        exc = termination_exception(ctx.cancel_reason, retryable=ctx.cancel_retryable)
+        self._run_slice(ctx, glet, exc, throw=True, now=self._monotonic())
+
+    # --- the call, on its pool greenlet -------------------------------------------------
+
+    def _run_call(self, ctx: ExecContext) -> None:
+        """Load and run the user function; send exactly one terminal frame."""
+        try:
+            ctx.check_safe_point()  # before the user function
+            target = self.registry.load_callable(
+                ctx.task_id,
+                ctx.function_id,
+                ctx.function_code_digest,
+                ctx.entry_selector,
+                source_loader=self._bridge.do_function_code_req,
+                restricted=ctx.audit is not None,
+            )
+            args = ctx.args
+            if type(args) is not list:
+                output = target(args)
+            elif len(args) == 1:  # no star-call: it re-enters the C eval loop, and a
+                output = target(args[0])  # suspended call would keep that C stack
+            else:
+                output = target(*args)
+            ctx.check_safe_point()  # before return
+            ctx.state = ExecState.DONE  # user code is over: no preemption from here
+        except GreenletExit as exc:
+            # Our own kill of a discarded greenlet (the call is already finished), or
+            # user code raising it: the call still gets its one terminal frame, and
+            # the greenlet ends rather than going back to the pool.
+            if not ctx.finished:
+                ctx.state = ExecState.DONE
+                self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
+            raise
+        except BaseException as exc:
+            ctx.state = ExecState.DONE
+            self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
+            return
+        self._finish_completed(ctx, output)
+
+    def _fail_escaped(self, ctx: ExecContext, exc: BaseException) -> None:
+        """``exc`` escaped :meth:`_run_call` (a signal in its handlers): still one frame."""
+        if not ctx.finished:
+            ctx.state = ExecState.DONE  # no second SIGALRM into the failure report
+            self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
+
+    # --- terminal frames ----------------------------------------------------------------
+
+    def _finish_completed(self, ctx: ExecContext, output: Any) -> None:
+        try:
+            encoded = dumps_wire(output)
+        except NotSerializableError as exc:
+            self._finish_failed(ctx, output_failure(exc))
+            return
+        except Exception as exc:  # e.g. a dataclass whose asdict() raises
+            self._finish_failed(
+                ctx,
+                (
+                    ERR_OUTPUT_NOT_SERIALIZABLE,
+                    False,
+                    f"call output is not JSON-serializable: {type(exc).__name__}: {exc}",
+                    None,
+                    None,
+                ),
+            )
+            return
+        capture = ctx.debug_capture
+        debug_output = capture.getvalue() if capture is not None else None
+        now = ctx.clock()
+        queue_wait_s = ctx.queue_wait_s
+        envelope = call_completed_envelope(
+            ctx,
+            self.executor_id,
+            orjson.Fragment(encoded),
+            budget_used_ms=round(ctx.budget_used_ms(now)),
+            effective_us=max(round((now - ctx.admitted_at - queue_wait_s) * 1e6), 0),
+            queue_wait_us=round(queue_wait_s * 1e6),
+            debug_output=debug_output,
+        )
+        try:
+            ensure_frame_fits(envelope, len(encoded) + 4 * len(debug_output or ""))
+        except EncodeError as exc:
+            self._finish_failed(ctx, output_failure(exc))
+            return
+        self._finish(ctx, envelope, completed=True)
+
+    def _finish_failed(self, ctx: ExecContext, failure: Failure) -> None:
+        envelope = call_failed_envelope(
+            ctx.call_id,
+            ctx.task_id,
+            ctx.attempt_seq,
+            self.executor_id,
+            failure,
+            budget_used_ms=round(ctx.budget_used_ms()),
+        )
+        self._finish(ctx, envelope, completed=False)
+
+    def _finish(self, ctx: ExecContext, envelope: dict[str, Any], *, completed: bool) -> None:
+        """Make ``ctx`` DONE, drop it from the table and send its one terminal frame."""
+        if ctx.finished:
+            return
+        ctx.state = ExecState.DONE  # first: SIGALRM leaves a DONE call alone
+        ctx.finished = True
+        ctx.queued = False
+        if self._contexts.get(ctx.call_id) is ctx:
+            del self._contexts[ctx.call_id]
+        self.registry.release_task(ctx.task_id)
+        counters = self._counters
+        if ctx.suppress_terminal_emit or self._transport_lost:
+            counters["terminal_suppressed"] += 1
+            return
+        counters["calls_completed" if completed else "calls_failed"] += 1
+        try:
+            self.send_frame(envelope)
+        except ConnectionError:
+            self.note_transport_lost()
+        except EncodeError as exc:
+            if not completed:
+                _log.error("could not send CallFailed: %s", exc, extra=ctx.log_fields())
+                return
+            counters["calls_completed"] -= 1
+            counters["calls_failed"] += 1
+            failed = call_failed_envelope(
+                ctx.call_id, ctx.task_id, ctx.attempt_seq, self.executor_id, output_failure(exc)
+            )
+            try:
+                self.send_frame(failed)
+            except (ConnectionError, EncodeError):
+                _log.error("could not send CallFailed", extra=ctx.log_fields())
+        except Exception:  # a transport bug: nothing more can be done for this call
+            _log.exception("could not send the terminal frame", extra=ctx.log_fields())
+
+    def _send_failed(self, call_id: str, task_id: str, attempt_seq: int, failure: Failure) -> None:
+        """A CallFailed for a call that never became resident (refused at admission)."""
+        envelope = call_failed_envelope(call_id, task_id, attempt_seq, self.executor_id, failure)
+        try:
+            self.send_frame(envelope)
+        except ConnectionError:
+            self.note_transport_lost()
+        except EncodeError as exc:
+            _log.error("could not send CallFailed: %s", exc, extra={"callId": call_id})
