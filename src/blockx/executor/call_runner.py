@@ -101,6 +101,8 @@ class CallRunner:
 
         def note_transport_lost(self) -> None: ...
 
+        def _remember_finished_attempt(self, call_id: str, attempt_seq: int) -> None: ...
+
     # --- stepping -----------------------------------------------------------------------
 
     def _step_context(self, ctx: ExecContext) -> None:
@@ -315,6 +317,7 @@ class CallRunner:
         ctx.queued = False
         if self._contexts.get(ctx.call_id) is ctx:
             del self._contexts[ctx.call_id]
+        self._remember_finished_attempt(ctx.call_id, ctx.attempt_seq)
         self.registry.release_task(ctx.task_id)
         counters = self._counters
         if ctx.suppress_terminal_emit or self._transport_lost:

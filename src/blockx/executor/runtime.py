@@ -123,6 +123,8 @@ _log = logging.getLogger("blockx.executor")
 
 #: Sleep-ready contexts stepped in a row before one runnable context gets a turn.
 SLEEP_READY_STREAK: Final = 64
+#: How many ended calls' attempt numbers are remembered to drop late duplicates.
+FINISHED_ATTEMPTS_REMEMBERED: Final = 16384
 #: Bound on the outer passes of one run_until_idle (a call looping on sleep(0)
 #: must not keep the main loop from checking its connection).
 _MAX_PASSES: Final = 64
@@ -210,6 +212,10 @@ class ExecutorRuntime(CallRunner):
         self._clock_ms = clock_ms or _wall_clock_ms
         self._monotonic = monotonic or time.perf_counter
         self._contexts: dict[str, ExecContext] = {}
+        # callId -> the highest attempt that already ended here, for the most
+        # recent FINISHED_ATTEMPTS_REMEMBERED calls: a late re-delivery of an
+        # ended attempt is a duplicate, not a new call (one terminal per attempt).
+        self._finished_attempts: dict[str, int] = {}
         self._runnable: deque[ExecContext] = deque()
         self._sleep_ready: deque[ExecContext] = deque()
         self._timers = CallTimers()
@@ -375,6 +381,10 @@ class ExecutorRuntime(CallRunner):
                 _log.debug("dropped duplicate ExecuteCall", extra=ctx.log_fields())
                 return False
             self._replace_existing_attempt(existing)
+        elif ctx.attempt_seq <= self._finished_attempts.get(ctx.call_id, 0):
+            counters["duplicate_execute_dropped"] += 1
+            _log.debug("dropped ExecuteCall of an ended attempt", extra=ctx.log_fields())
+            return False
         refusal: AdmissionError | None = None
         if self._closed:
             refusal = ExecutorClosedError("executor is shutting down")
@@ -404,6 +414,13 @@ class ExecutorRuntime(CallRunner):
         ctx.queued = True
         self._runnable.append(ctx)
         return True
+
+    def _remember_finished_attempt(self, call_id: str, attempt_seq: int) -> None:
+        finished = self._finished_attempts
+        if attempt_seq > finished.get(call_id, 0):
+            finished[call_id] = attempt_seq
+            if len(finished) > FINISHED_ATTEMPTS_REMEMBERED:
+                del finished[next(iter(finished))]
 
     def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool:
         """Deliver a ResumeCall; True when it matched the pending wait and was queued.

@@ -175,3 +175,19 @@ class TestResumeMatching:
             1,
         )
         assert h.rt.stats()["stale_resume_dropped"] == 1
+
+
+
+def test_a_late_redelivery_of_an_attempt_that_already_ended_is_a_duplicate(h: Harness) -> None:
+    source = "def _(x):\n    return {'x': x}\n"
+    h.execute("c0", source, 1, attempt_seq=2)
+    h.run()
+    assert len(h.terminals("c0")) == 1
+    h.execute("c0", source, 1, attempt_seq=2)  # the same attempt, delivered again
+    h.execute("c0", source, 1, attempt_seq=1)  # an older one
+    h.run()
+    assert len(h.terminals("c0")) == 1
+    assert h.rt.stats()["duplicate_execute_dropped"] == 2
+    h.execute("c0", source, 2, attempt_seq=3)  # a newer attempt still runs
+    h.run()
+    assert [t[keys.F_PAYLOAD][keys.FP_ATTEMPT_SEQ] for t in h.terminals("c0")] == [2, 3]
