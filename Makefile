@@ -4,9 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.blockx-installed
 
-.PHONY: setup test test-fast demo lint bench clean
+.PHONY: setup system-deps test test-fast demo lint bench clean
 
 setup: $(STAMP)
+
+# PostgreSQL (blockdb tests) and bubblewrap (sandbox mode), when root + apt-get can
+# install them; elsewhere a no-op, and the tests that need them skip with a reason.
+system-deps:
+	@sh scripts/install-system-deps.sh
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +20,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The whole suite, slow end-to-end tests included.
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Everything but the tests marked slow.
