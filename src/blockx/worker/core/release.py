@@ -1,0 +1,148 @@
+"""Releasing root calls to executors, and taking binds back.
+
+Theory of operation
+-------------------
+:func:`dispatch_one` is one release decision (the seed's ``TryDispatchNext``):
+the :class:`~.fairness.ReadyScheduler` names the task to serve and the head of
+its ready queue is
+
+1. ended at once from the task's **call cache** (``CompleteCallFromCache``), or
+2. parked behind the **singleflight** leader computing the same key -- and the
+   loop moves on to the next head, so consecutive calls with one key all wait
+   on one leader --, or
+3. **bound** to the executor :meth:`~.selection.ExecutorTable.select_executor`
+   picks (``BindCall``).
+
+It returns False, changing nothing, when no task is dispatchable or no
+executor is eligible (the head stays queued).
+
+A bind can be taken back before it ran: :func:`unbind_attempt` undoes one that
+failed (``handle_bind_failed``) or whose executor was lost before the bind was
+confirmed; the attempt is given back, a root call is re-armed at once and a
+sub-call parked again. :func:`take_back_calls` handles executor loss: every
+call bound there fails its attempt as retryable ``transport_lost``, parents
+before their sub-calls (so a parent's retry cancels its subtree before a child
+would answer a parent that is gone), with no command naming the lost executor.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .commands import ArmCallRetry, CompleteCallFromCache, DispatchCommand
+from .lifecycle import (
+    CoreState,
+    add_waiter,
+    bind_call,
+    cancel_subtree,
+    fail_attempt,
+    finish_call,
+    mark_dirty,
+    release_executor,
+)
+from .selection import ExecutorState
+from .state import DispatchCallContext, move
+from .types import ERR_TRANSPORT_LOST, CallError, CallOutcome, CallState
+
+__all__ = ["dispatch_one", "take_back_calls", "unbind_attempt"]
+
+_READY: Final = CallState.READY
+_RUNNING: Final = CallState.RUNNING
+_WAITING: Final = CallState.WAITING
+
+
+def dispatch_one(core: CoreState, now_ms: int, out: list[DispatchCommand]) -> bool:
+    """One release decision; False if nothing can be released now."""
+    scheduler = core.scheduler
+    while True:
+        task = scheduler.pick()
+        if task is None:
+            return False
+        queue = task.ready_queue
+        ctx = queue[0]
+        if not ctx.queued:  # ended while queued: drop the stale entry
+            queue.popleft()
+            continue
+        key = ctx.call.call_key
+        if core.cache_limit:
+            cached = task.call_cache.get(key)
+            if cached is not None:
+                queue.popleft()
+                ctx.queued = False
+                task.cache_hits += 1
+                core.stats.cache_hits += 1
+                out.append(
+                    CompleteCallFromCache(
+                        call_id=ctx.call_id,
+                        task_id=task.task_id,
+                        source="cache",
+                        output_json=cached,
+                        error=None,
+                    )
+                )
+                finish_call(core, ctx, CallOutcome.SUCCEEDED, out, output=cached)
+                scheduler.served(task)
+                return True
+        leader = task.singleflight.get(key)
+        if leader is not None and leader is not ctx:
+            queue.popleft()
+            ctx.queued = False
+            add_waiter(leader, ctx)
+            continue
+        ex = core.executors.select_executor(now_ms)
+        if ex is None:
+            return False
+        queue.popleft()
+        ctx.queued = False
+        out.append(bind_call(core, ctx, ex))
+        scheduler.served(task)
+        return True
+
+
+def unbind_attempt(
+    core: CoreState, ctx: DispatchCallContext, now_ms: int, out: list[DispatchCommand]
+) -> None:
+    """A bind that never ran: RUNNING -> READY with the attempt given back."""
+    release_executor(core, ctx, completed=False)
+    move(ctx, _READY)
+    ctx.attempt_count -= 1
+    core.stats.bind_failures += 1
+    if ctx.children:  # only if a sub-call was requested before the bind was confirmed
+        cancel_subtree(core, ctx, "parent_retrying", out)
+    task = ctx.task
+    if ctx.is_subcall:
+        ctx.parked = True
+        task.pending_bind_subcalls[ctx.call_id] = ctx
+        return
+    mark_dirty(core, task)
+    if task.stop_dispatching:
+        return  # the drain cancels it
+    ctx.retry_armed = True
+    out.append(
+        ArmCallRetry(
+            call_id=ctx.call_id,
+            task_id=task.task_id,
+            due_at_ms=now_ms,
+            delay_ms=0,
+            attempt_count=ctx.attempt_count,
+        )
+    )
+
+
+def take_back_calls(
+    core: CoreState, ex: ExecutorState, now_ms: int, out: list[DispatchCommand]
+) -> None:
+    """``ex`` was lost: fail (or unbind) every call bound there."""
+    core.executors.mark_lost(ex)
+    core.stats.executor_losses += 1
+    error = CallError(
+        kind=ERR_TRANSPORT_LOST, message=f"executor {ex.executor_id} lost", retryable=True
+    )
+    for ctx in sorted(ex.calls.values(), key=lambda c: len(c.ancestry)):
+        if ctx.executor is not ex or (ctx.state is not _RUNNING and ctx.state is not _WAITING):
+            continue  # ended or moved while an ancestor was failed
+        if ctx.bound:
+            fail_attempt(core, ctx, error, now_ms, out, executor_lost=True)
+        else:
+            unbind_attempt(core, ctx, now_ms, out)
+    core.executors.forget_if_idle(ex)

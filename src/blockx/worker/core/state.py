@@ -1,0 +1,421 @@
+"""Mutable records of the dispatcher core: calls, tasks, stream batches, instances.
+
+Theory of operation
+-------------------
+Plain ``__slots__`` classes, owned and written only by the core (the runtime may
+read them through ``DispatcherCore.call_context`` / ``task_state`` but must not
+write them). One :class:`DispatchCallContext` exists per call for its whole
+life: a retry reuses it, bumping ``attempt_count`` and ``attempt_seq``. Its
+``state`` moves only along :data:`CALL_TRANSITIONS`, through :func:`move`;
+everything that counts calls (a task's terminal, in-flight and outcome
+counters, a batch's remaining count, an executor's local inflight) is updated in
+:mod:`.lifecycle`, next to the transition that changes it.
+
+The state table (the seed's diagram)::
+
+    READY   -> RUNNING  BindCall issued (attempt_count += 1, attempt_seq += 1)
+    READY   -> DONE     cache hit / singleflight leader's result / drained
+    RUNNING -> READY    bind failed (attempt rolled back) or retryable failure
+    RUNNING -> WAITING  handle_call_waiting (io / subcall)
+    RUNNING -> DONE     completed, final failure, cancelled
+    WAITING -> RUNNING  handle_call_resumed
+    WAITING -> READY    retryable failure while waiting (resume_send_failed,
+                        executor lost)
+    WAITING -> DONE     completed, final failure, cancelled (subtree)
+    DONE    -> (none)   the only terminal state
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Final
+
+from .errors import InvalidTransitionError
+from .types import (
+    CallError,
+    CallOutcome,
+    CallState,
+    FailurePolicy,
+    PreparedCall,
+    TaskFailure,
+    TaskMode,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .selection import ExecutorState
+
+__all__ = [
+    "CALL_TRANSITIONS",
+    "DispatchCallContext",
+    "DispatcherStats",
+    "InstanceState",
+    "StreamBatch",
+    "TaskDispatchState",
+    "move",
+]
+
+_READY = CallState.READY
+_RUNNING = CallState.RUNNING
+_WAITING = CallState.WAITING
+_DONE = CallState.DONE
+
+#: Allowed ``state`` edges of a call context.
+CALL_TRANSITIONS: Final[Mapping[CallState, frozenset[CallState]]] = {
+    _READY: frozenset({_RUNNING, _DONE}),
+    _RUNNING: frozenset({_READY, _WAITING, _DONE}),
+    _WAITING: frozenset({_RUNNING, _READY, _DONE}),
+    _DONE: frozenset(),
+}
+
+
+def move(ctx: DispatchCallContext, target: CallState) -> None:
+    """Move ``ctx`` to ``target``; raise (changing nothing) if the edge is missing."""
+    if target not in CALL_TRANSITIONS[ctx.state]:
+        raise InvalidTransitionError(ctx.call_id, ctx.state.value, target.value)
+    ctx.state = target
+
+
+class DispatchCallContext:
+    """Everything the core knows about one call, root or sub-call."""
+
+    __slots__ = (
+        "ancestry",
+        "attempt_count",
+        "attempt_seq",
+        "batch",
+        "batch_idx",
+        "bound",
+        "budget_ms",
+        "budget_used_ms",
+        "call",
+        "call_id",
+        "children",
+        "error",
+        "executor",
+        "index",
+        "is_subcall",
+        "max_attempts",
+        "outcome",
+        "output",
+        "parent",
+        "parked",
+        "queued",
+        "request_id",
+        "retry_armed",
+        "sf_waiters",
+        "sf_waiting",
+        "state",
+        "task",
+    )
+
+    def __init__(
+        self,
+        *,
+        call_id: str,
+        task: TaskDispatchState,
+        call: PreparedCall,
+        index: int,
+        batch: StreamBatch | None,
+        batch_idx: int,
+        max_attempts: int,
+        budget_ms: int,
+        parent: DispatchCallContext | None = None,
+        ancestry: tuple[str, ...] = (),
+        request_id: str | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.task = task
+        #: Function, digest, args and call key; shared by every attempt.
+        self.call = call
+        #: Position in the task's call list / stream; -1 for a sub-call.
+        self.index = index
+        #: Stream root calls: the batch that settles with this call.
+        self.batch = batch
+        #: The stream batch index (a sub-call inherits its parent's); 0 for one-shot.
+        self.batch_idx = batch_idx
+        self.is_subcall = parent is not None
+        self.parent = parent
+        #: Call keys from the root down to the parent.
+        self.ancestry = ancestry
+        #: Sub-calls only: the parent's pending requestId.
+        self.request_id = request_id
+        self.state = _READY
+        #: The executor the current attempt is bound to (RUNNING / WAITING).
+        self.executor: ExecutorState | None = None
+        #: True once ``handle_executor_bound`` confirmed the reservation.
+        self.bound = False
+        #: Attempts spent (a failed bind gives its attempt back).
+        self.attempt_count = 0
+        #: Increases with every bind; failures of older attempts are stale.
+        self.attempt_seq = 0
+        self.max_attempts = max_attempts
+        self.budget_ms = budget_ms
+        self.budget_used_ms = 0
+        #: READY and backing off: an ``ArmCallRetry`` timer is pending.
+        self.retry_armed = False
+        #: READY and in the task's ready queue.
+        self.queued = False
+        #: READY sub-call in the task's ``pending_bind_subcalls``.
+        self.parked = False
+        #: Leader only: calls waiting for this call's result.
+        self.sf_waiters: list[DispatchCallContext] | None = None
+        #: READY and waiting on a singleflight leader.
+        self.sf_waiting = False
+        #: Live sub-calls of the current attempt, by id.
+        self.children: dict[str, DispatchCallContext] | None = None
+        self.outcome: CallOutcome | None = None
+        self.output: bytes | None = None
+        #: The last attempt's error (the final one once DONE and FAILED).
+        self.error: CallError | None = None
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+    @property
+    def call_key(self) -> str:
+        return self.call.call_key
+
+    @property
+    def executor_id(self) -> str | None:
+        ex = self.executor
+        return None if ex is None else ex.executor_id
+
+    @property
+    def parent_call_id(self) -> str | None:
+        parent = self.parent
+        return None if parent is None else parent.call_id
+
+    def __repr__(self) -> str:
+        where = ""
+        if self.executor is not None:
+            where = f" on {self.executor.executor_id}" + ("" if self.bound else " (binding)")
+        flags = [
+            name
+            for name, on in (
+                ("queued", self.queued),
+                ("backoff", self.retry_armed),
+                ("parked", self.parked),
+                ("sf-waiter", self.sf_waiting),
+            )
+            if on
+        ]
+        extra = f" [{','.join(flags)}]" if flags else ""
+        outcome = f" {self.outcome.value}" if self.outcome is not None else ""
+        kind = "sub-call" if self.is_subcall else "call"
+        return (
+            f"<{kind} {self.call_id} {self.state.value}{outcome}{where}"
+            f" attempt={self.attempt_count}/{self.max_attempts} seq={self.attempt_seq}{extra}>"
+        )
+
+
+class StreamBatch:
+    """One committed batch of a stream; settles when ``remaining`` reaches 0."""
+
+    __slots__ = ("batch_idx", "remaining", "roots")
+
+    def __init__(self, batch_idx: int) -> None:
+        self.batch_idx = batch_idx
+        #: Root calls in call order.
+        self.roots: list[DispatchCallContext] = []
+        #: Roots not yet DONE.
+        self.remaining = 0
+
+    def __repr__(self) -> str:
+        return f"<StreamBatch #{self.batch_idx} calls={len(self.roots)} remaining={self.remaining}>"
+
+
+class InstanceState:
+    """A fairness unit (tenant): its in-flight root calls and dispatchable tasks."""
+
+    __slots__ = ("in_eligible", "inflight", "key", "last_served", "task_count", "tasks", "version")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        #: Root calls of this instance's tasks bound to executors.
+        self.inflight = 0
+        #: Round-robin ring of this instance's tasks that may have work.
+        self.tasks: deque[TaskDispatchState] = deque()
+        #: Registered in the scheduler's eligible set.
+        self.in_eligible = False
+        #: Sequence number of the instance's last bind (ties go to the least
+        #: recently served).
+        self.last_served = 0
+        #: Live tasks of the instance (the record is dropped at 0).
+        self.task_count = 0
+        #: The number of its current scheduler heap entry (others are out of date).
+        self.version = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<InstanceState {self.key!r} inflight={self.inflight} tasks={self.task_count}"
+            f" ring={len(self.tasks)}>"
+        )
+
+
+class TaskDispatchState:
+    """Per-task dispatch state: queues, counters, caches, stream production."""
+
+    __slots__ = (
+        "base_backoff_ms",
+        "batches",
+        "cache_hits",
+        "call_budget_ms",
+        "call_cache",
+        "cancelled",
+        "dirty",
+        "failed",
+        "failure",
+        "failure_policy",
+        "in_ring",
+        "inflight_roots",
+        "instance",
+        "live_subcalls",
+        "max_attempts",
+        "mode",
+        "next_batch_idx",
+        "next_index",
+        "output_bytes",
+        "outputs_dropped",
+        "pending_bind_subcalls",
+        "production_open",
+        "ready_queue",
+        "retries",
+        "roots",
+        "settled_roots",
+        "singleflight",
+        "singleflight_hits",
+        "stop_dispatching",
+        "succeeded",
+        "task_id",
+        "terminal_roots",
+        "total_count",
+    )
+
+    def __init__(
+        self,
+        *,
+        task_id: str,
+        mode: TaskMode,
+        instance: InstanceState,
+        max_attempts: int,
+        base_backoff_ms: int,
+        call_budget_ms: int,
+        failure_policy: FailurePolicy,
+    ) -> None:
+        self.task_id = task_id
+        self.mode = mode
+        self.instance = instance
+        # The task's resolved policy.
+        self.max_attempts = max_attempts
+        self.base_backoff_ms = base_backoff_ms
+        self.call_budget_ms = call_budget_ms
+        self.failure_policy = failure_policy
+        #: Root calls to dispatch, in order (retries and released singleflight
+        #: waiters go to the front). Entries whose ``queued`` is False are stale.
+        self.ready_queue: deque[DispatchCallContext] = deque()
+        #: One-shot: every root call in call order (kept until convergence).
+        self.roots: list[DispatchCallContext] = []
+        #: Stream: committed batches not yet settled, oldest first.
+        self.batches: deque[StreamBatch] = deque()
+        self.next_batch_idx = 0
+        #: Index of the next root call registered.
+        self.next_index = 0
+        # Invariant: terminal_roots == succeeded + failed + cancelled <= total_count.
+        self.total_count = 0
+        self.terminal_roots = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.cancelled = 0
+        #: Root calls RUNNING or WAITING (the TaskMaxInflightCalls window).
+        self.inflight_roots = 0
+        #: Stream: root calls of settled (forgotten) batches.
+        self.settled_roots = 0
+        #: Stream: the producer may still commit batches.
+        self.production_open = mode is TaskMode.STREAM
+        #: Successful outputs by call key, oldest first (bounded; an OrderedDict
+        #: because evicting the oldest entry of a plain dict is not O(1)).
+        self.call_cache: OrderedDict[str, bytes] = OrderedDict()
+        #: The call currently computing each key.
+        self.singleflight: dict[str, DispatchCallContext] = {}
+        #: Sub-calls waiting until their parent's executor can take them.
+        self.pending_bind_subcalls: dict[str, DispatchCallContext] = {}
+        self.live_subcalls = 0
+        #: No more dispatching; once nothing is in flight the rest is cancelled.
+        self.stop_dispatching = False
+        #: Why the task failed (first reason wins); None while it may succeed.
+        self.failure: TaskFailure | None = None
+        self.output_bytes = 0
+        self.outputs_dropped = False
+        #: In the scheduler's ring (or its instance's).
+        self.in_ring = False
+        #: Queued for the next ``flush_dirty_tasks``.
+        self.dirty = False
+        self.retries = 0
+        self.cache_hits = 0
+        self.singleflight_hits = 0
+
+    @property
+    def production_done(self) -> bool:
+        """One-shot tasks are always done producing."""
+        return not self.production_open
+
+    @property
+    def outstanding_batches(self) -> int:
+        """Stream: committed batches not yet settled (credits in use)."""
+        return len(self.batches)
+
+    def __repr__(self) -> str:
+        stop = " stopping" if self.stop_dispatching else ""
+        prod = " producing" if self.production_open else ""
+        return (
+            f"<TaskDispatchState {self.task_id!r} {self.mode.value}{stop}{prod}"
+            f" done={self.terminal_roots}/{self.total_count} inflight={self.inflight_roots}"
+            f" ready={len(self.ready_queue)} ok={self.succeeded} failed={self.failed}"
+            f" cancelled={self.cancelled}>"
+        )
+
+
+class DispatcherStats:
+    """Counters since the core was built (monotonic; read-only for callers)."""
+
+    __slots__ = (
+        "bind_failures",
+        "binds",
+        "cache_hits",
+        "calls_cancelled",
+        "calls_completed",
+        "calls_failed",
+        "executor_losses",
+        "retries",
+        "singleflight_hits",
+        "stale_events",
+        "subcalls_created",
+        "subcalls_rejected",
+        "tasks_converged",
+    )
+
+    def __init__(self) -> None:
+        self.binds = 0
+        self.bind_failures = 0
+        self.retries = 0
+        self.cache_hits = 0
+        self.singleflight_hits = 0
+        #: Events dropped as late, duplicate or from a replaced attempt.
+        self.stale_events = 0
+        self.subcalls_created = 0
+        self.subcalls_rejected = 0
+        self.executor_losses = 0
+        self.calls_completed = 0
+        self.calls_failed = 0
+        self.calls_cancelled = 0
+        self.tasks_converged = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        body = " ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)
+        return f"<DispatcherStats {body}>"

@@ -1,0 +1,437 @@
+"""Hypothesis: the dispatcher core's invariants under any interleaving of events.
+
+The machine registers one-shot tasks and streams, releases calls, and then
+interleaves completions, failures (retryable or not), sub-call requests,
+executor loss, snapshot changes (health, capacity, stalls), bind failures,
+retries coming due, stream batches, task cancellation and stale re-deliveries.
+After every step the core's full recount (``check_invariants``) must hold and
+every command must name a known call and executor (the harness checks); at
+teardown everything is driven to the end and every task must have converged
+exactly once with consistent counts. Any exception from the core fails the test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dispatcher_harness import Runtime, make_core, output_for, snapshot, spec
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from blockx.worker.core import (
+    BatchSettled,
+    CallError,
+    CallRetryPolicy,
+    CallSpec,
+    ConvergeTaskCalls,
+    DispatcherConfig,
+    FailurePolicy,
+)
+
+EXECUTORS = ("exec-0", "exec-1", "exec-2")
+MAX_TASKS = 5
+
+
+@dataclass
+class TaskModel:
+    task_id: str
+    stream: bool
+    calls: list[CallSpec] = field(default_factory=list)
+    finished: bool = False
+
+
+class DispatcherMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rt: Runtime | None = None
+        self.tasks: dict[str, TaskModel] = {}
+        self.next_task = 0
+        self.heartbeat = 1
+        self.ended_attempts: list[tuple[str, int]] = []
+        self.fail_binds = False
+        self.cancels = 0
+
+    # --- set-up -----------------------------------------------------------------------
+
+    @initialize(
+        fairness=st.booleans(),
+        quantum=st.integers(0, 3),
+        sample=st.integers(0, 2),
+        cache=st.sampled_from([0, 2, 64]),
+        window=st.integers(1, 4),
+        executor_cap=st.integers(0, 4),
+        output_limit=st.sampled_from([0, 0, 60]),
+        seed=st.integers(0, 2**16),
+        first_args=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+        first_failure=st.sampled_from([None, FailurePolicy.FAST_FAIL, FailurePolicy.CONTINUE]),
+    )
+    def setup(
+        self,
+        fairness: bool,
+        quantum: int,
+        sample: int,
+        cache: int,
+        window: int,
+        executor_cap: int,
+        output_limit: int,
+        seed: int,
+        first_args: list[int],
+        first_failure: FailurePolicy | None,
+    ) -> None:
+        config = DispatcherConfig(
+            instance_fairness=fairness,
+            instance_fairness_quantum=quantum,
+            executor_selection_sample_size=sample,
+            call_cache_max_entries=cache,
+            task_max_inflight_calls=window,
+            executor_max_inflight=executor_cap,
+            max_collected_output_bytes=output_limit,
+            max_subcall_depth=3,
+            base_backoff_ms=3,
+        )
+        self.rt = Runtime(make_core(config, seed=seed), bind_fails=lambda cmd: self.fail_binds)
+        self._apply_snapshots({eid: {} for eid in EXECUTORS})
+        # Every run starts with work: a one-shot phase and an open stream.
+        self.register_phase(first_args, first_failure, "tenant-a")
+        self.open_stream(first_failure, "tenant-b")
+        self.runtime.pump()
+
+    def _apply_snapshots(self, overrides: dict[str, dict[str, object]]) -> None:
+        assert self.rt is not None
+        self.heartbeat += 1
+        snaps = [
+            snapshot(eid, **{"usable_contexts": 8, "heartbeat_seq": self.heartbeat, **kw})
+            for eid, kw in overrides.items()
+        ]
+        self.rt.set_executors(*snaps)
+
+    @property
+    def runtime(self) -> Runtime:
+        assert self.rt is not None
+        return self.rt
+
+    # --- registration -------------------------------------------------------------------
+
+    args_lists = st.lists(st.integers(0, 3), max_size=6)
+    policies = st.sampled_from([None, FailurePolicy.FAST_FAIL, FailurePolicy.CONTINUE])
+    instances = st.sampled_from([None, "tenant-a", "tenant-b"])
+
+    def _policy(self, failure: FailurePolicy | None) -> CallRetryPolicy | None:
+        return None if failure is None else CallRetryPolicy(failure=failure, max_attempts=2)
+
+    @precondition(lambda self: self.next_task < MAX_TASKS)
+    @rule(args=args_lists, failure=policies, instance=instances)
+    def register_phase(
+        self, args: list[int], failure: FailurePolicy | None, instance: str | None
+    ) -> None:
+        task_id = f"t{self.next_task}"
+        self.next_task += 1
+        calls = [spec("f", str(a)) for a in args]
+        self.tasks[task_id] = TaskModel(task_id, stream=False, calls=calls, finished=True)
+        self.runtime.register(task_id, calls, instance=instance, policy=self._policy(failure))
+
+    @precondition(lambda self: self.next_task < MAX_TASKS)
+    @rule(failure=policies, instance=instances)
+    def open_stream(self, failure: FailurePolicy | None, instance: str | None) -> None:
+        task_id = f"t{self.next_task}"
+        self.next_task += 1
+        self.tasks[task_id] = TaskModel(task_id, stream=True)
+        self.runtime.open_stream(task_id, instance=instance, policy=self._policy(failure))
+
+    def _open_streams(self) -> list[TaskModel]:
+        return [
+            m
+            for m in self.tasks.values()
+            if m.stream and not m.finished and self.runtime.core.credits_available(m.task_id) > 0
+        ]
+
+    @precondition(lambda self: bool(self._open_streams()))
+    @rule(data=st.data(), args=st.lists(st.integers(0, 3), max_size=4))
+    def commit_batch(self, data: st.DataObject, args: list[int]) -> None:
+        model = data.draw(st.sampled_from(self._open_streams()))
+        calls = [spec("f", str(a)) for a in args]
+        model.calls += calls
+        self.runtime.add_batch(model.task_id, calls)
+
+    @precondition(lambda self: any(m.stream and not m.finished for m in self.tasks.values()))
+    @rule(data=st.data())
+    def finish_stream(self, data: st.DataObject) -> None:
+        model = data.draw(
+            st.sampled_from([m for m in self.tasks.values() if m.stream and not m.finished])
+        )
+        model.finished = True
+        if self.runtime.core.task_state(model.task_id) is not None:
+            self.runtime.run(self.runtime.core.finish_call_stream(model.task_id))
+
+    # --- the actor epilogue -----------------------------------------------------------------
+
+    @rule()
+    def pump(self) -> None:
+        self.runtime.pump()
+
+    @rule(max_decisions=st.integers(1, 3))
+    def dispatch_some(self, max_decisions: int) -> None:
+        rt = self.runtime
+        rt.run(rt.core.dispatch_ready(rt.now, max_decisions))
+
+    @rule()
+    def flush(self) -> None:
+        self.runtime.settle()
+
+    # --- executor events -------------------------------------------------------------------
+
+    def _running(self) -> list[str]:
+        return sorted(self.runtime.running)
+
+    # Weighted: most attempts complete; some fail, some ask for sub-calls.
+    actions = st.sampled_from(
+        ["complete", "complete", "complete", "retryable", "final", "subcall", "subcall"]
+    )
+
+    @precondition(lambda self: bool(self._running()))
+    @rule(
+        data=st.data(),
+        steps=st.lists(
+            st.tuples(actions, st.sampled_from(["f", "g"]), st.integers(0, 3)),
+            min_size=1,
+            max_size=4,
+        ),
+    )
+    def work(self, data: st.DataObject, steps: list[tuple[str, str, int]]) -> None:
+        rt = self.runtime
+        for action, function, arg in steps:
+            if not rt.running:
+                return
+            call_id = data.draw(st.sampled_from(self._running()))
+            if action == "subcall":
+                rt.request_subcall(call_id, function_id=function, args=str(arg))
+                continue
+            self.ended_attempts.append((call_id, rt.running[call_id].attempt_seq))
+            if action == "complete":
+                rt.complete(call_id)
+            else:
+                rt.fail(call_id, kind="io_error", retryable=action == "retryable")
+
+    @precondition(lambda self: bool(self._running()))
+    @rule(data=st.data())
+    def stale_subcall_request(self, data: st.DataObject) -> None:
+        rt = self.runtime
+        call_id = data.draw(st.sampled_from(self._running()))
+        seq = rt.running[call_id].attempt_seq
+        before = rt.core.stats.stale_events
+        out = rt.request_subcall(call_id, attempt_seq=seq + 1)
+        assert out == [] and rt.core.stats.stale_events == before + 1
+
+    @precondition(lambda self: bool(self.ended_attempts))
+    @rule(data=st.data(), completed=st.booleans())
+    def redeliver_stale(self, data: st.DataObject, completed: bool) -> None:
+        rt = self.runtime
+        call_id, seq = data.draw(st.sampled_from(self.ended_attempts))
+        before = rt.core.stats.stale_events
+        if completed:
+            out = rt.core.handle_call_completed(call_id, seq, b"{}")
+        else:
+            error = CallError(kind="transport_lost", message="late", retryable=True)
+            out = rt.core.handle_attempt_failure(call_id, seq, error, rt.now)
+        assert out == []
+        assert rt.core.stats.stale_events == before + 1
+
+    def _busy_executors(self) -> list[str]:
+        return sorted({cmd.executor_id for cmd in self.runtime.running.values()})
+
+    @precondition(lambda self: bool(self._busy_executors()))
+    @rule(data=st.data())
+    def lose_executor(self, data: st.DataObject) -> None:
+        rt = self.runtime
+        executor = data.draw(st.sampled_from(self._busy_executors()))
+        for call_id, cmd in rt.running.items():
+            if cmd.executor_id == executor:
+                self.ended_attempts.append((call_id, cmd.attempt_seq))
+        rt.lose_executor(executor)
+
+    @rule(
+        executor=st.sampled_from(EXECUTORS),
+        healthy=st.sampled_from([True, True, True, False]),
+        usable=st.integers(0, 8),
+        runnable=st.sampled_from([0, 1, 5, 200]),
+        stalled=st.sampled_from([False, False, False, True]),
+        memory=st.integers(0, 10),
+    )
+    def change_snapshot(
+        self, executor: str, healthy: bool, usable: int, runnable: int, stalled: bool, memory: int
+    ) -> None:
+        rt = self.runtime
+        overrides: dict[str, dict[str, object]] = {
+            eid: {"usable_contexts": snap.usable_contexts, "healthy": snap.healthy}
+            for eid, snap in rt.snapshots.items()
+        }
+        overrides[executor] = {
+            "healthy": healthy,
+            "usable_contexts": usable,
+            "runnable_count": runnable,
+            "memory_bytes": memory,
+            "running_call_id": "x" if stalled else None,
+            "last_scheduler_active_at_ms": rt.now - 60_000 if stalled else rt.now,
+        }
+        self._apply_snapshots(overrides)
+
+    @rule(fail_binds=st.booleans())
+    def toggle_bind_failures(self, fail_binds: bool) -> None:
+        self.fail_binds = fail_binds
+
+    @rule(defer=st.booleans())
+    def toggle_deferred_binds(self, defer: bool) -> None:
+        """Deferred: BindCalls wait for ``answer_bind`` (events may overtake them)."""
+        self.runtime.defer_binds = defer
+
+    @precondition(lambda self: bool(self.runtime.pending_binds))
+    @rule(data=st.data(), fail=st.booleans())
+    def answer_bind(self, data: st.DataObject, fail: bool) -> None:
+        rt = self.runtime
+        bind = rt.pending_binds.pop(data.draw(st.integers(0, len(rt.pending_binds) - 1)))
+        rt.answer_bind(bind, fail=fail)
+
+    @precondition(lambda self: bool(self._unconfirmed_roots()))
+    @rule(data=st.data(), arg=st.integers(0, 3))
+    def subcall_before_bind_confirmed(self, data: st.DataObject, arg: int) -> None:
+        parent = data.draw(st.sampled_from(self._unconfirmed_roots()))
+        self.runtime.request_subcall(parent, function_id="g", args=str(arg))
+
+    def _unconfirmed_roots(self) -> list[str]:
+        core = self.runtime.core
+        found = []
+        for bind in self.runtime.pending_binds:
+            ctx = core.call_context(bind.call_id)
+            if (
+                ctx is not None
+                and not ctx.bound
+                and ctx.attempt_seq == bind.attempt_seq
+                and ctx.executor_id == bind.executor_id
+                and ctx.state.value == "RUNNING"
+            ):
+                found.append(bind.call_id)
+        return sorted(found)
+
+    @precondition(lambda self: bool(self.runtime.armed))
+    @rule(data=st.data())
+    def retry_due(self, data: st.DataObject) -> None:
+        call_id = data.draw(st.sampled_from(sorted(self.runtime.armed)))
+        self.runtime.fire_retry(call_id)
+
+    @precondition(lambda self: bool(self.tasks) and self.cancels < 1)
+    @rule(data=st.data())
+    def cancel_task(self, data: st.DataObject) -> None:
+        self.cancels += 1
+        rt = self.runtime
+        task_id = data.draw(st.sampled_from(sorted(self.tasks)))
+        for call_id, cmd in rt.running.items():
+            if cmd.task_id == task_id:
+                self.ended_attempts.append((call_id, cmd.attempt_seq))
+        rt.run(rt.core.handle_task_cancelled(task_id, "deadline"))
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def core_is_consistent(self) -> None:
+        if self.rt is not None:
+            self.rt.core.check_invariants()
+
+    @invariant()
+    def converged_tasks_add_up(self) -> None:
+        if self.rt is None:
+            return
+        for task_id, conv in self.rt.converged.items():
+            self._check_convergence(self.tasks[task_id], conv, self.rt.settled.get(task_id, []))
+
+    def _check_convergence(
+        self, model: TaskModel, conv: ConvergeTaskCalls, settled: list[BatchSettled]
+    ) -> None:
+        assert conv.total_count == len(model.calls)
+        assert conv.succeeded_count + conv.failed_count + conv.cancelled_count == conv.total_count
+        assert conv.success == (conv.failure is None)
+        dropped = conv.failure is not None and conv.failure.kind == "OUTPUT_BYTES_EXCEEDED"
+        expected = [output_for(s.function_id, s.args_json) for s in model.calls]
+        if model.stream:
+            assert conv.outputs == () and conv.failed_calls == ()
+            assert [b.batch_idx for b in settled] == list(range(len(settled)))
+            assert sum(b.call_count for b in settled) == conv.total_count
+            assert sum(b.succeeded_count for b in settled) == conv.succeeded_count
+            assert sum(len(b.failed_calls) for b in settled) == conv.failed_count
+            outputs = [o for b in settled for o in b.outputs]
+        else:
+            assert len(conv.failed_calls) == conv.failed_count
+            outputs = list(conv.outputs)
+        if conv.success:
+            # Every successful root call's output, in call order.
+            assert len(outputs) == conv.succeeded_count
+        else:
+            # A failed task may have dropped its outputs (the output limit can
+            # be crossed after another failure stopped it).
+            assert len(outputs) <= conv.succeeded_count
+            if dropped and not model.stream:
+                assert outputs == []
+        it = iter(expected)
+        assert all(any(o == e for e in it) for o in outputs), "outputs out of call order"
+
+    def teardown(self) -> None:
+        rt = self.rt
+        if rt is None:
+            return
+        self.fail_binds = False
+        rt.defer_binds = False
+        self._apply_snapshots({eid: {} for eid in EXECUTORS})
+        for _ in range(200):
+            while rt.pending_binds:
+                rt.answer_bind(rt.pending_binds.pop(0))
+            for model in self.tasks.values():
+                if model.stream and not model.finished:
+                    model.finished = True
+                    if rt.core.task_state(model.task_id) is not None:
+                        rt.run(rt.core.finish_call_stream(model.task_id))
+            rt.pump()
+            # Deepest calls first, so that parents are resumed before they end.
+            for call_id in sorted(rt.running, key=lambda c: -c.count("/")):
+                if call_id in rt.running:
+                    rt.complete(call_id)
+            rt.fire_all_retries()
+            rt.pump()
+            rt.core.check_invariants()
+            if not rt.running and not rt.armed and not rt.pending_binds and not rt.core.task_ids():
+                break
+        stats = rt.core.stats
+        for name in (
+            "subcalls_created",
+            "subcalls_rejected",
+            "retries",
+            "cache_hits",
+            "singleflight_hits",
+            "executor_losses",
+            "bind_failures",
+            "stale_events",
+            "calls_failed",
+            "calls_cancelled",
+        ):
+            event(f"{name} > 0: {getattr(stats, name) > 0}")
+        event(f"tasks: {len(self.tasks)}")
+        event(f"batches settled: {sum(len(b) for b in rt.settled.values()) > 0}")
+        event(f"a task failed: {any(not c.success for c in rt.converged.values())}")
+        assert set(rt.converged) == set(self.tasks), "not every task converged"
+        assert rt.core.task_ids() == []
+        assert rt.core.call_context("t0/c0") is None
+        self.converged_tasks_add_up()
+
+
+DispatcherMachine.TestCase.settings = settings(
+    max_examples=120,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestDispatcherInvariants = DispatcherMachine.TestCase
