@@ -51,6 +51,8 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Final
 
+import blockx.chain
+import blockx.db
 import blockx.function
 
 from .errors import NoEntryFunctionError, UserCodeSyntaxError
@@ -84,6 +86,8 @@ PRELUDE: dict[str, Any] = {
     "datetime": _datetime.datetime,
     "date": _datetime.date,
     "function": blockx.function,
+    "Table": blockx.db.Table,
+    "ChainState": blockx.chain.ChainState,
 }
 
 #: The namespace key that ties a module's globals to its compiled source.

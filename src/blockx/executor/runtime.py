@@ -112,6 +112,7 @@ from .errors import (
 from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
 from .heartbeat import MetricsLike, heartbeat_payload
 from .module_registry import ModuleRegistry
+from .restricted_runtime import restricted_namespace
 from .sdk_bridge import SLEEP_WAKE, SdkBridge
 from .sdk_bridge_provider import SdkBridgeProvider
 from .sleep_patch import install_global_sleep_patch
@@ -205,7 +206,11 @@ class ExecutorRuntime(CallRunner):
         self.max_runnable = max_runnable  # stored only: the worker's dispatch threshold
         self.process_instance_id = process_instance_id or uuid.uuid4().hex[:12]
         self.call_timeout_ms = call_timeout_ms
-        self.registry = registry if registry is not None else ModuleRegistry()
+        self.registry = (
+            registry
+            if registry is not None
+            else ModuleRegistry(restricted_namespace_factory=restricted_namespace)
+        )
         self._session = session
         self._session_has_incoming = getattr(session, "has_incoming", None)  # optional
         self._metrics = metrics

@@ -1,0 +1,208 @@
+"""The ``blockdb`` PostgreSQL engine: the same tables over an asyncpg pool.
+
+Theory of operation
+-------------------
+For deployments where several workers share one table store. The pool is
+created on first use from the DSN (``asyncpg.create_pool``, at most
+``pool_size`` connections, ``timeout_s`` as the command timeout). Each
+operation is one statement on a pooled connection, run as one asyncio task
+(:meth:`PostgresEngine.submit` returns the coroutine; the task scope schedules
+it): a ``blockdb`` request is a round trip to a server anyway.
+
+Tables are the same as on SQLite (see :mod:`blockx.worker.io.blockdb`):
+``key TEXT COLLATE "C" PRIMARY KEY, row TEXT NOT NULL`` — the ``"C"``
+collation makes key order byte order, as SQLite's ``BINARY``. Rows are TEXT,
+not JSONB, so a row comes back exactly as it was written (JSONB would reorder
+keys and drop duplicates). ``upsert_rows`` is one ``INSERT ... SELECT FROM
+unnest(...) ON CONFLICT (key) DO UPDATE``; ``CREATE TABLE IF NOT EXISTS`` runs
+once per table per engine (a concurrent creator's race is ignored).
+
+Errors: lost connections, timeouts, deadlocks, serialization failures, lock
+timeouts, "too many connections" and a server that is starting or shutting
+down are retryable ``io_error``; the rest (bad credentials, a missing
+database) are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from .backend import Reply
+from .blockdb import Delete, GetRow, GetRows, Scan, TableOp, Upsert
+
+__all__ = ["PostgresEngine"]
+
+_log = logging.getLogger("blockx.worker.io.blockdb")
+
+
+def _redact(dsn: str) -> str:
+    """The DSN without its password."""
+    head, sep, tail = dsn.partition("@")
+    if not sep or "://" not in head:
+        return dsn
+    scheme, _, userinfo = head.partition("://")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}" if ":" in userinfo else dsn
+
+
+class PostgresEngine:
+    """Runs ``blockdb`` operations on PostgreSQL through an asyncpg pool."""
+
+    __slots__ = ("_closed", "_known", "_pool", "_pool_lock", "dsn", "pool_size", "timeout_s")
+
+    engine = "postgres"
+
+    def __init__(self, dsn: str, *, pool_size: int = 10, timeout_s: float = 30.0) -> None:
+        self.dsn = dsn
+        self.pool_size = pool_size
+        self.timeout_s = timeout_s
+        self._pool: Any = None
+        self._pool_lock: asyncio.Lock | None = None
+        self._known: set[str] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PostgresEngine({_redact(self.dsn)!r}, pool_size={self.pool_size})"
+
+    def submit(self, op: TableOp) -> Any:
+        return self._run(op)
+
+    async def close(self) -> None:
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                await asyncio.wait_for(pool.close(), timeout=10)
+            except (TimeoutError, OSError):  # pragma: no cover
+                pool.terminate()
+
+    async def _get_pool(self) -> Any:
+        pool = self._pool
+        if pool is not None:
+            return pool
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                import asyncpg
+
+                self._pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    command_timeout=self.timeout_s,
+                    timeout=self.timeout_s,
+                )
+            return self._pool
+
+    async def _run(self, op: TableOp) -> Reply:
+        if self._closed:
+            return Reply.failure("blockdb: the PostgreSQL engine is closed", retryable=True)
+        try:
+            pool = await self._get_pool()
+            async with pool.acquire() as conn:
+                raw = await self._execute(conn, op)
+            return op.finish(raw)
+        except Exception as exc:
+            return self._error_reply(exc, op)
+
+    def _error_reply(self, exc: BaseException, op: TableOp) -> Reply:
+        import asyncpg
+        from asyncpg import exceptions as pg
+
+        where = f"blockdb {op.operation} on table {op.table!r}: PostgreSQL"
+        transient = (
+            asyncpg.PostgresConnectionError,
+            pg.CannotConnectNowError,
+            pg.TooManyConnectionsError,
+            pg.TransactionRollbackError,  # deadlock, serialization failure
+            pg.LockNotAvailableError,
+            pg.QueryCanceledError,  # statement timeout
+            pg.AdminShutdownError,
+            pg.CrashShutdownError,
+            asyncpg.InterfaceError,  # connection closed under us, pool closing
+            OSError,  # connection refused / reset
+            asyncio.TimeoutError,
+            ConnectionError,
+        )
+        if isinstance(exc, transient):
+            detail = str(exc) or type(exc).__name__
+            return Reply.failure(
+                f"{where} {_redact(self.dsn)}: {detail} (transient)", retryable=True
+            )
+        if isinstance(exc, asyncpg.PostgresError):
+            return Reply.failure(f"{where}: {exc}", retryable=False)
+        _log.error("blockdb postgres: unexpected %r", exc)
+        return Reply.failure(f"{where}: internal error: {exc!r}", retryable=False)
+
+    async def _execute(self, conn: Any, op: TableOp) -> Any:
+        from asyncpg import exceptions as pg
+
+        try:
+            return await self._statement(conn, op)
+        except pg.UndefinedTableError:
+            self._known.discard(op.raw_table)
+            if type(op) is Upsert:
+                return await self._statement(conn, op)
+            return None
+
+    async def _ensure_table(self, conn: Any, op: TableOp) -> None:
+        from asyncpg import exceptions as pg
+
+        if op.raw_table in self._known:
+            return
+        try:
+            await conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {op.sql_table} "
+                '(key TEXT COLLATE "C" PRIMARY KEY NOT NULL, row TEXT NOT NULL)'
+            )
+        except (pg.UniqueViolationError, pg.DuplicateTableError):
+            pass  # created concurrently by another connection or worker
+        self._known.add(op.raw_table)
+
+    async def _statement(self, conn: Any, op: TableOp) -> Any:
+        table = op.sql_table
+        kind = type(op)
+        if kind is GetRow:
+            assert isinstance(op, GetRow)
+            return await conn.fetchval(f"SELECT row FROM {table} WHERE key = $1", op.key)
+        if kind is GetRows:
+            assert isinstance(op, GetRows)
+            records = await conn.fetch(
+                f"SELECT key, row FROM {table} WHERE key = ANY($1::text[])", op.unique
+            )
+            return {r[0]: r[1] for r in records}
+        if kind is Scan:
+            assert isinstance(op, Scan)
+            clauses = [
+                f"key {operator} ${i}" for i, (operator, _) in enumerate(op.conditions, start=1)
+            ]
+            args: list[Any] = [value for _, value in op.conditions]
+            args.append(op.limit)
+            sql = (
+                f"SELECT key, row FROM {table}"
+                + (" WHERE " + " AND ".join(clauses) if clauses else "")
+                + f" ORDER BY key {'DESC' if op.descending else 'ASC'} LIMIT ${len(args)}"
+            )
+            records = await conn.fetch(sql, *args)
+            return [(r[0], r[1]) for r in records]
+        if kind is Upsert:
+            assert isinstance(op, Upsert)
+            await self._ensure_table(conn, op)
+            keys = [k for k, _ in op.items]
+            rows = [r for _, r in op.items]
+            await conn.execute(
+                f"INSERT INTO {table} (key, row) "
+                "SELECT * FROM unnest($1::text[], $2::text[]) "
+                "ON CONFLICT (key) DO UPDATE SET row = EXCLUDED.row",
+                keys,
+                rows,
+            )
+            return len(op.items)
+        if kind is Delete:
+            assert isinstance(op, Delete)
+            status = await conn.execute(f"DELETE FROM {table} WHERE key = ANY($1::text[])", op.keys)
+            return int(status.rsplit(" ", 1)[-1])
+        raise TypeError(f"unknown blockdb operation {op!r}")  # pragma: no cover

@@ -1,0 +1,438 @@
+"""``rpc``: Ethereum JSON-RPC over HTTP, to the endpoints configured per chain.
+
+Theory of operation
+-------------------
+A request is ``backend="rpc"``, ``operation`` = the JSON-RPC method,
+``params = {"chain": "eth", "params": [...]}``. :meth:`RpcBackend.prepare`
+checks it (the chain must be configured); :meth:`RpcBackend.execute` hands it
+to the chain's :class:`_ChainClient` and returns a future — no task per
+request.
+
+**Batching.** A chain client collects the requests submitted within one
+event-loop turn (``batch_window_ms = 0``; or within that many ms) and sends
+them as one JSON-RPC batch (a JSON array) in one HTTP POST, up to
+``max_batch`` per batch (a full batch leaves at once). One request alone is
+sent as a plain JSON-RPC object. Ids are the positions in the batch;
+responses are matched by id, in any order. Every batch is one asyncio task.
+
+**Retries.** Transient failures — connection errors, a timeout
+(``timeout_s`` per HTTP request), HTTP 5xx and 429, a body that is not
+JSON-RPC, responses missing from a batch — are retried up to ``max_attempts``
+tries in all, each on the chain's next endpoint (round robin), after
+``min(backoff_max_ms, backoff_base_ms * 2^(n-1))`` ms ±25% jitter. Only the
+requests still unanswered are sent again. When the tries run out, the
+requests fail with a retryable ``io_error`` (the call may be retried by the
+worker's policy). Other HTTP statuses (400, 401, 404, ...) fail the batch's
+requests at once, not retryable.
+
+**Errors.** A JSON-RPC error object answers its own request with a
+non-retryable ``io_error`` whose message carries the code and message
+(``rpc eth eth_call: JSON-RPC error 3: execution reverted``); an error object
+with a null id answering a whole batch fails every request of it that way.
+
+**Caching.** Answers are cacheable per task except for methods whose answer
+moves while a task runs (``eth_blockNumber``, ``eth_gasPrice``, filters, ...)
+and requests naming the ``pending`` block; singleflight applies to all reads.
+A read at ``latest`` is cached: within one task, ``latest`` means the block
+the task first saw (pass a block number for an explicit snapshot).
+
+The HTTP client is one ``aiohttp.ClientSession`` (keep-alive, at most
+``max_connections`` connections per endpoint host), created on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import aiohttp
+import msgspec
+
+from blockx.wire import dumps_wire, loads_wire
+
+from .backend import IORequestError, PreparedRequest, Reply
+from .config import RpcConfig
+
+__all__ = ["VOLATILE_METHODS", "RpcBackend", "RpcStats"]
+
+_log = logging.getLogger("blockx.worker.io.rpc")
+
+BACKEND: Final = "rpc"
+_METHOD_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}\Z")
+#: Methods whose answers change while a task runs: never cached (still de-duplicated).
+VOLATILE_METHODS: Final = frozenset(
+    {
+        "eth_blockNumber",
+        "eth_gasPrice",
+        "eth_maxPriorityFeePerGas",
+        "eth_feeHistory",
+        "eth_blobBaseFee",
+        "eth_syncing",
+        "eth_newFilter",
+        "eth_newBlockFilter",
+        "eth_newPendingTransactionFilter",
+        "eth_getFilterChanges",
+        "eth_getFilterLogs",
+        "eth_uninstallFilter",
+        "eth_sendRawTransaction",
+        "eth_sendTransaction",
+        "net_peerCount",
+        "txpool_content",
+        "txpool_status",
+    }
+)
+_JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
+#: How much of an unexpected HTTP body an error message quotes.
+_BODY_QUOTE: Final = 200
+
+
+class RpcStats:
+    """What the client sent: HTTP requests, batches, JSON-RPC requests, retries."""
+
+    __slots__ = ("batches", "http_requests", "retries", "rpc_requests")
+
+    def __init__(self) -> None:
+        self.http_requests = 0
+        #: HTTP requests that carried more than one JSON-RPC request.
+        self.batches = 0
+        self.rpc_requests = 0
+        self.retries = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RpcStats(http={self.http_requests}, batches={self.batches}, "
+            f"rpc={self.rpc_requests}, retries={self.retries})"
+        )
+
+
+class _Request:
+    __slots__ = ("future", "method", "params")
+
+    def __init__(self, method: str, params: list[Any], future: asyncio.Future[Reply]) -> None:
+        self.method = method
+        self.params = params
+        self.future = future
+
+
+def _contains_pending(params: Any) -> bool:
+    if params == "pending":
+        return True
+    if type(params) is list:
+        return any(_contains_pending(p) for p in params)
+    if type(params) is dict:
+        return any(_contains_pending(p) for p in params.values())
+    return False
+
+
+class _ChainClient:
+    """Batches, sends and retries the requests of one chain (see the module docstring)."""
+
+    __slots__ = (
+        "_current",
+        "_flush_handle",
+        "_pending",
+        "_tasks",
+        "backend",
+        "chain",
+        "endpoints",
+    )
+
+    def __init__(self, backend: RpcBackend, chain: str, endpoints: tuple[str, ...]) -> None:
+        self.backend = backend
+        self.chain = chain
+        self.endpoints = endpoints
+        self._current = 0
+        self._pending: list[_Request] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"_ChainClient({self.chain!r}, pending={len(self._pending)}, "
+            f"sending={len(self._tasks)})"
+        )
+
+    def submit(self, method: str, params: list[Any]) -> asyncio.Future[Reply]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending.append(_Request(method, params, future))
+        config = self.backend.config
+        if len(self._pending) >= config.max_batch:
+            self._flush()
+        elif self._flush_handle is None:
+            if config.batch_window_ms > 0:
+                self._flush_handle = loop.call_later(config.batch_window_ms / 1000, self._flush)
+            else:
+                self._flush_handle = loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        pending, self._pending = self._pending, []
+        size = self.backend.config.max_batch
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(pending), size):
+            task = loop.create_task(self._send(pending[start : start + size]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        closed = Reply.failure(f"rpc {self.chain}: the client was closed", retryable=True)
+        for request in self._pending:
+            if not request.future.done():
+                request.future.set_result(closed)
+        self._pending = []
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- one batch, with its retries ------------------------------------------------------------
+
+    async def _send(self, requests: list[_Request]) -> None:
+        backend = self.backend
+        config = backend.config
+        stats = backend.stats
+        attempt = 0
+        reason = ""
+        try:
+            while True:
+                requests = [r for r in requests if not r.future.done()]
+                if not requests:
+                    return
+                attempt += 1
+                url = self.endpoints[self._current % len(self.endpoints)]
+                reason = await self._post(url, requests)
+                if not reason:
+                    return
+                if reason.startswith("!"):  # permanent: already answered
+                    return
+                if attempt >= config.max_attempts:
+                    break
+                stats.retries += 1
+                self._current = (self._current + 1) % len(self.endpoints)
+                await asyncio.sleep(backend.backoff_s(attempt))
+            failed = Reply.failure(
+                f"rpc {self.chain}: {reason} (gave up after {attempt} "
+                f"{'try' if attempt == 1 else 'tries'}; endpoints: {', '.join(self.endpoints)})",
+                retryable=True,
+            )
+            for request in requests:
+                if not request.future.done():
+                    request.future.set_result(failed)
+        except asyncio.CancelledError:
+            cancelled = Reply.failure(f"rpc {self.chain}: the client was closed", retryable=True)
+            for request in requests:
+                if not request.future.done():
+                    request.future.set_result(cancelled)
+            raise
+
+    async def _post(self, url: str, requests: list[_Request]) -> str:
+        """Send ``requests`` once; answer what can be answered.
+
+        Returns ``""`` when every request got an answer, ``"!..."`` when they were
+        failed for good, else the transient reason (the unanswered ones are retried).
+        """
+        backend = self.backend
+        stats = backend.stats
+        single = len(requests) == 1
+        if single:
+            r = requests[0]
+            body = dumps_wire({"jsonrpc": "2.0", "id": 0, "method": r.method, "params": r.params})
+        else:
+            body = dumps_wire(
+                [
+                    {"jsonrpc": "2.0", "id": i, "method": r.method, "params": r.params}
+                    for i, r in enumerate(requests)
+                ]
+            )
+            stats.batches += 1
+        stats.http_requests += 1
+        stats.rpc_requests += len(requests)
+        session = backend.session()
+        try:
+            async with session.post(
+                url, data=body, headers=_JSON_HEADERS, timeout=backend.timeout
+            ) as response:
+                status = response.status
+                data = await response.read()
+        except TimeoutError:
+            return f"{url}: no answer within {backend.config.timeout_s:g}s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"{url}: {type(exc).__name__}: {exc}"
+        if status == 429 or status >= 500:
+            return f"{url}: HTTP {status}"
+        if status != 200:
+            snippet = data[:_BODY_QUOTE].decode("utf-8", "replace")
+            failed = Reply.failure(
+                f"rpc {self.chain}: {url}: HTTP {status}: {snippet}", retryable=False
+            )
+            for request in requests:
+                if not request.future.done():
+                    request.future.set_result(failed)
+            return "!http"
+        try:
+            decoded = loads_wire(data)
+        except (msgspec.DecodeError, ValueError):
+            return f"{url}: the response is not JSON"
+        items: Any
+        if type(decoded) is dict:
+            if not single and decoded.get("id") is None and "error" in decoded:
+                reply = self._error_reply(None, decoded["error"])
+                for request in requests:
+                    if not request.future.done():
+                        request.future.set_result(reply)
+                return "!batch-error"
+            items = [decoded]
+        elif type(decoded) is list:
+            items = decoded
+        else:
+            return f"{url}: the response is not a JSON-RPC object or batch"
+        share = max(1, len(data) // max(1, len(items)))
+        answered = 0
+        for item in items:
+            if type(item) is not dict:
+                continue
+            index = item.get("id")
+            if type(index) is str and index.isdigit():
+                index = int(index)
+            if type(index) is not int or not 0 <= index < len(requests):
+                continue
+            request = requests[index]
+            if request.future.done():
+                continue
+            if "error" in item and item["error"] is not None:
+                reply = self._error_reply(request.method, item["error"])
+            elif "result" in item:
+                reply = Reply(item["result"], nbytes=share)
+            else:
+                continue
+            request.future.set_result(reply)
+            answered += 1
+        missing = sum(1 for r in requests if not r.future.done())
+        if not missing:
+            return ""
+        return f"{url}: {missing} of {len(requests)} responses missing from the answer"
+
+    def _error_reply(self, method: str | None, error: Any) -> Reply:
+        where = f"rpc {self.chain} {method}" if method else f"rpc {self.chain}"
+        if type(error) is dict:
+            code = error.get("code")
+            message = error.get("message")
+            text = f"{where}: JSON-RPC error {code}: {message}"
+            if error.get("data") is not None:
+                text += f" (data: {str(error['data'])[:_BODY_QUOTE]})"
+        else:
+            text = f"{where}: JSON-RPC error: {str(error)[:_BODY_QUOTE]}"
+        return Reply.failure(text, retryable=False)
+
+
+class RpcBackend:
+    """The ``rpc`` :class:`~blockx.worker.io.backend.IOBackend` (see the module docstring)."""
+
+    __slots__ = ("_chains", "_rng", "_session", "config", "stats", "timeout")
+
+    name = BACKEND
+
+    def __init__(
+        self,
+        config: RpcConfig | None = None,
+        *,
+        rng: random.Random | None = None,
+        endpoints: Mapping[str, Any] | None = None,
+    ) -> None:
+        if config is None:
+            config = RpcConfig(endpoints=dict(endpoints or {}))
+        elif endpoints is not None:
+            raise TypeError("pass endpoints in the RpcConfig or alone, not both")
+        self.config = config
+        self.stats = RpcStats()
+        self.timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+        self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+        self._chains: dict[str, _ChainClient] = {}
+
+    def __repr__(self) -> str:
+        return f"RpcBackend(chains={sorted(self.config.endpoints)}, {self.stats!r})"
+
+    @property
+    def chains(self) -> list[str]:
+        return sorted(self.config.endpoints)
+
+    def session(self) -> aiohttp.ClientSession:
+        """The shared HTTP session, created on first use (on the running loop)."""
+        session = self._session
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=self.config.max_connections, keepalive_timeout=30
+            )
+            session = self._session = aiohttp.ClientSession(connector=connector)
+        return session
+
+    def backoff_s(self, attempt: int) -> float:
+        config = self.config
+        delay_ms = min(config.backoff_max_ms, config.backoff_base_ms * (2 ** (attempt - 1)))
+        return delay_ms * self._rng.uniform(0.75, 1.25) / 1000.0
+
+    def prepare(
+        self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
+    ) -> PreparedRequest:
+        if not _METHOD_RE.match(operation):
+            raise IORequestError(f"rpc: {operation!r} is not a JSON-RPC method name")
+        if sidecar is not None:
+            raise IORequestError(
+                f"rpc {operation}: send params {{'chain': ..., 'params': [...]}}, not a sidecar"
+            )
+        if type(params) is not dict:
+            raise IORequestError(
+                f"rpc {operation}: params must be {{'chain': str, 'params': list}}, "
+                f"got {type(params).__name__}"
+            )
+        unknown = [k for k in params if k not in ("chain", "params")]
+        if unknown:
+            raise IORequestError(
+                f"rpc {operation}: unknown parameter {unknown[0]!r} (expected: chain, params)"
+            )
+        chain = params.get("chain")
+        if type(chain) is not str:
+            raise IORequestError(f"rpc {operation}: 'chain' must be a chain name (str)")
+        if chain not in self.config.endpoints:
+            configured = ", ".join(self.chains) or "none"
+            raise IORequestError(
+                f"rpc {operation}: no endpoints are configured for chain {chain!r} "
+                f"(configured: {configured}; set io.rpc.endpoints or RPC_ENDPOINTS)"
+            )
+        method_params = params.get("params")
+        if method_params is None:
+            method_params = []
+        if type(method_params) is not list:
+            raise IORequestError(
+                f"rpc {operation}: 'params' must be a list (positional JSON-RPC params)"
+            )
+        cacheable = operation not in VOLATILE_METHODS and not _contains_pending(method_params)
+        return PreparedRequest(operation, (chain, method_params), domain=chain, cacheable=cacheable)
+
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
+        chain, method_params = request.body
+        client = self._chains.get(chain)
+        if client is None:
+            client = self._chains[chain] = _ChainClient(self, chain, self.config.endpoints[chain])
+        return client.submit(request.operation, method_params)
+
+    async def close(self) -> None:
+        for client in list(self._chains.values()):
+            await client.close()
+        self._chains.clear()
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()

@@ -1,0 +1,64 @@
+"""Fixtures of the IO tests: a real PostgreSQL server (session), a real JSON-RPC node,
+and the ``engine`` parameter that runs the table-store suites on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jsonrpc_node import FakeNode
+from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
+
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The DSN of a PostgreSQL server started for this test session (skips without one).
+
+    ``BLOCKX_TEST_PG_DSN`` points the tests at an existing server instead.
+    """
+    external = os.environ.get("BLOCKX_TEST_PG_DSN", "").strip()
+    if external:
+        yield external
+        return
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip(INSTALL_HINT)
+    cluster = PgCluster(bin_dir)
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    try:
+        yield cluster.dsn
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine_config(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, Any]:
+    """``io.blockdb`` settings for one engine; each test gets its own tables
+    (a fresh SQLite file, or a fresh table prefix on the shared PostgreSQL server)."""
+    if request.param == "sqlite":
+        return {"engine": "sqlite", "sqlite_path": str(tmp_path / "data" / "blockdb.sqlite3")}
+    dsn = request.getfixturevalue("pg_dsn")
+    return {"engine": "postgres", "postgres_dsn": dsn, "table_prefix": f"t{next(_prefixes)}_",
+            "postgres_pool_size": 4}
+
+
+@pytest.fixture(scope="session")
+def fake_node() -> Iterator[FakeNode]:
+    with FakeNode() as node:
+        yield node
+
+
+@pytest.fixture
+def node(fake_node: FakeNode) -> FakeNode:
+    """The session's JSON-RPC node, its knobs and records reset for this test."""
+    fake_node.reset()
+    return fake_node

@@ -1,0 +1,199 @@
+"""The SQLite engine: file on first use, WAL, one thread, batched commits, transient errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from typing import Any
+
+from io_support import call_backend, run
+
+from blockx.wire import keys
+from blockx.worker.io.blockdb import BlockDBBackend
+from blockx.worker.io.blockdb_sqlite import SQLiteEngine
+
+R, W = keys.IO_READ, keys.IO_WRITE
+
+
+def _backend(path: str, **kwargs: Any) -> BlockDBBackend:
+    return BlockDBBackend(SQLiteEngine(path, **kwargs))
+
+
+def test_the_file_and_its_directory_appear_on_first_use_in_wal_mode(tmp_path: Any) -> None:
+    path = tmp_path / "deep" / "dir" / "store.sqlite3"
+    backend = _backend(str(path))
+    assert not path.parent.exists()
+
+    async def main() -> None:
+        try:
+            reply = await call_backend(backend, R, "get_row", {"table": "t", "key": 1})
+            assert reply.error is None and reply.result is None
+            assert path.exists()
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 1}]})
+        finally:
+            await backend.close()
+
+    run(main())
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute('SELECT key, row FROM "bx_t"').fetchall() == [
+            ("\x1e09223372036854775809", '{"key":1}')]
+
+
+def test_concurrent_writes_share_transactions_and_reads_see_earlier_writes(tmp_path: Any) -> None:
+    engine = SQLiteEngine(str(tmp_path / "b.sqlite3"), batch_max=64)
+    backend = BlockDBBackend(engine)
+
+    async def main() -> None:
+        try:
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": -1}]})
+            before = engine.batches
+            ops = []
+            for i in range(200):
+                ops.append(call_backend(backend, W, "upsert_rows",
+                                        {"table": "t", "rows": [{"key": i, "v": i}]}))
+                ops.append(call_backend(backend, R, "get_row", {"table": "t", "key": i}))
+            replies = await asyncio.gather(*ops)
+            assert all(r.error is None for r in replies)
+            # each read was queued right after its write: it sees it
+            assert [r.result for r in replies[1::2]] == [{"key": i, "v": i} for i in range(200)]
+            assert engine.batches - before < 40  # 400 operations, a handful of commits
+        finally:
+            await backend.close()
+
+    run(main())
+
+
+def test_the_loop_never_runs_sqlite(tmp_path: Any) -> None:
+    threads: set[str] = set()
+    original = sqlite3.connect
+
+    def spy(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        threads.add(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    backend = _backend(str(tmp_path / "c.sqlite3"))
+
+    async def main() -> None:
+        sqlite3.connect = spy  # type: ignore[assignment]
+        try:
+            await call_backend(backend, R, "scan", {"table": "t"})
+        finally:
+            sqlite3.connect = original  # type: ignore[assignment]
+            await backend.close()
+
+    run(main())
+    assert threads == {"blockx-blockdb-sqlite"}
+
+
+def test_a_busy_database_is_a_retryable_error(tmp_path: Any) -> None:
+    path = str(tmp_path / "busy.sqlite3")
+    backend = _backend(path, busy_timeout_s=0.2)
+
+    async def main() -> None:
+        try:
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 1}]})
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")
+            try:
+                reply = await call_backend(backend, W, "upsert_rows",
+                                           {"table": "t", "rows": [{"key": 2}]})
+                assert reply.error is not None and reply.error.retryable
+                assert reply.error.kind == "io_error"
+                assert "locked" in reply.error.message and "transient" in reply.error.message
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            reply = await call_backend(backend, W, "upsert_rows",
+                                       {"table": "t", "rows": [{"key": 2}]})
+            assert reply.error is None and reply.result == 1
+        finally:
+            await backend.close()
+
+    run(main())
+
+
+def test_an_unopenable_file_is_a_permanent_error_naming_the_path(tmp_path: Any) -> None:
+    path = tmp_path / "a_directory"
+    path.mkdir()
+    backend = _backend(str(path))
+
+    async def main() -> None:
+        try:
+            reply = await call_backend(backend, R, "get_row", {"table": "t", "key": 1})
+            assert reply.error is not None and not reply.error.retryable
+            assert str(path) in reply.error.message
+        finally:
+            await backend.close()
+
+    run(main())
+
+
+def test_a_failed_write_does_not_undo_its_batch_neighbours(tmp_path: Any) -> None:
+    path = str(tmp_path / "n.sqlite3")
+    backend = _backend(path)
+
+    async def main() -> None:
+        try:
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 0}]})
+            # A table made behind the engine's back with a conflicting schema: its writes fail.
+            conn = sqlite3.connect(path)
+            conn.execute('CREATE TABLE "bx_odd" (key TEXT PRIMARY KEY, row TEXT NOT NULL, '
+                         'extra TEXT NOT NULL)')
+            conn.commit()
+            conn.close()
+            replies = await asyncio.gather(
+                call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 1}]}),
+                call_backend(backend, W, "upsert_rows", {"table": "odd", "rows": [{"key": 1}]}),
+                call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 2}]}),
+            )
+            assert replies[0].error is None and replies[2].error is None
+            assert replies[1].error is not None and not replies[1].error.retryable
+            scan = await call_backend(backend, R, "scan", {"table": "t"})
+            assert [k for k, _ in scan.result] == [0, 1, 2]
+        finally:
+            await backend.close()
+
+    run(main())
+
+
+def test_close_is_idempotent_and_later_requests_fail_retryably(tmp_path: Any) -> None:
+    engine = SQLiteEngine(str(tmp_path / "x.sqlite3"))
+    backend = BlockDBBackend(engine)
+
+    async def main() -> None:
+        await call_backend(backend, R, "get_row", {"table": "t", "key": 1})
+        await backend.close()
+        await backend.close()
+        reply = await call_backend(backend, R, "get_row", {"table": "t", "key": 1})
+        assert reply.error is not None and reply.error.retryable
+
+    run(main())
+    assert not any(t.name == "blockx-blockdb-sqlite" and t.is_alive()
+                   for t in threading.enumerate())
+
+
+def test_another_process_sees_committed_rows(tmp_path: Any) -> None:
+    path = str(tmp_path / "shared.sqlite3")
+    backend = _backend(path)
+
+    async def main() -> None:
+        try:
+            await call_backend(backend, W, "upsert_rows",
+                               {"table": "prices", "rows": [{"key": "eth", "usd": 1}]})
+        finally:
+            await backend.close()
+
+    run(main())
+    code = (
+        "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('select row from bx_prices').fetchone()[0])"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         check=True, env={**os.environ})
+    assert out.stdout.strip() == '{"key":"eth","usd":1}'

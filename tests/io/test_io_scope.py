@@ -1,0 +1,450 @@
+"""Task IO scopes: per-task read cache, singleflight, write invalidation, stats, the registry.
+
+Most scenarios use :class:`GateBackend`, a backend registered through the
+registry whose calls stay open until the test answers them (so concurrency is
+exact); the rest run the real SQLite table store behind a scope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from io_support import answer, ok, payload, run
+
+from blockx.wire import keys
+from blockx.worker.io.backend import IORequestError, PreparedRequest, Reply
+from blockx.worker.io.cache import ReadCache, request_key
+from blockx.worker.io.config import IOConfigError, load_io_config
+from blockx.worker.io.handler import IOResult
+from blockx.worker.io.registry import BackendRegistry, IOSubsystem, default_registry
+from blockx.worker.io.stats import IOStats
+
+R, W, C = keys.IO_READ, keys.IO_WRITE, keys.IO_CAPABILITY
+
+
+class GateBackend:
+    """Every call waits in ``self.open`` until the test answers it."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.open: list[tuple[str, Any, asyncio.Future[Reply]]] = []
+        self.calls = 0
+        self.closed = False
+
+    def prepare(self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
+                ) -> PreparedRequest:
+        if operation == "refuse":
+            raise IORequestError("gate refuse: not today")
+        params = params or {}
+        return PreparedRequest(operation, params, domain=params.get("table"),
+                               cacheable=params.get("cacheable", True))
+
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
+        self.calls += 1
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.open.append((request.operation, request.body, future))
+        return future
+
+    def release(self, result: Any = "ok", *, error: Reply | None = None) -> None:
+        """Answer every open call."""
+        calls, self.open = self.open, []
+        for operation, body, future in calls:
+            reply = error if error is not None else Reply({"op": operation, "body": body,
+                                                           "result": result})
+            future.set_result(reply)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def subsystem(gate: GateBackend, **config: Any) -> IOSubsystem:
+    registry = default_registry()
+    registry.register("gate", gate)
+    return IOSubsystem(load_io_config(config, env={}), registry)
+
+
+def test_identical_concurrent_reads_make_one_backend_call() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t1")
+        params = {"table": "prices", "k": 1}
+        pending = [scope.handle_io("t1", f"c{i}", payload("gate", "get", params), None)
+                   for i in range(50)]
+        assert gate.calls == 1
+        assert all(p is pending[0] for p in pending)  # one future, one done callback each
+        gate.release("v")
+        results = [await answer(p) for p in pending]
+        assert {ok(r)["result"] for r in results} == {"v"}
+        # later: a cache hit, answered at once
+        hit = scope.handle_io("t1", "c99", payload("gate", "get", {"k": 1, "table": "prices"}),
+                              None)
+        assert type(hit) is IOResult and hit.budget_used_ms == 0
+        assert ok(hit)["result"] == "v"
+        assert gate.calls == 1
+        op = scope.stats.operation("gate", "get")
+        assert (op.requests, op.backend_calls, op.singleflight_joins, op.cache_hits) == (
+            51, 1, 49, 1)
+        await io.close()
+        assert gate.closed
+
+    run(main())
+
+
+def test_different_params_and_cache_keys_are_different_reads() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        scope.handle_io("t", "a", payload("gate", "get", {"k": 1}), None)
+        scope.handle_io("t", "b", payload("gate", "get", {"k": 2}), None)
+        scope.handle_io("t", "c", payload("gate", "other", {"k": 1}), None)
+        # the executor's cacheKey wins over params: equal keys share one call
+        scope.handle_io("t", "d", payload("gate", "get", {"k": 3}, cache_key="K"), None)
+        scope.handle_io("t", "e", payload("gate", "get", {"k": 4}, cache_key="K"), None)
+        # a sidecar is keyed by its bytes
+        scope.handle_io("t", "f", payload("gate", "get"), b"\x00raw")
+        scope.handle_io("t", "g", payload("gate", "get"), b"\x00raw")
+        assert gate.calls == 5
+        gate.release()
+        await io.close()
+
+    run(main())
+
+
+def test_separate_tasks_do_not_share_cache_or_flights() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        one, two = io.task_scope("one"), io.task_scope("two")
+        p = payload("gate", "get", {"k": 1})
+        first = one.handle_io("one", "a", p, None)
+        second = two.handle_io("two", "a", p, None)
+        assert gate.calls == 2 and first is not second
+        gate.release()
+        await answer(first)
+        await answer(second)
+        assert type(one.handle_io("one", "b", p, None)) is IOResult
+        three = io.task_scope("three")
+        third = three.handle_io("three", "b", p, None)
+        assert type(third) is not IOResult
+        assert gate.calls == 3
+        gate.release()
+        await answer(third)
+        # the subsystem's stats add up the three scopes
+        assert io.stats.operation("gate", "get").backend_calls == 3
+        assert io.stats.operation("gate", "get").cache_hits == 1
+        await io.close()
+
+    run(main())
+
+
+def test_a_write_invalidates_the_tasks_reads_of_that_table_only() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        prices = payload("gate", "get", {"table": "prices"})
+        tokens = payload("gate", "get", {"table": "tokens"})
+        for p in (prices, tokens):
+            pending = scope.handle_io("t", "c", p, None)
+            gate.release("old")
+            await answer(pending)
+        assert len(scope.cache) == 2
+        write = scope.handle_io("t", "w", payload("gate", "put", {"table": "prices"},
+                                                  io_kind=W), None)
+        assert len(scope.cache) == 1  # prices dropped at the write's start
+        gate.release()
+        await answer(write)
+        assert type(scope.handle_io("t", "c", tokens, None)) is IOResult  # still cached
+        again = scope.handle_io("t", "c", prices, None)
+        assert type(again) is not IOResult  # a miss: goes to the backend
+        gate.release("new")
+        assert ok(await answer(again))["result"] == "new"
+        await io.close()
+
+    run(main())
+
+
+def test_reads_overlapping_a_write_are_not_cached_nor_joined() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        read = payload("gate", "get", {"table": "prices"})
+        before = scope.handle_io("t", "r1", read, None)           # in flight when the write starts
+        write = scope.handle_io("t", "w", payload("gate", "put", {"table": "prices"},
+                                                  io_kind=W), None)
+        after = scope.handle_io("t", "r2", read, None)            # must not join r1
+        assert after is not before and gate.calls == 3
+        during = scope.handle_io("t", "r3", read, None)           # joins r2 (same generation)
+        assert during is after
+        gate.release()
+        for p in (before, write, after):
+            await answer(p)
+        assert len(scope.cache) == 0  # everything overlapped the write
+        fresh = scope.handle_io("t", "r4", read, None)
+        gate.release()
+        await answer(fresh)
+        assert len(scope.cache) == 1
+        await io.close()
+
+    run(main())
+
+
+def test_errors_are_shared_by_joiners_but_never_cached() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"k": 1})
+        a = scope.handle_io("t", "a", p, None)
+        b = scope.handle_io("t", "b", p, None)
+        gate.release(error=Reply.failure("node down", retryable=True))
+        for pending in (a, b):
+            result = await answer(pending)
+            assert result.error is not None and result.error.retryable
+            assert result.error.message == "node down"
+        c = scope.handle_io("t", "c", p, None)
+        assert type(c) is not IOResult and gate.calls == 2
+        gate.release()
+        await answer(c)
+        op = scope.stats.operation("gate", "get")
+        assert op.errors == 1 and op.backend_calls == 2
+        await io.close()
+
+    run(main())
+
+
+def test_refusals_unknown_backends_and_bad_io_kinds_answer_at_once() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        refused = scope.handle_io("t", "a", payload("gate", "refuse", {}), None)
+        assert type(refused) is IOResult and refused.error is not None
+        assert refused.error.message == "gate refuse: not today"
+        unknown = scope.handle_io("t", "a", payload("nope", "get", {}), None)
+        assert type(unknown) is IOResult and unknown.error is not None
+        assert "unknown IO backend 'nope'" in unknown.error.message
+        assert "'blockdb', 'gate', 'rpc'" in unknown.error.message
+        bad = scope.handle_io("t", "a", {**payload("gate", "get", {}), "ioKind": "peek"}, None)
+        assert type(bad) is IOResult and "ioKind must be" in bad.error.message  # type: ignore[union-attr]
+        assert gate.calls == 0
+        assert scope.stats.operation("gate", "refuse").rejected == 1
+        await io.close()
+
+    run(main())
+
+
+def test_uncacheable_reads_are_still_deduplicated() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"cacheable": False})
+        a = scope.handle_io("t", "a", p, None)
+        b = scope.handle_io("t", "b", p, None)
+        assert a is b and gate.calls == 1
+        gate.release()
+        await answer(a)
+        assert len(scope.cache) == 0
+        io.task_scope("x")
+        await io.close()
+
+    run(main())
+
+
+def test_capability_calls_are_cached_only_with_a_cache_key() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        plain = payload("gate", "sign", {"m": 1}, io_kind=C)
+        a = scope.handle_io("t", "a", plain, None)
+        b = scope.handle_io("t", "b", plain, None)
+        assert a is not b and gate.calls == 2
+        keyed = payload("gate", "sign", {"m": 1}, io_kind=C, cache_key="sig-1")
+        c = scope.handle_io("t", "c", keyed, None)
+        d = scope.handle_io("t", "d", keyed, None)
+        assert c is d and gate.calls == 3
+        gate.release()
+        await answer(c)
+        assert type(scope.handle_io("t", "e", keyed, None)) is IOResult
+        await io.close()
+
+    run(main())
+
+
+def test_the_cache_is_bounded_by_entries_and_bytes() -> None:
+    cache = ReadCache(max_entries=3, max_bytes=10_000)
+    answer_ = IOResult(result="x")
+    for i in range(5):
+        assert cache.put(f"k{i}".encode(), answer_, "b", "d", cache.generation("b", "d"), 10)
+    assert len(cache) == 3 and cache.evictions == 2
+    assert cache.get(b"k0") is None and cache.get(b"k4") is answer_
+    # least recently used goes first: k2 was not touched, k3 and k4 were
+    cache.get(b"k3")
+    cache.put(b"k5", answer_, "b", "d", cache.generation("b", "d"), 10)
+    assert cache.get(b"k2") is None and cache.get(b"k3") is answer_
+
+    small = ReadCache(max_entries=100, max_bytes=1000)
+    for i in range(20):
+        small.put(f"k{i}".encode(), answer_, "b", None, small.generation("b", None), 100)
+    assert small.size_bytes <= 1000 and len(small) < 20
+    assert not small.put(b"huge", answer_, "b", None, small.generation("b", None), 5000)
+    off = ReadCache(max_entries=0, max_bytes=1000)
+    assert not off.put(b"k", answer_, "b", None, off.generation("b", None), 1)
+    # a stale generation is refused; invalidation drops by domain
+    gen = small.generation("b", "t1")
+    small.invalidate("b", "t1")
+    assert not small.put(b"late", answer_, "b", "t1", gen, 1)
+
+
+def test_a_disabled_cache_still_joins_identical_reads() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate, cache_max_entries=0)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {})
+        a = scope.handle_io("t", "a", p, None)
+        assert scope.handle_io("t", "b", p, None) is a
+        gate.release()
+        await answer(a)
+        assert type(scope.handle_io("t", "c", p, None)) is not IOResult
+        gate.release()
+        await io.close()
+
+    run(main())
+
+
+def test_the_subsystem_routes_by_task_id_and_bounds_its_scopes() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate, max_task_scopes=2)
+        p = payload("gate", "get", {})
+        for task in ("a", "b", "a", "c"):
+            pending = io.handle_io(task, "x", p, None)
+            if type(pending) is not IOResult:
+                gate.release()
+                await answer(pending)
+        assert gate.calls == 3  # a's second read was a hit
+        assert io.scope_of("b") is None  # least recently used, dropped
+        assert io.scope_of("a") is not None and io.scope_of("c") is not None
+        io.end_task("a")
+        assert io.scope_of("a") is None
+        assert io.stats.operation("gate", "get").requests == 4
+        await io.close()
+        closed = io.handle_io("new", "x", p, None)
+        assert type(closed) is IOResult and closed.error is not None
+
+    run(main())
+
+
+def test_a_backend_that_cannot_be_built_answers_a_clear_error() -> None:
+    registry = BackendRegistry()
+
+    def broken(_config: Any) -> Any:
+        raise ValueError("no credentials")
+
+    registry.register_factory("vault", broken)
+
+    async def main() -> None:
+        io = IOSubsystem(load_io_config({}, env={}), registry)
+        scope = io.task_scope("t")
+        result = scope.handle_io("t", "a", payload("vault", "get", {}), None)
+        assert type(result) is IOResult and result.error is not None
+        assert result.error.message == "IO backend 'vault' could not be set up: no credentials"
+        await io.close()
+
+    run(main())
+
+
+def test_registry_rules() -> None:
+    registry = BackendRegistry()
+    registry.register("gate", GateBackend())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("gate", GateBackend())  # type: ignore[arg-type]
+    registry.register("gate", GateBackend(), replace=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lacks name/prepare/execute/close"):
+        registry.register("x", object())  # type: ignore[arg-type]
+    assert default_registry().names() == ["blockdb", "rpc"]
+
+
+def test_request_keys_are_canonical() -> None:
+    a = request_key("b", "op", {"x": 1, "y": [1, 2]}, None, None)
+    b = request_key("b", "op", {"y": [1, 2], "x": 1}, None, None)
+    assert a == b
+    assert request_key("b", "op", {"v": 2**100}, None, None) != request_key(
+        "b", "op", {"v": 2**100 + 1}, None, None)
+    assert request_key("b", "op", None, "k", None) != request_key("b", "op", "k", None, None)
+
+
+def test_stats_percentiles_and_table() -> None:
+    stats = IOStats()
+    op = stats.operation("rpc", "eth_call")
+    for ms in range(1, 101):
+        op.record_call(ms / 1000, failed=ms % 10 == 0)
+    op.record_cache_hit()
+    op.record_join()
+    assert op.backend_calls == 100 and op.errors == 10 and op.requests == 102
+    assert 45 <= op.percentile_ms(0.5) <= 56
+    assert 88 <= op.percentile_ms(0.95) <= 100
+    assert op.max_ms == pytest.approx(100)
+    table = stats.format_table()
+    assert "rpc/eth_call" in table.splitlines()[1]
+    assert stats.as_dict()["totals"]["cache_hits"] == 1
+    assert IOStats().format_table() == ""
+
+
+def test_sqlite_reads_through_a_scope_are_cached_and_writes_invalidate(tmp_path: Any) -> None:
+    config = load_io_config({"blockdb": {"sqlite_path": str(tmp_path / "s.sqlite3")}}, env={})
+
+    async def main() -> None:
+        async with IOSubsystem(config) as io:
+            scope = io.task_scope("t")
+            get = payload("blockdb", "get_row", {"table": "prices", "key": "eth"})
+            put = payload("blockdb", "upsert_rows",
+                          {"table": "prices", "rows": [{"key": "eth", "usd": 2}]}, io_kind=W)
+            assert ok(await answer(scope.handle_io("t", "a", get, None))) is None
+            assert type(scope.handle_io("t", "a", get, None)) is IOResult  # cached None
+            assert ok(await answer(scope.handle_io("t", "w", put, None))) == 1
+            assert ok(await answer(scope.handle_io("t", "a", get, None))) == {"key": "eth",
+                                                                              "usd": 2}
+            stats = scope.stats.operation("blockdb", "get_row")
+            assert (stats.backend_calls, stats.cache_hits) == (2, 1)
+
+    run(main())
+
+
+def test_config_errors_name_the_knob() -> None:
+    with pytest.raises(IOConfigError) as caught:
+        load_io_config({"cache_max_entries": -1, "blockdb": {"engine": "mysql"},
+                        "rpc": {"endpoints": {"eth": ["ftp://x"]}}, "nope": 1}, env={})
+    text = str(caught.value)
+    assert "io.nope: unknown knob" in text
+    with pytest.raises(IOConfigError, match=r"engine='postgres' needs io\.blockdb\.postgres_dsn"):
+        load_io_config({"blockdb": {"engine": "postgres"}}, env={})
+    with pytest.raises(IOConfigError, match="not an http"):
+        load_io_config({"rpc": {"endpoints": {"eth": ["ftp://x"]}}}, env={})
+    config = load_io_config({}, env={"RPC_ENDPOINTS": "eth=http://a:1,http://b:2;arb=http://c",
+                                     "IO_CACHE_MAX_BYTES": "1000",
+                                     "BLOCKDB_POSTGRES_DSN": "postgresql://x@y/z"})
+    assert config.rpc.endpoints == {"eth": ("http://a:1", "http://b:2"), "arb": ("http://c",)}
+    assert config.cache_max_bytes == 1000
+    assert config.blockdb.effective_engine == "postgres"
+    assert load_io_config({"data_dir": "/d"}, env={}).sqlite_path == "/d/blockdb.sqlite3"
