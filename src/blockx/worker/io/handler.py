@@ -1,0 +1,142 @@
+"""The IO handler interface: how the worker answers a call's ``CallWaiting(waitKind=io)``.
+
+Theory of operation
+-------------------
+User code reads a table or calls a node (``blockx.sdk.db``, ``blockx.sdk.rpc``,
+``Table``, ``ChainState``); the executor suspends the call and sends
+``CallWaiting(waitKind=io)`` with ``ioKind``, ``backend``, ``operation``,
+``params`` (or a raw sidecar) and ``cacheKey``. The worker's orchestrator finds
+the task the frame echoes (``taskId``) and hands the request to that task's
+:class:`IOHandler`; whatever the handler answers goes back to the call as
+``ResumeCall(resumeKind=io)``.
+
+An :class:`IOHandler` is one method, ``handle_io(task_id, call_id, payload,
+sidecar)``, called on the worker's event loop thread. It returns either
+
+* an :class:`IOResult` right away (an answer from memory: the cheapest path,
+  no future, no task), or
+* an awaitable of one: an ``asyncio.Future`` (the orchestrator adds one done
+  callback to it, again no task) or a coroutine (the orchestrator runs it as
+  one ``asyncio.Task``; IO requests are naturally concurrent, so a task per
+  request is acceptable here, but a backend that batches its requests should
+  hand back futures).
+
+The handler must not block the event loop. An exception — raised, or set on
+the returned awaitable — fails the wait with ``io_error`` (not retryable) and
+is logged. ``IOResult.budget_used_ms`` is charged to the call's budget; when
+it is ``None`` the orchestrator charges the wall time the request took.
+
+Real backends (``blockdb``, ``rpc``) arrive with the product issue: they plug in
+here, usually behind :class:`BackendRouter`, which routes by
+``payload["backend"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from blockx.wire import RemoteError, keys
+
+__all__ = [
+    "BackendRouter",
+    "IOHandler",
+    "IOResult",
+    "IOReturn",
+    "io_error",
+    "no_io_handler",
+]
+
+#: Error kind of a failed IO wait (PROTOCOL.md: retryable as the backend says).
+ERR_IO_ERROR: Final = keys.ERR_IO_ERROR
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IOResult:
+    """The answer to one IO wait: a result or an error, plus what it cost.
+
+    ``result`` is any JSON value (with a ``sidecar`` it must be an object or
+    ``None``; the executor adds the bytes as ``result["data"]``). ``error`` set
+    means the wait failed: the executor raises it in user code (uncaught, the
+    call fails with its kind and ``retryable`` flag).
+    """
+
+    result: Any = None
+    error: RemoteError | None = None
+    #: Raw response bytes (a protobuf, a JSON-RPC body), sent without base64.
+    sidecar: bytes | None = None
+    #: Charged to the call's budget; ``None``: the wall time of the request.
+    budget_used_ms: int | None = None
+
+
+#: What ``handle_io`` may return.
+IOReturn = IOResult | Awaitable[IOResult]
+
+
+@runtime_checkable
+class IOHandler(Protocol):
+    """Answers IO waits for one task (or for every task of a worker)."""
+
+    def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> IOReturn:
+        """Serve one ``CallWaiting(io)``. ``payload`` is the frame's payload (read it,
+        do not keep it); ``task_id`` is the task's id as the user gave it."""
+        ...
+
+
+def io_error(message: str, *, retryable: bool = False, kind: str = ERR_IO_ERROR) -> IOResult:
+    """An :class:`IOResult` that fails the wait with ``kind``."""
+    return IOResult(error=RemoteError(kind=kind, message=message, retryable=retryable))
+
+
+class _NoIOHandler:
+    """The handler of a task with none: every IO wait fails, clearly."""
+
+    __slots__ = ()
+
+    def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> IOReturn:
+        backend = payload.get(keys.FP_BACKEND)
+        return io_error(
+            f"no IO backend is configured for task {task_id!r} (backend {backend!r}); pass "
+            "io_handlers= to Worker or io_handler= to the task"
+        )
+
+    def __repr__(self) -> str:
+        return "no_io_handler"
+
+
+#: Fails every IO wait with ``io_error`` (not retryable).
+no_io_handler: Final[IOHandler] = _NoIOHandler()
+
+
+class BackendRouter:
+    """An :class:`IOHandler` that routes each request by its ``backend`` key.
+
+    ``BackendRouter({"blockdb": table_store, "rpc": node_client})``; a request
+    for a backend not listed fails with ``io_error`` (not retryable).
+    """
+
+    __slots__ = ("_backends",)
+
+    def __init__(self, backends: Mapping[str, IOHandler]) -> None:
+        self._backends = dict(backends)
+
+    def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> IOReturn:
+        backend = payload.get(keys.FP_BACKEND)
+        handler = self._backends.get(backend) if isinstance(backend, str) else None
+        if handler is None:
+            return io_error(f"unknown IO backend {backend!r}; configured: {sorted(self._backends)}")
+        return handler.handle_io(task_id, call_id, payload, sidecar)
+
+    @property
+    def backends(self) -> list[str]:
+        return sorted(self._backends)
+
+    def __repr__(self) -> str:
+        return f"BackendRouter({self.backends})"
