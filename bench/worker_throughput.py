@@ -1,0 +1,300 @@
+"""Worker throughput: BlockX against ProcessPoolExecutor, trivial and IO-bound calls, one run.
+
+Two workloads, each through BlockX (a ``Worker`` with ``--executors`` executor
+processes, the product's configuration otherwise) and through
+``concurrent.futures.ProcessPoolExecutor`` (``--executors`` processes, one
+``submit`` per call), interleaved, medians of ``--repeats``:
+
+* **trivial** — ``--calls`` calls of ``def _(p): return {"y": p["x"] + 1}``;
+  the reference peer of PERFORMANCE.md, ``multiprocessing.Pool.imap(chunksize=1)``,
+  runs too (the target is 2x the best per-call peer);
+* **io** — ``--io-calls`` calls, each doing 5 sequential reads against a backend
+  that answers after 2 ms. BlockX: the reads are ``blockx.sdk.db.get`` and the
+  backend is an asyncio handler in the worker (one timer per 2 ms batch of
+  requests); every executor holds ``ExecutorMaxInflight`` (128) calls, so 256 are
+  in flight with 2 executors. ProcessPoolExecutor: the same function doing
+  ``time.sleep(0.002)`` five times (``--ppe-io-calls`` calls: with 2 processes
+  it does 2 calls at a time). The ideal is ``in flight / (5 x 2 ms)``.
+
+A third BlockX row runs the trivial task against ``bench/echo_executor.py``
+stand-ins (they answer every ExecuteCall at once and run no code): the worker's
+own ceiling, with the executors' cost taken out.
+
+``--profile`` runs one more trivial task under cProfile and prints the worker's
+hottest functions (the executors run in their own processes; see
+bench/executor_throughput.py for their side). Worker CPU per call is the worker
+process's CPU time over the task.
+
+    .venv/bin/python bench/worker_throughput.py [--calls 20000] [--io-calls 5000]
+        [--executors 2] [--repeats 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import cProfile
+import logging
+import multiprocessing
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
+from blockx.worker.api import Call, Task
+from blockx.worker.app import Worker, run
+from blockx.worker.config import load_config
+from blockx.worker.io import IOResult
+
+TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
+READS = 5
+READ_DELAY_S = 0.002
+IO_BOUND = f"""
+from blockx.sdk import db
+
+def _(p):
+    total = 0
+    for k in range({READS}):
+        total += db.get("t", p["x"] * {READS} + k)["v"]
+    return {{"total": total}}
+"""
+
+
+def trivial_py(x: int) -> dict[str, int]:
+    return {"y": x + 1}
+
+
+def io_bound_py(x: int) -> dict[str, int]:
+    total = 0
+    for k in range(READS):
+        time.sleep(READ_DELAY_S)
+        total += x * READS + k
+    return {"total": total}
+
+
+class DelayedBackend:
+    """Answers every read ``READ_DELAY_S`` after it arrived: one timer per batch of
+    requests that arrived in the same loop turn, one future per request."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._batch: list[tuple[asyncio.Future[IOResult], int]] | None = None
+
+    def handle_io(self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: Any) -> Any:
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[IOResult] = loop.create_future()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = []
+            loop.call_later(READ_DELAY_S, self._answer, batch)
+            loop.call_soon(self._close_batch)
+        batch.append((future, payload["params"]["key"]))
+        return future
+
+    def _close_batch(self) -> None:
+        self._batch = None
+
+    @staticmethod
+    def _answer(batch: list[tuple[asyncio.Future[IOResult], int]]) -> None:
+        for future, key in batch:
+            if not future.done():
+                future.set_result(IOResult(result={"v": key}, budget_used_ms=2))
+
+
+# --- BlockX --------------------------------------------------------------------------------
+
+
+async def blockx_runs(
+    args: argparse.Namespace, backend: DelayedBackend
+) -> dict[str, list[dict[str, float]]]:
+    config = load_config(env={}).replace(**{"pool.executor_count": args.executors})
+    out: dict[str, list[dict[str, float]]] = {"trivial": [], "io": []}
+    async with Worker(config, io_handlers={"blockdb": backend}) as worker:
+        await worker.wait_ready()
+        # Warm-up: code fetched and compiled, greenlet pools filled.
+        await worker.run_task(
+            Task(functions={"t": TRIVIAL}, calls=[Call("t", {"x": i}) for i in range(2000)])
+        )
+        await worker.run_task(
+            Task(functions={"io": IO_BOUND}, calls=[Call("io", {"x": i}) for i in range(300)])
+        )
+        for _ in range(args.repeats):
+            out["trivial"].append(await _timed(worker, TRIVIAL, args.calls, check_trivial))
+            out["io"].append(await _timed(worker, IO_BOUND, args.io_calls, check_io))
+        if args.profile:
+            profiler = cProfile.Profile(time.process_time)  # CPU, not wall: the box is shared
+            profiler.enable()
+            await _timed(worker, TRIVIAL, args.calls, check_trivial)
+            profiler.disable()
+            print("\n== cProfile of the worker process, one trivial task (cumulative order cut) ==")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    return out
+
+
+def check_trivial(outputs: list[Any], n: int) -> None:
+    assert outputs == [{"y": i + 1} for i in range(n)], "wrong trivial outputs"
+
+
+def check_io(outputs: list[Any], n: int) -> None:
+    expected = [{"total": sum(i * READS + k for k in range(READS))} for i in range(n)]
+    assert outputs == expected, "wrong io outputs"
+
+
+async def _timed(worker: Worker, source: str, n: int, check: Any) -> dict[str, float]:
+    fid = "t" if source is TRIVIAL else "io"
+    task = Task(functions={fid: source}, calls=[Call(fid, {"x": i}) for i in range(n)])
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    result = await worker.run_task(task)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    assert result.success, result.errors[:3]
+    check(result.outputs, n)
+    return {"calls_per_s": n / wall, "worker_cpu_us": cpu / n * 1e6}
+
+
+def echo_argv(spec: ExecutorLaunchSpec) -> list[str]:
+    script = str(Path(__file__).resolve().parent / "echo_executor.py")
+    return [
+        sys.executable,
+        script,
+        "--executor-id",
+        spec.executor_id,
+        "--socket-path",
+        spec.socket_path,
+    ]
+
+
+async def worker_alone_runs(
+    args: argparse.Namespace, source: str, calls: int, reads: int
+) -> list[dict[str, float]]:
+    """A task against echo executors: the worker's own ceiling (no user code runs)."""
+    config = load_config(env={}).replace(**{"pool.executor_count": args.executors})
+    spawner = ProcessSpawner(argv_factory=echo_argv, extra_env={"ECHO_IO_READS": str(reads)})
+    check = check_io if reads else check_trivial
+    out = []
+    async with Worker(config, spawner=spawner, io_handlers={"blockdb": DelayedBackend()}) as w:
+        await w.wait_ready()
+        await _timed(w, source, 2000, check)
+        for _ in range(args.repeats):
+            out.append(await _timed(w, source, calls, check))
+    return out
+
+
+# --- peers -----------------------------------------------------------------------------------
+
+
+def ppe_run(fn: Any, n: int, workers: int, pool: concurrent.futures.ProcessPoolExecutor) -> float:
+    t0 = time.perf_counter()
+    futures = [pool.submit(fn, i) for i in range(n)]
+    results = [f.result() for f in futures]
+    wall = time.perf_counter() - t0
+    assert results[-1] == fn.__wrapped__(n - 1) if hasattr(fn, "__wrapped__") else True
+    return n / wall
+
+
+def imap_run(n: int, pool: Any) -> float:
+    t0 = time.perf_counter()
+    results = list(pool.imap(trivial_py, range(n), chunksize=1))
+    wall = time.perf_counter() - t0
+    assert results[-1] == {"y": n}
+    return n / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--io-calls", type=int, default=5_000)
+    parser.add_argument("--ppe-io-calls", type=int, default=400)
+    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+
+    backend = DelayedBackend()
+    blockx = run(blockx_runs(args, backend))
+    alone = run(worker_alone_runs(args, TRIVIAL, args.calls, 0))
+    alone_io = run(worker_alone_runs(args, IO_BOUND, args.io_calls, READS))
+
+    ctx = multiprocessing.get_context("fork")
+    ppe_trivial: list[float] = []
+    ppe_io: list[float] = []
+    imap: list[float] = []
+    with concurrent.futures.ProcessPoolExecutor(args.executors, mp_context=ctx) as pool:
+        list(pool.map(trivial_py, range(100)))  # warm-up
+        for _ in range(args.repeats):
+            ppe_trivial.append(ppe_run(trivial_py, args.calls, args.executors, pool))
+            ppe_io.append(ppe_run(io_bound_py, args.ppe_io_calls, args.executors, pool))
+    with ctx.Pool(args.executors) as mp_pool:
+        list(mp_pool.imap(trivial_py, range(100), chunksize=1))
+        for _ in range(args.repeats):
+            imap.append(imap_run(args.calls, mp_pool))
+
+    med = statistics.median
+    bx_trivial = med(r["calls_per_s"] for r in blockx["trivial"])
+    bx_trivial_cpu = med(r["worker_cpu_us"] for r in blockx["trivial"])
+    bx_io = med(r["calls_per_s"] for r in blockx["io"])
+    bx_io_cpu = med(r["worker_cpu_us"] for r in blockx["io"])
+    in_flight = 128 * args.executors
+    ideal = in_flight / (READS * READ_DELAY_S)
+    ppe_ideal = args.executors / (READS * READ_DELAY_S)
+
+    print(f"\nworker throughput, {args.executors} executors / processes, medians of {args.repeats}")
+    print(f"| {'workload':<44} | {'calls/s':>10} | {'BlockX ratio':>12} |")
+    print(f"| {'-' * 44} | {'-' * 10}:| {'-' * 12}:|")
+    print(f"| {f'trivial x{args.calls}: BlockX':<44} | {bx_trivial:>10,.0f} | {'1.00x':>12} |")
+    bx_alone = med(r["calls_per_s"] for r in alone)
+    bx_alone_cpu = med(r["worker_cpu_us"] for r in alone)
+    print(
+        f"| {'trivial: BlockX worker alone (echo executors)':<44} | {bx_alone:>10,.0f} |"
+        f" {bx_trivial / bx_alone:>11.2f}x |"
+    )
+    print(
+        f"| {'trivial: ProcessPoolExecutor, submit per call':<44} | {med(ppe_trivial):>10,.0f} |"
+        f" {bx_trivial / med(ppe_trivial):>11.2f}x |"
+    )
+    print(
+        f"| {'trivial: multiprocessing.Pool.imap chunksize=1':<44} | {med(imap):>10,.0f} |"
+        f" {bx_trivial / med(imap):>11.2f}x |"
+    )
+    print(
+        f"| {f'io x{args.io_calls} (5 reads x 2 ms): BlockX':<44} | {bx_io:>10,.0f} |"
+        f" {f'{bx_io / ideal:.0%} ideal':>12} |"
+    )
+    bx_alone_io = med(r["calls_per_s"] for r in alone_io)
+    print(
+        f"| {'io: BlockX worker alone (echo executors)':<44} | {bx_alone_io:>10,.0f} |"
+        f" {f'{bx_alone_io / ideal:.0%} ideal':>12} |"
+    )
+    print(f"| {f'io: ideal for {in_flight} in flight':<44} | {ideal:>10,.0f} | {'':>12} |")
+    print(
+        f"| {f'io x{args.ppe_io_calls}: ProcessPoolExecutor (sleep 5x2 ms)':<44} |"
+        f" {med(ppe_io):>10,.0f} | {bx_io / med(ppe_io):>11.1f}x |"
+    )
+    print(
+        f"| {f'io: ProcessPoolExecutor ideal ({args.executors} in flight)':<44} |"
+        f" {ppe_ideal:>10,.0f} | {'':>12} |"
+    )
+    print(
+        f"\nworker CPU per call: trivial {bx_trivial_cpu:.1f} µs (with echo executors "
+        f"{bx_alone_cpu:.1f} µs), io {bx_io_cpu:.1f} µs ({READS} waits each; with echo "
+        f"executors {med(r['worker_cpu_us'] for r in alone_io):.1f} µs)"
+    )
+    print(
+        "runs (calls/s): BlockX trivial "
+        + ", ".join(f"{r['calls_per_s']:,.0f}" for r in blockx["trivial"])
+        + "; BlockX io "
+        + ", ".join(f"{r['calls_per_s']:,.0f}" for r in blockx["io"])
+    )
+
+
+if __name__ == "__main__":
+    main()

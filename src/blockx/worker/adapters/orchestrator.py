@@ -1,0 +1,635 @@
+"""Orchestrator: the dispatch actor, the only code that touches the DispatcherCore.
+
+Theory of operation
+-------------------
+(seed: ``orchestrator_actor.go`` + ``orchestrator_dispatch.go``.)
+
+**Events in.** The executor adapter's callbacks, timers (retries, the 500 ms
+tick) and the worker's task API never call the core. Each turns what happened
+into one event (:mod:`.orchestrator_events`) and :meth:`Orchestrator.post`\\ s it:
+an append to a plain ``deque`` plus, if the actor is not already due, one
+``loop.call_soon``. No ``asyncio.Queue``, no future and no task per event: a
+whole read's worth of frames, from every connection that was readable in the
+same loop turn, is applied in one actor run (PERFORMANCE.md).
+
+**The actor run** (:meth:`Orchestrator._run_actor`)::
+
+    now_ms = wall clock
+    repeat:
+        apply every queued event           # core.handle_*  -> commands, executed at once
+        epilogue: flush_dirty_tasks, dispatch_ready, flush_dirty_tasks (while dirty)
+    until no event was posted meanwhile
+    adapter.flush()                        # this run's frames go out in one write each
+
+**Commands out** (:meth:`Orchestrator._execute`, a table by command type):
+
+==========================  ==============================================================
+``BindCall``                ``adapter.bind`` / ``bind_subcall`` on the actor, answered at
+                            once with ``handle_executor_bound`` or ``handle_bind_failed``
+``DispatchCallCmd``         the ExecuteCall payload (entry selector from the task's code
+                            view) queued with ``send_execute_call`` — a non-blocking
+                            enqueue, written at the end of the run; a send error is a
+                            failed attempt (retryable as the adapter says); a function
+                            that does not compile fails the attempt as ``user_error``
+``UnbindCall``              ``adapter.unbind``
+``CancelCallCmd``           ``mark_draining`` + best-effort ``send_cancel_call``
+``ArmCallRetry``            ``loop.call_later`` posting :class:`RetryDue`
+``ResumeParentCall``        ``ResumeCall(subcall)`` to the parent (:mod:`.orchestrator_waits`)
+``StopCallProduction``,     reported to the task's :class:`~blockx.worker.task_run.TaskRun`
+``BatchSettled``,
+``ConvergeTaskCalls``
+==========================  ==============================================================
+
+Waits (``io``, ``subcall``) and resumes live in :mod:`.orchestrator_waits`;
+tasks and streams in :mod:`.orchestrator_tasks`; the tick (snapshot sync,
+wedge backstop, heartbeat timeouts) in :mod:`.orchestrator_wedge`.
+
+Ownership: :attr:`Orchestrator.in_actor` is true exactly while the actor runs,
+on the event loop thread that started it; tests wrap the core in a proxy that
+checks it on every call (``tests/worker/e2e/test_actor_ownership.py``).
+
+Errors: an exception while applying one event is logged with the event and
+does not stop the actor (the core's own errors leave it consistent); a bug
+must not strand every other task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from blockx.wire import EncodeError, keys
+from blockx.worker.core import (
+    ArmCallRetry,
+    BatchSettled,
+    BindCall,
+    CallError,
+    CancelCallCmd,
+    CompleteCallFromCache,
+    ConvergeTaskCalls,
+    DispatchCallCmd,
+    DispatchCommand,
+    DispatcherCore,
+    ExecutorSnapshot,
+    ResumeParentCall,
+    StopCallProduction,
+    UnbindCall,
+)
+from blockx.worker.io import IOHandler, no_io_handler
+from blockx.worker.json_values import encode_output
+
+from .callbacks import AdapterCallbacks
+from .connection import ControlSend
+from .errors import BindError, ExecutorUnavailableError, SendError
+from .orchestrator_events import (
+    ActorEvent,
+    AttemptCompleted,
+    AttemptFailed,
+    CallSuspended,
+    ControlDelivered,
+    ControlUndelivered,
+    ExecutorAttached,
+    ExecutorLost,
+    ResumeNotQueued,
+    RetryDue,
+    StreamBatchProduced,
+    StreamFinished,
+    StreamOpened,
+    TaskCancelRequested,
+    TaskSubmitted,
+    TickElapsed,
+)
+from .orchestrator_tasks import TaskEvents
+from .orchestrator_waits import WaitHandling
+from .orchestrator_wedge import TickChecks
+from .reservations import LostCall
+
+if TYPE_CHECKING:
+    from blockx.worker.code import FunctionCodeView
+    from blockx.worker.task_run import TaskRun
+
+    from .executor_adapter import ExecutorAdapter
+    from .pool import PoolManager
+
+__all__ = ["DEFAULT_TICK_INTERVAL_MS", "Orchestrator", "OrchestratorStats", "wall_clock_ms"]
+
+_log = logging.getLogger("blockx.worker.orchestrator")
+
+#: The seed's tick: snapshot sync, wedge check, heartbeat timeouts.
+DEFAULT_TICK_INTERVAL_MS: Final = 500
+#: Event-apply rounds in one actor run before yielding to the event loop.
+_MAX_ROUNDS: Final = 16
+#: Shortest retry timer (a bind refused for capacity is re-armed "now": do not spin).
+_MIN_RETRY_DELAY_S: Final = 0.001
+
+_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
+_FP_OUTPUT: Final = keys.FP_OUTPUT
+_FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
+_FP_TASK_ID: Final = keys.FP_TASK_ID
+_FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
+_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_Fragment = orjson.Fragment
+_dumps = orjson.dumps
+
+
+def wall_clock_ms() -> int:
+    """Epoch milliseconds: the core's ``now_ms`` (executors stamp their scheduler
+    activity with the same clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class OrchestratorStats:
+    """Counters, for tests, benches and logs."""
+
+    __slots__ = (
+        "actor_runs",
+        "bind_failures",
+        "commands",
+        "events",
+        "executors_killed",
+        "handler_errors",
+        "io_waits",
+        "resume_send_failures",
+        "send_failures",
+        "stale_waits",
+        "subcall_waits",
+        "wedged_calls",
+    )
+
+    def __init__(self) -> None:
+        self.actor_runs = 0
+        self.bind_failures = 0
+        self.commands = 0
+        self.events = 0
+        self.executors_killed = 0
+        self.handler_errors = 0
+        self.io_waits = 0
+        self.resume_send_failures = 0
+        self.send_failures = 0
+        self.stale_waits = 0
+        self.subcall_waits = 0
+        self.wedged_calls = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"OrchestratorStats({self.as_dict()})"
+
+
+def core_snapshot(snap: Any) -> ExecutorSnapshot:
+    """The core's snapshot from the adapter's (same field names, a subset)."""
+    return ExecutorSnapshot(
+        executor_id=snap.executor_id,
+        usable_contexts=snap.usable_contexts,
+        healthy=snap.healthy,
+        runnable_count=snap.runnable_count,
+        inflight_count=snap.inflight_count,
+        heartbeat_seq=snap.heartbeat_seq,
+        running_call_id=snap.running_call_id,
+        last_scheduler_active_at_ms=snap.last_scheduler_active_at_ms,
+        memory_bytes=snap.memory_bytes,
+    )
+
+
+class Orchestrator(WaitHandling, TaskEvents, TickChecks):
+    """The dispatch actor (see the module docstring).
+
+    Build it, install :meth:`callbacks` on the adapter and :meth:`resolve_code`
+    as its function-code resolver, then :meth:`start` it on the event loop.
+    """
+
+    def __init__(
+        self,
+        core: DispatcherCore,
+        adapter: ExecutorAdapter,
+        code_view: FunctionCodeView,
+        *,
+        pool: PoolManager | None = None,
+        default_io_handler: IOHandler = no_io_handler,
+        tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self._core = core
+        self._adapter = adapter
+        self._code_view = code_view
+        self._pool = pool
+        self.default_io_handler = default_io_handler
+        self._tick_interval_s = tick_interval_ms / 1000.0
+        self._clock_ms = clock_ms
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: deque[ActorEvent] = deque()
+        # True while an actor run is scheduled or running: posting then only appends.
+        self._wake_pending = False
+        self._in_actor = False
+        self._actor_thread: int | None = None
+        self._now_ms = 0
+        self._closed = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0
+        #: Live tasks by the task id the core and executors see.
+        self._tasks: dict[str, TaskRun] = {}
+        #: Executor id -> era killed by the wedge backstop (kill each era once).
+        self._killed_eras: dict[str, int] = {}
+        #: Tasks with a ``max_output_bytes`` of their own (counted on completion).
+        self._output_limited = 0
+        self.stats = OrchestratorStats()
+        self._appliers: dict[type[Any], Callable[[Any], None]] = {
+            AttemptCompleted: self._apply_attempt_completed,
+            AttemptFailed: self._apply_attempt_failed,
+            CallSuspended: self._apply_call_suspended,
+            ControlDelivered: self._apply_control_delivered,
+            ControlUndelivered: self._apply_control_undelivered,
+            ResumeNotQueued: self._apply_resume_not_queued,
+            ExecutorAttached: self._apply_executor_attached,
+            ExecutorLost: self._apply_executor_lost,
+            RetryDue: self._apply_retry_due,
+            TickElapsed: self._apply_tick,
+            TaskSubmitted: self._apply_task_submitted,
+            StreamOpened: self._apply_stream_opened,
+            StreamBatchProduced: self._apply_stream_batch,
+            StreamFinished: self._apply_stream_finished,
+            TaskCancelRequested: self._apply_task_cancel,
+        }
+        self._executors: dict[type[Any], Callable[[Any], None]] = {
+            BindCall: self._execute_bind,
+            DispatchCallCmd: self._execute_dispatch,
+            UnbindCall: self._execute_unbind,
+            CancelCallCmd: self._execute_cancel,
+            ArmCallRetry: self._execute_arm_retry,
+            CompleteCallFromCache: self._execute_complete_from_cache,
+            ResumeParentCall: self._execute_resume_parent,
+            StopCallProduction: self._execute_stop_production,
+            BatchSettled: self._execute_batch_settled,
+            ConvergeTaskCalls: self._execute_converge,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Orchestrator(tasks={len(self._tasks)}, queued={len(self._events)}, "
+            f"runs={self.stats.actor_runs}, {self._core!r})"
+        )
+
+    # --- wiring ------------------------------------------------------------------------------
+
+    def callbacks(self) -> AdapterCallbacks:
+        """The adapter callbacks: each posts one event (bound methods: no extra frame)."""
+        return AdapterCallbacks(
+            on_executor_attached=self._on_executor_attached,
+            on_call_completed=self._on_call_completed,
+            on_call_failed=self._on_call_failed,
+            on_call_waiting=self._on_call_waiting,
+            on_executor_lost=self._on_executor_lost,
+            # The flushed note is itself the fact: posted as is (ControlDelivered).
+            on_control_sent=self.post,
+            on_control_failed=self._on_control_failed,
+        )
+
+    def _on_executor_attached(self, executor_id: str, _snapshot: Any) -> None:
+        self.post(ExecutorAttached(executor_id=executor_id))
+
+    def _on_call_completed(self, executor_id: str, call_id: str, payload: dict[str, Any]) -> None:
+        self.post(AttemptCompleted(executor_id, call_id, payload))
+
+    def _on_call_failed(self, executor_id: str, call_id: str, payload: dict[str, Any]) -> None:
+        self.post(AttemptFailed(executor_id, call_id, payload))
+
+    def _on_call_waiting(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: dict[str, Any],
+        sidecar: bytes | None,
+    ) -> None:
+        self.post(CallSuspended(executor_id, call_id, request_id, payload, sidecar))
+
+    def _on_executor_lost(self, executor_id: str, lost: tuple[LostCall, ...], reason: str) -> None:
+        self.post(ExecutorLost(executor_id=executor_id, reason=reason, lost_calls=len(lost)))
+
+    def _on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
+        self.post(ControlUndelivered(note, error.reason or str(error)))
+
+    def resolve_code(self, task_id: str, function_id: str, digest: str) -> Any:
+        """The adapter's function-code resolver (answers from the pinned views)."""
+        return self._code_view.resolve(task_id, function_id, digest)
+
+    def set_pool(self, pool: PoolManager) -> None:
+        self._pool = pool
+
+    @property
+    def core(self) -> DispatcherCore:
+        """The core, for read-only inspection (tests). Only the actor may call into it."""
+        return self._core
+
+    @property
+    def in_actor(self) -> bool:
+        """True while the actor runs, on the thread that runs it (the ownership check)."""
+        return self._in_actor and threading.get_ident() == self._actor_thread
+
+    @property
+    def live_task_ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def task_run(self, task_id: str) -> TaskRun | None:
+        return self._tasks.get(task_id)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind to the running loop and start the 500 ms tick."""
+        self._loop = asyncio.get_running_loop()
+        self._actor_thread = threading.get_ident()
+        self._schedule_tick()
+
+    def close(self) -> None:
+        """Stop the tick; events posted from now on are dropped."""
+        self._closed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+
+    # --- posting ------------------------------------------------------------------------------
+
+    def post(self, event: ActorEvent) -> None:
+        """Queue ``event`` for the actor; wake it once per loop turn. Event loop thread only."""
+        if self._closed:
+            return
+        self._events.append(event)
+        if not self._wake_pending:
+            self._wake_pending = True
+            loop = self._loop
+            assert loop is not None, "Orchestrator.start() was not called"
+            loop.call_soon(self._run_actor)
+
+    # --- the actor ----------------------------------------------------------------------------
+
+    def _run_actor(self) -> None:
+        events = self._events
+        appliers = self._appliers
+        self._in_actor = True
+        self.stats.actor_runs += 1
+        try:
+            self._now_ms = self._clock_ms()
+            for _round in range(_MAX_ROUNDS):
+                while events:
+                    event = events.popleft()
+                    self.stats.events += 1
+                    try:
+                        appliers[type(event)](event)
+                    except Exception:
+                        self.stats.handler_errors += 1
+                        _log.exception("dispatch actor: applying %r failed", event)
+                self._epilogue()
+                if not events:
+                    break
+        finally:
+            self._in_actor = False
+            self._wake_pending = False
+            if events and not self._closed:
+                self._wake_pending = True
+                assert self._loop is not None
+                self._loop.call_soon(self._run_actor)
+        self._adapter.flush()
+
+    def _epilogue(self) -> None:
+        """Convergence and release, to quiescence (dispatcher.py's actor loop)."""
+        core = self._core
+        run = self._run
+        try:
+            while True:
+                run(core.flush_dirty_tasks())
+                run(core.dispatch_ready(self._now_ms))
+                run(core.flush_dirty_tasks())
+                if not core.has_dirty_tasks:
+                    return
+        except Exception:
+            self.stats.handler_errors += 1
+            _log.exception("dispatch actor: epilogue failed")
+
+    def _run(self, commands: list[DispatchCommand]) -> None:
+        """Execute ``commands`` in order (some answer back into the core at once)."""
+        if not commands:
+            return
+        executors = self._executors
+        self.stats.commands += len(commands)
+        for command in commands:
+            executors[type(command)](command)
+
+    # --- commands -----------------------------------------------------------------------------
+
+    def _execute_bind(self, cmd: BindCall) -> None:
+        adapter = self._adapter
+        try:
+            if cmd.parent_call_id is None:
+                adapter.bind(cmd.call_id, cmd.executor_id)
+            else:
+                adapter.bind_subcall(cmd.call_id, cmd.parent_call_id, cmd.executor_id)
+        except BindError as exc:
+            self.stats.bind_failures += 1
+            _log.debug("bind of %s on %s refused: %s", cmd.call_id, cmd.executor_id, exc)
+            self._run(
+                self._core.handle_bind_failed(
+                    cmd.call_id, cmd.executor_id, cmd.attempt_seq, self._now_ms
+                )
+            )
+            return
+        commands = self._core.handle_executor_bound(cmd.call_id, cmd.executor_id, cmd.attempt_seq)
+        if len(commands) == 1 and type(commands[0]) is DispatchCallCmd:
+            self._execute_dispatch(commands[0])  # the common case, without the table
+        else:
+            self._run(commands)
+
+    def _execute_dispatch(self, cmd: DispatchCallCmd) -> None:
+        run = self._tasks.get(cmd.task_id)
+        call = cmd.call
+        if run is None:  # cannot happen: the core forgets a task only after its calls
+            self._fail_attempt(
+                cmd.call_id,
+                cmd.attempt_seq,
+                keys.ERR_INTERNAL_ERROR,
+                f"no runtime for task {cmd.task_id!r}",
+                retryable=False,
+            )
+            return
+        code = run.code.resolve_for_dispatch(call.function_id, call.function_code_digest)
+        error = code.error
+        if error is not None:
+            self._fail_attempt(
+                cmd.call_id,
+                cmd.attempt_seq,
+                keys.ERR_USER_ERROR,
+                error.message,
+                retryable=False,
+                stack=error.stack,
+            )
+            return
+        payload = {
+            "taskId": cmd.task_id,
+            "functionId": call.function_id,
+            "functionCodeDigest": call.function_code_digest,
+            "entrySelector": code.entry_selector,
+            "args": _Fragment(call.args_json),
+            "parentCallId": cmd.parent_call_id,
+            "callKey": call.call_key,
+            "ancestry": cmd.ancestry,
+            "callBudgetMs": cmd.budget_ms,
+            "attemptSeq": cmd.attempt_seq,
+            "audit": None,
+            "debug": run.debug,
+        }
+        try:
+            self._adapter.send_execute_call(cmd.executor_id, cmd.call_id, payload)
+        except SendError as exc:
+            self.stats.send_failures += 1
+            self._fail_attempt(
+                cmd.call_id, cmd.attempt_seq, exc.error_kind, str(exc), retryable=exc.retryable
+            )
+        except EncodeError as exc:
+            self.stats.send_failures += 1
+            self._fail_attempt(
+                cmd.call_id, cmd.attempt_seq, exc.error_kind, str(exc), retryable=False
+            )
+
+    def _fail_attempt(
+        self,
+        call_id: str,
+        attempt_seq: int,
+        kind: str,
+        message: str,
+        *,
+        retryable: bool,
+        stack: str | None = None,
+    ) -> None:
+        error = CallError(kind=kind, message=message, retryable=retryable, stack=stack)
+        self._run(self._core.handle_attempt_failure(call_id, attempt_seq, error, self._now_ms))
+
+    def _execute_unbind(self, cmd: UnbindCall) -> None:
+        self._adapter.unbind(cmd.call_id, cmd.executor_id)
+
+    def _execute_cancel(self, cmd: CancelCallCmd) -> None:
+        adapter = self._adapter
+        if not adapter.mark_draining(cmd.call_id, cmd.executor_id):
+            return  # no reservation: the executor already ended the attempt (or is gone)
+        try:
+            adapter.send_cancel_call(
+                cmd.executor_id, cmd.call_id, attempt_seq=cmd.attempt_seq, reason=cmd.reason
+            )
+        except SendError as exc:  # best-effort: the connection is going away anyway
+            _log.debug("CancelCall for %s not sent: %s", cmd.call_id, exc)
+
+    def _execute_arm_retry(self, cmd: ArmCallRetry) -> None:
+        loop = self._loop
+        assert loop is not None
+        delay_s = max((cmd.due_at_ms - self._now_ms) / 1000.0, _MIN_RETRY_DELAY_S)
+        loop.call_later(delay_s, self._retry_due, cmd.call_id)
+
+    def _retry_due(self, call_id: str) -> None:
+        self.post(RetryDue(call_id=call_id))
+
+    def _execute_complete_from_cache(self, cmd: CompleteCallFromCache) -> None:
+        return None  # recorded by the core; counted in ConvergeTaskCalls
+
+    # --- events: attempts ---------------------------------------------------------------------
+
+    def _apply_attempt_completed(self, event: AttemptCompleted) -> None:
+        payload = event.payload
+        attempt = payload.get(_FP_ATTEMPT_SEQ)
+        budget = payload.get(_FP_BUDGET_USED_MS, 0)
+        try:
+            output_json = _dumps(payload.get(_FP_OUTPUT))
+        except TypeError:  # an integer beyond 64 bits: the exact slow path
+            output_json = encode_output(payload.get(_FP_OUTPUT))
+        if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
+            if self._note_completion(event, output_json):
+                return
+        self._run(
+            self._core.handle_call_completed(
+                event.call_id,
+                attempt if type(attempt) is int else -1,
+                output_json,
+                budget_used_ms=budget if type(budget) is int else 0,
+            )
+        )
+
+    def _note_completion(self, event: AttemptCompleted, output_json: bytes) -> bool:
+        """Debug output and per-task output limits; True if the task was just stopped."""
+        payload = event.payload
+        run = self._tasks.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
+        if run is None:
+            return False
+        debug_output = payload.get(_FP_DEBUG_OUTPUT)
+        if isinstance(debug_output, str) and debug_output:
+            run.note_debug_output(event.call_id, debug_output)
+        limit = run.max_output_bytes
+        if limit is None or "/sub-" in event.call_id:
+            return False
+        run.output_bytes += len(output_json)
+        if run.output_bytes <= limit or run.output_limit_hit:
+            return False
+        run.output_limit_hit = True
+        _log.warning(
+            "task %s: outputs passed max_output_bytes=%d; stopping it", run.user_task_id, limit
+        )
+        self._run(
+            self._core.handle_task_cancelled(
+                run.task_id, f"outputs exceed max_output_bytes={limit}"
+            )
+        )
+        return True
+
+    def _apply_attempt_failed(self, event: AttemptFailed) -> None:
+        payload = event.payload
+        attempt = payload.get(_FP_ATTEMPT_SEQ)
+        budget = payload.get(_FP_BUDGET_USED_MS, 0)
+        kind = payload.get(keys.FP_ERROR_KIND)
+        message = payload.get(keys.FP_ERROR_MESSAGE)
+        stack = payload.get(keys.FP_ERROR_STACK)
+        error = CallError(
+            kind=kind if isinstance(kind, str) and kind else keys.ERR_INTERNAL_ERROR,
+            message=message if isinstance(message, str) else "",
+            retryable=payload.get(keys.FP_RETRYABLE) is True,
+            stack=stack if isinstance(stack, str) else None,
+        )
+        self._run(
+            self._core.handle_attempt_failure(
+                event.call_id,
+                attempt if type(attempt) is int else -1,
+                error,
+                self._now_ms,
+                budget_used_ms=budget if type(budget) is int else 0,
+            )
+        )
+
+    def _apply_retry_due(self, event: RetryDue) -> None:
+        self._run(self._core.handle_retry_ready(event.call_id))
+
+    # --- events: executors --------------------------------------------------------------------
+
+    def _sync_snapshots(self) -> list[Any]:
+        """Feed the adapter's snapshots to the core; returns them (the adapter's form)."""
+        snaps = self._adapter.snapshots()
+        self._run(self._core.handle_executor_snapshot_updated([core_snapshot(s) for s in snaps]))
+        return snaps
+
+    def _apply_executor_attached(self, event: ExecutorAttached) -> None:
+        _log.debug("executor %s attached", event.executor_id)
+        self._sync_snapshots()
+
+    def _apply_executor_lost(self, event: ExecutorLost) -> None:
+        if event.lost_calls:
+            _log.info(
+                "executor %s lost with %d call(s): %s",
+                event.executor_id,
+                event.lost_calls,
+                event.reason,
+            )
+        self._sync_snapshots()
+        self._run(self._core.handle_executor_lost(event.executor_id, self._now_ms))

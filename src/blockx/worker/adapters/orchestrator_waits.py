@@ -1,0 +1,367 @@
+"""Waits and resumes: IO requests, sub-calls, and the ``ResumeCall`` that ends each wait.
+
+Theory of operation
+-------------------
+(seed: ``orchestrator_subcall.go`` and ``HandleIO`` in ``orchestrator_dispatch.go``.)
+
+A call that suspends sends ``CallWaiting``; the adapter answers
+``function_code`` waits itself and posts the rest as :class:`CallSuspended`.
+The actor then
+
+1. tells the core: ``handle_call_waiting`` (RUNNING -> WAITING). A wait whose
+   attempt is not the call's live one (the call was retried, cancelled, its
+   task ended) is dropped here: nobody is waiting for its answer;
+2. serves it by ``waitKind``:
+
+   * ``io`` — the task's :class:`~blockx.worker.io.IOHandler`, found by the
+     ``taskId`` the frame echoes. An :class:`~blockx.worker.io.IOResult`
+     returned at once is sent at once; a future gets one done callback; a
+     coroutine runs as one task (IO is naturally concurrent; per-call actor
+     work stays task-free). When the answer comes, the ``ResumeCall`` is queued
+     straight from the callback — it does not touch the core — and only a
+     failure to queue it becomes an event (:class:`ResumeNotQueued`);
+   * ``subcall`` — the child's digest from the task's pinned code view, its
+     arguments encoded canonically, and ``handle_subcall_request``: the core
+     checks depth, cycles and the requesting executor, and answers with a
+     ``BindCall`` next to the parent (or a refusal / cache hit as
+     ``ResumeParentCall``). The child's end comes back as ``ResumeParentCall``:
+     ``ResumeCall(subcall)`` with the child's output, or its error as
+     ``{"kind", "message", "retryable"}``, and ``budgetUsedMs``.
+
+3. A ``ResumeCall`` counts as delivered once the adapter flushed it
+   (:class:`ControlDelivered` -> ``handle_call_resumed``, WAITING -> RUNNING).
+   One that cannot be queued or flushed fails the waiting attempt as
+   ``resume_send_failed`` (retryable) with its attempt number.
+
+The attempt number rides along as the control frame's ``token``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+from blockx.wire import EncodeError, NotSerializableError, RemoteError, keys
+from blockx.worker.core import CallError, CallState, ResumeParentCall, SubcallRequest
+from blockx.worker.io import IOResult
+from blockx.worker.json_values import encode_args
+
+from .errors import SendError
+from .orchestrator_events import (
+    CallSuspended,
+    ControlDelivered,
+    ControlUndelivered,
+    ResumeNotQueued,
+)
+
+if TYPE_CHECKING:
+    from blockx.worker.core import DispatchCommand, DispatcherCore
+    from blockx.worker.task_run import TaskRun
+
+    from .executor_adapter import ExecutorAdapter
+    from .orchestrator import OrchestratorStats
+    from .orchestrator_events import ActorEvent
+
+__all__ = ["WaitHandling"]
+
+_log = logging.getLogger("blockx.worker.orchestrator")
+
+_WAITING: Final = CallState.WAITING
+_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
+_FP_TASK_ID: Final = keys.FP_TASK_ID
+_FP_WAIT_KIND: Final = keys.FP_WAIT_KIND
+_FP_RESUME_KIND: Final = keys.FP_RESUME_KIND
+_FP_RESULT: Final = keys.FP_RESULT
+_FP_ERROR: Final = keys.FP_ERROR
+_FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
+_WAIT_IO: Final = keys.WAIT_IO
+_WAIT_SUBCALL: Final = keys.WAIT_SUBCALL
+_Fragment = orjson.Fragment
+_isfuture = asyncio.isfuture
+_monotonic = time.monotonic
+
+
+def _error_wire(kind: str, message: str, retryable: bool) -> dict[str, Any]:
+    return {
+        keys.FP_ERROR_KIND_FIELD: kind,
+        keys.FP_ERROR_MESSAGE_FIELD: message,
+        keys.FP_ERROR_RETRYABLE_FIELD: retryable,
+    }
+
+
+class WaitHandling:
+    """Mixin of :class:`~blockx.worker.adapters.orchestrator.Orchestrator`: waits and resumes."""
+
+    # Provided by Orchestrator.
+    _core: DispatcherCore
+    _adapter: ExecutorAdapter
+    _tasks: dict[str, TaskRun]
+    _now_ms: int
+    _loop: asyncio.AbstractEventLoop | None
+    stats: OrchestratorStats
+
+    def _run(self, commands: list[DispatchCommand]) -> None:
+        raise NotImplementedError
+
+    def post(self, event: ActorEvent) -> None:
+        raise NotImplementedError
+
+    # --- CallWaiting --------------------------------------------------------------------------
+
+    def _apply_call_suspended(self, event: CallSuspended) -> None:
+        payload = event.payload
+        call_id = event.call_id
+        attempt = payload.get(_FP_ATTEMPT_SEQ)
+        core = self._core
+        if type(attempt) is not int:
+            attempt = -1
+        core.handle_call_waiting(call_id, attempt)
+        ctx = core.call_context(call_id)
+        executor = None if ctx is None else ctx.executor
+        if (
+            ctx is None
+            or ctx.state is not _WAITING
+            or ctx.attempt_seq != attempt
+            or executor is None
+            or executor.executor_id != event.executor_id
+        ):
+            self.stats.stale_waits += 1
+            return
+        run = self._tasks.get(payload[_FP_TASK_ID])
+        if run is None:
+            self.stats.stale_waits += 1
+            return
+        if payload.get(_FP_WAIT_KIND) == _WAIT_IO:
+            self._start_io(run, event, attempt)
+        else:
+            self._start_subcall(run, event, attempt)
+
+    # --- io -----------------------------------------------------------------------------------
+
+    def _start_io(self, run: TaskRun, event: CallSuspended, attempt: int) -> None:
+        self.stats.io_waits += 1
+        run.io_calls += 1
+        started = _monotonic()
+        try:
+            answer: Any = run.io_handler.handle_io(
+                run.user_task_id, event.call_id, event.payload, event.sidecar
+            )
+        except Exception as exc:
+            _log.exception("IO handler %r raised for %s", run.io_handler, event.call_id)
+            answer = _handler_failed(exc)
+        if type(answer) is IOResult:
+            self._resume_io(
+                event.executor_id, event.call_id, event.request_id, attempt, started, answer
+            )
+            return
+        if not _isfuture(answer):
+            try:
+                answer = asyncio.ensure_future(answer)
+            except TypeError:
+                self._resume_io(
+                    event.executor_id,
+                    event.call_id,
+                    event.request_id,
+                    attempt,
+                    started,
+                    _handler_failed(
+                        TypeError(
+                            f"IO handler returned {type(answer).__name__}, not an IOResult "
+                            "or an awaitable of one"
+                        )
+                    ),
+                )
+                return
+        answer.add_done_callback(
+            _IOWait(self, event.executor_id, event.call_id, event.request_id, attempt, started)
+        )
+
+    def _resume_io(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        attempt: int,
+        started: float,
+        answer: IOResult,
+    ) -> None:
+        """Queue the ResumeCall answering an IO wait (no core access: callable anywhere)."""
+        budget = answer.budget_used_ms
+        if budget is None:
+            budget = int((_monotonic() - started) * 1000)
+        error = answer.error
+        if error is None:
+            payload: dict[str, Any] = {
+                _FP_RESUME_KIND: _WAIT_IO,
+                _FP_RESULT: answer.result,
+                _FP_BUDGET_USED_MS: budget,
+            }
+        else:
+            payload = {
+                _FP_RESUME_KIND: _WAIT_IO,
+                _FP_ERROR: error.to_wire(),
+                _FP_BUDGET_USED_MS: budget,
+            }
+        try:
+            self._adapter.send_resume_call(
+                executor_id, call_id, request_id, payload, sidecar=answer.sidecar, token=attempt
+            )
+        except (SendError, EncodeError) as exc:
+            self.post(ResumeNotQueued(call_id, attempt, exc))
+
+    # --- subcall ------------------------------------------------------------------------------
+
+    def _start_subcall(self, run: TaskRun, event: CallSuspended, attempt: int) -> None:
+        self.stats.subcall_waits += 1
+        run.subcalls += 1
+        payload = event.payload
+        function_id = payload.get(keys.FP_FUNCTION_ID)
+        granted = payload.get(keys.FP_GRANTED_BUDGET_MS, 0)
+        if type(function_id) is not str or not function_id:
+            self._refuse_subcall(
+                event, attempt, keys.ERR_INTERNAL_ERROR, "sub-call request without a functionId"
+            )
+            return
+        try:
+            args_json = encode_args(payload.get(keys.FP_ARGS))
+        except NotSerializableError as exc:
+            self._refuse_subcall(event, attempt, exc.error_kind, str(exc))
+            return
+        code = run.code.get(function_id)
+        request = SubcallRequest(
+            parent_call_id=event.call_id,
+            parent_attempt_seq=attempt,
+            executor_id=event.executor_id,
+            request_id=event.request_id,
+            function_id=function_id,
+            function_code_digest=code.digest,
+            args_json=args_json,
+            granted_budget_ms=granted if type(granted) is int and granted > 0 else 0,
+        )
+        self._run(self._core.handle_subcall_request(request))
+
+    def _refuse_subcall(self, event: CallSuspended, attempt: int, kind: str, message: str) -> None:
+        """Answer a malformed sub-call request with an error, without a child."""
+        payload = {
+            _FP_RESUME_KIND: _WAIT_SUBCALL,
+            _FP_ERROR: _error_wire(kind, message, False),
+            _FP_BUDGET_USED_MS: 0,
+        }
+        self._send_resume(event.executor_id, event.call_id, event.request_id, payload, attempt)
+
+    def _execute_resume_parent(self, cmd: ResumeParentCall) -> None:
+        parent = self._core.call_context(cmd.parent_call_id)
+        attempt = parent.attempt_seq if parent is not None else -1
+        error = cmd.error
+        if error is None:
+            output = cmd.output_json
+            payload: dict[str, Any] = {
+                _FP_RESUME_KIND: _WAIT_SUBCALL,
+                _FP_RESULT: _Fragment(output) if output is not None else None,
+                _FP_BUDGET_USED_MS: cmd.budget_used_ms,
+            }
+        else:
+            payload = {
+                _FP_RESUME_KIND: _WAIT_SUBCALL,
+                _FP_ERROR: _error_wire(error.kind, error.message, error.retryable),
+                _FP_BUDGET_USED_MS: cmd.budget_used_ms,
+            }
+        self._send_resume(cmd.executor_id, cmd.parent_call_id, cmd.request_id, payload, attempt)
+
+    def _send_resume(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: dict[str, Any],
+        attempt: int,
+    ) -> None:
+        """Queue a ResumeCall from the actor; a refusal fails the waiting attempt at once."""
+        try:
+            self._adapter.send_resume_call(executor_id, call_id, request_id, payload, token=attempt)
+        except (SendError, EncodeError) as exc:
+            self._resume_failed(call_id, attempt, exc)
+
+    # --- delivery -----------------------------------------------------------------------------
+
+    def _apply_control_delivered(self, note: ControlDelivered) -> None:
+        if note.message_type == _MT_RESUME_CALL:
+            self._run(self._core.handle_call_resumed(note.call_id, note.token))
+
+    def _apply_control_undelivered(self, event: ControlUndelivered) -> None:
+        note = event.note
+        if note.message_type == _MT_RESUME_CALL:
+            self._resume_failed(
+                note.call_id,
+                note.token,
+                SendError(event.reason, executor_id=note.executor_id, call_id=note.call_id),
+            )
+
+    def _apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
+        self._resume_failed(event.call_id, event.attempt_seq, event.error)
+
+    def _resume_failed(self, call_id: str, attempt: int, exc: BaseException) -> None:
+        self.stats.resume_send_failures += 1
+        if isinstance(exc, EncodeError):
+            kind, retryable = exc.error_kind, False
+        else:
+            kind, retryable = keys.ERR_RESUME_SEND_FAILED, True
+        error = CallError(
+            kind=kind,
+            message=f"ResumeCall for {call_id} (attempt {attempt}) could not be sent: {exc}",
+            retryable=retryable,
+        )
+        self._run(self._core.handle_attempt_failure(call_id, attempt, error, self._now_ms))
+
+
+def _handler_failed(exc: BaseException) -> IOResult:
+    return IOResult(
+        error=RemoteError(
+            kind=keys.ERR_IO_ERROR, message=f"IO handler failed: {exc!r}", retryable=False
+        )
+    )
+
+
+class _IOWait:
+    """The done callback of one pending IO wait (a plain object: no task, no closure cell)."""
+
+    __slots__ = ("attempt", "call_id", "executor_id", "owner", "request_id", "started")
+
+    def __init__(
+        self,
+        owner: WaitHandling,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        attempt: int,
+        started: float,
+    ) -> None:
+        self.owner = owner
+        self.executor_id = executor_id
+        self.call_id = call_id
+        self.request_id = request_id
+        self.attempt = attempt
+        self.started = started
+
+    def __call__(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
+        else:
+            exc = future.exception()
+            if exc is not None:
+                _log.error("IO request of %s failed: %r", self.call_id, exc)
+                answer = _handler_failed(exc)
+            else:
+                answer = future.result()
+                if type(answer) is not IOResult:
+                    answer = _handler_failed(
+                        TypeError(f"IO handler answered {type(answer).__name__}, not an IOResult")
+                    )
+        self.owner._resume_io(
+            self.executor_id, self.call_id, self.request_id, self.attempt, self.started, answer
+        )

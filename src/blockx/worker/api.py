@@ -1,0 +1,223 @@
+"""The Worker Python API's values: what a task is, and what running it gives back.
+
+::
+
+    from blockx.worker import Call, Task, TaskPolicy, Worker
+
+    task = Task(
+        functions={"adder": "def _(p):\\n    return {'y': p['x'] + 1}\\n"},
+        calls=[Call("adder", {"x": i}) for i in range(1000)],
+        policy=TaskPolicy(max_attempts=3, failure="continue"),
+    )
+    async with Worker() as worker:
+        result = await worker.run_task(task)
+    result.outputs      # [{'y': 1}, {'y': 2}, ...] in call order
+    result.errors       # [CallFailure(index=..., kind='user_error', ...), ...]
+    result.stats        # TaskStats(calls=1000, succeeded=1000, ..., calls_per_s=...)
+
+A task's ``calls`` is either a list/tuple (a *one-shot* task: registered at
+once, outputs in call order) or any other iterable or async iterable (a
+*stream*: registered in batches of ``StreamBuild.BatchMaxRows`` under the
+``MaxOutstandingBatches`` credit window; :meth:`TaskHandle.rows
+<blockx.worker.app.TaskHandle.rows>` yields its rows as batches settle, so
+memory stays flat however long the stream).
+
+Rows: a call returning a ``dict`` gives one row, a ``list`` one row per item,
+``None`` none (any other value is one row as it is).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from blockx.worker.core import CallRetryPolicy, FailurePolicy
+
+if TYPE_CHECKING:
+    from blockx.worker.io import IOHandler
+
+__all__ = [
+    "Call",
+    "CallFailure",
+    "Task",
+    "TaskFailureInfo",
+    "TaskPolicy",
+    "TaskResult",
+    "TaskSpec",
+    "TaskSpecError",
+    "TaskStats",
+]
+
+
+class TaskSpecError(ValueError):
+    """The task is malformed (unknown function in a one-shot call list, bad policy, ...).
+
+    Raised by ``Worker.submit`` / ``run_task`` before anything runs.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call: a function of the task and its arguments.
+
+    ``args`` follows the wire rule: a list is spread as positional arguments,
+    anything else is the one argument (``Call("f", {"x": 1})`` runs ``f({"x": 1})``).
+    """
+
+    function_id: str
+    args: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskPolicy:
+    """How a task's calls are run. ``None`` fields take the worker's configuration."""
+
+    #: Attempts per call (``CALL_RETRY_MAX_ATTEMPTS``, default 3).
+    max_attempts: int | None = None
+    #: ``fast_fail``: the first call that finally fails stops the task (calls in
+    #: flight finish, the rest are cancelled) and the task fails.
+    #: ``continue``: failures are listed and the task succeeds with the other outputs.
+    failure: Literal["fast_fail", "continue"] = "fast_fail"
+    #: Execution budget of every attempt in ms, 0 = unlimited (``CALL_DEADLINE_MS``).
+    call_budget_ms: int | None = None
+    #: Retry backoff base in ms (``CALL_RETRY_BASE_BACKOFF_MS``).
+    base_backoff_ms: int | None = None
+    #: Stop the task with ``OUTPUT_BYTES_EXCEEDED`` once its outputs pass this many
+    #: bytes (``None``: the worker's ``MAX_COLLECTED_OUTPUT_BYTES``).
+    max_output_bytes: int | None = None
+    #: Capture each call's stdout/stderr (``TaskResult.debug_output``).
+    debug: bool = False
+
+    def __post_init__(self) -> None:
+        if self.failure not in ("fast_fail", "continue"):
+            raise TaskSpecError(
+                f"policy.failure must be 'fast_fail' or 'continue', not {self.failure!r}"
+            )
+        if self.max_output_bytes is not None and (
+            type(self.max_output_bytes) is not int or self.max_output_bytes < 1
+        ):
+            raise TaskSpecError("policy.max_output_bytes must be a positive int or None")
+        try:
+            self.core_policy()
+        except ValueError as exc:
+            raise TaskSpecError(f"policy: {exc}") from None
+
+    def core_policy(self) -> CallRetryPolicy:
+        """The dispatcher core's form of this policy."""
+        return CallRetryPolicy(
+            max_attempts=self.max_attempts,
+            base_backoff_ms=self.base_backoff_ms,
+            failure=FailurePolicy(self.failure),
+            call_budget_ms=self.call_budget_ms,
+        )
+
+
+def _new_task_id() -> str:
+    return f"task-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(kw_only=True)
+class Task:
+    """A set of functions and the calls to run (see the module docstring)."""
+
+    #: ``{function_id: source}``; each source is a Python module with an entry ``def``.
+    functions: Mapping[str, str]
+    #: A list/tuple (one-shot) or any (async) iterable (stream) of :class:`Call`
+    #: (or ``(function_id, args)`` pairs).
+    calls: Sequence[Call] | Iterable[Call] | AsyncIterable[Call]
+    #: Generated when not given (``task-<12 hex>``).
+    task_id: str = field(default_factory=_new_task_id)
+    #: Fairness key (tenant); tasks of one instance share its fair share.
+    instance: str | None = None
+    policy: TaskPolicy = field(default_factory=TaskPolicy)
+    #: Answers this task's IO waits; default: the worker's ``io_handlers``.
+    io_handler: IOHandler | None = None
+
+    @property
+    def is_stream(self) -> bool:
+        return not isinstance(self.calls, (list, tuple))
+
+
+#: The task spec (the seed's name for it).
+TaskSpec = Task
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallFailure:
+    """A call that finally failed (after its attempts), as the task result lists it."""
+
+    #: Position of the call in the task's call list (or stream).
+    index: int
+    call_id: str
+    function_id: str
+    args: Any
+    #: Error kind: ``user_error``, ``deadline_exceeded``, ``transport_lost``, ...
+    kind: str
+    message: str
+    #: The user's traceback (user frames only), when the executor sent one.
+    stack: str | None
+    attempts: int
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFailureInfo:
+    """Why a task failed: ``CALL_FAILED`` (fast-fail), ``CANCELLED``, ``OUTPUT_BYTES_EXCEEDED``."""
+
+    kind: str
+    message: str
+    #: The call whose failure stopped the task (``CALL_FAILED``).
+    call_index: int | None = None
+    error_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStats:
+    """What running the task took."""
+
+    calls: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    #: Attempts beyond the first, over all calls.
+    retries: int
+    #: Calls answered from the task's call cache / by a running equal call.
+    cache_hits: int
+    singleflight_hits: int
+    subcalls: int
+    io_calls: int
+    wall_time_s: float
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.calls / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskResult:
+    """The outcome of one task."""
+
+    task_id: str
+    success: bool
+    failure: TaskFailureInfo | None
+    #: Rows in call order (one-shot). Empty when the rows were consumed through
+    #: ``TaskHandle.rows()`` or dropped (``OUTPUT_BYTES_EXCEEDED``).
+    outputs: list[Any]
+    #: Every call that finally failed, by index.
+    errors: list[CallFailure]
+    stats: TaskStats
+    #: Functions that could not run (syntax error, no entry ``def``), by id.
+    code_errors: dict[str, str] = field(default_factory=dict)
+    #: Captured stdout/stderr by call index (``policy.debug``).
+    debug_output: dict[int, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        status = "ok" if self.success else f"FAILED({self.failure.kind if self.failure else '?'})"
+        s = self.stats
+        return (
+            f"TaskResult({self.task_id!r}, {status}, rows={len(self.outputs)}, "
+            f"calls={s.calls} ok={s.succeeded} failed={s.failed} cancelled={s.cancelled}, "
+            f"{s.calls_per_s:,.0f} calls/s)"
+        )

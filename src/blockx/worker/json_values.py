@@ -1,0 +1,68 @@
+"""JSON values at the worker's edges: call arguments in, call outputs out.
+
+The dispatcher core keeps arguments and outputs as encoded JSON ``bytes`` and
+never parses them. Arguments are hashed into call keys, so they are encoded
+*canonically* (orjson with sorted keys): equal arguments give equal bytes, and
+the call cache and singleflight find equal calls. Outputs arrive decoded (the
+frame decoder parses the whole envelope) and are re-encoded once for the core;
+the task's rows are decoded from all of a task's (or a batch's) outputs with
+one ``loads_wire`` call.
+
+Integers beyond 64 bits (a uint256 balance) take the wire's exact slow path
+both ways; NaN and infinities are refused (:class:`~blockx.wire.NotSerializableError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import orjson
+
+from blockx.wire import dumps_wire, loads_wire
+
+__all__ = ["encode_args", "encode_output", "rows_from_outputs"]
+
+_dumps = orjson.dumps
+_SORTED: Final = orjson.OPT_SORT_KEYS
+
+
+def encode_args(value: Any) -> bytes:
+    """Canonical JSON bytes of a call's arguments (sorted keys). Raises ``NotSerializableError``."""
+    try:
+        encoded = _dumps(value, option=_SORTED)
+    except TypeError:
+        return dumps_wire(value)  # big ints (exact), or a typed error naming the bad value
+    if b"null" in encoded:
+        dumps_wire(value)  # orjson writes NaN as null: let the strict encoder judge
+    return encoded
+
+
+def encode_output(value: Any) -> bytes:
+    """JSON bytes of a decoded output (as received: no NaN can be in it)."""
+    try:
+        return _dumps(value)
+    except TypeError:
+        return dumps_wire(value)
+
+
+def rows_from_outputs(outputs: Iterable[bytes]) -> list[Any]:
+    """A task's rows from its outputs: a dict is one row, a list many, ``null`` none.
+
+    Any other value (a number, a string) is one row as it is.
+    """
+    outputs = outputs if isinstance(outputs, (list, tuple)) else list(outputs)
+    if not outputs:
+        return []
+    values = loads_wire(b"[" + b",".join(outputs) + b"]")
+    rows: list[Any] = []
+    append = rows.append
+    extend = rows.extend
+    for value in values:
+        if value is None:
+            continue
+        if type(value) is list:
+            extend(value)
+        else:
+            append(value)
+    return rows

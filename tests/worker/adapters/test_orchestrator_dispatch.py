@@ -1,0 +1,212 @@
+"""Orchestrator: DispatchCallCmd -> ExecuteCall, terminal frames, send/bind failures, loss.
+
+A real adapter and core; the executor is a scripted peer. Both event loops.
+"""
+
+from __future__ import annotations
+
+import pytest
+from orchestrator_rig import OrchestratorRig, frame_payload, reply_completed
+
+from blockx.wire import keys
+from blockx.worker.adapters.errors import ExecutorCapacityError, OutboxFullError
+from blockx.worker.api import Call, TaskPolicy
+from blockx.worker.code import source_digest
+from blockx.worker.core import CallState, DispatcherConfig, call_key
+
+pytestmark = pytest.mark.timeout(30)
+
+ADDER = "def helper(x):\n    return x\n\ndef _(p):\n    return {'y': p['x'] + 1}\n"
+NAMED = "def _private():\n    pass\n\ndef adder(p):\n    return p\n"
+BROKEN = "def _(p):\n    return (\n"
+
+
+def test_execute_call_carries_the_seeds_fields_and_the_output_converges(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit(
+                {"adder": ADDER},
+                [Call("adder", {"x": 41})],
+                policy=TaskPolicy(call_budget_ms=1234, debug=True),
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            assert frame.envelope[keys.F_CALL_ID] == "t1/c0"
+            payload = frame_payload(frame)
+            digest = source_digest(ADDER)
+            assert payload == {
+                "taskId": "t1",
+                "functionId": "adder",
+                "functionCodeDigest": digest,
+                "entrySelector": "_",
+                "args": {"x": 41},
+                "parentCallId": None,
+                "callKey": call_key("adder", digest, b'{"x":41}'),
+                "ancestry": [],
+                "callBudgetMs": 1234,
+                "attemptSeq": 1,
+                "audit": None,
+                "debug": True,
+            }
+            reply_completed(peer, frame, {"y": 42})
+            converged = await task.done
+            assert converged.success and converged.outputs == (b'{"y":42}',)
+            assert rig.adapter.reserved_calls("exec-0") == ()
+            assert rig.orchestrator.live_task_ids == []
+            assert rig.code_view.view("t1") is None  # the pinned view is released
+
+    run(scenario())
+
+
+def test_the_entry_selector_follows_the_function_id_when_there_is_no_underscore(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            rig.submit({"pkg/adder": NAMED}, [Call("pkg/adder", 1)])
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            assert frame_payload(frame)["entrySelector"] == "adder"
+
+    run(scenario())
+
+
+def test_function_code_waits_are_answered_from_the_pinned_view(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            rig.submit({"adder": ADDER}, [Call("adder", {"x": 1})])
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            payload = frame_payload(frame)
+            peer.send(
+                {
+                    keys.F_MESSAGE_TYPE: keys.MT_CALL_WAITING,
+                    keys.F_CALL_ID: "t1/c0",
+                    keys.F_REQUEST_ID: "req-1",
+                    keys.F_PAYLOAD: {
+                        keys.FP_TASK_ID: "t1",
+                        keys.FP_ATTEMPT_SEQ: 1,
+                        keys.FP_WAIT_KIND: "function_code",
+                        keys.FP_FUNCTION_ID: "adder",
+                        keys.FP_FUNCTION_CODE_DIGEST: payload["functionCodeDigest"],
+                    },
+                }
+            )
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            result = frame_payload(resume)[keys.FP_RESULT]
+            assert result == {"source": ADDER, "functionCodeDigest": source_digest(ADDER)}
+            # The dispatcher never saw the wait: the call is still RUNNING.
+            ctx = rig.core.call_context("t1/c0")
+            assert ctx is not None and ctx.state is CallState.RUNNING
+
+    run(scenario())
+
+
+def test_a_function_that_does_not_compile_fails_without_reaching_the_executor(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit(
+                {"adder": ADDER, "broken": BROKEN},
+                [Call("broken", 1), Call("adder", {"x": 1})],
+                policy=TaskPolicy(failure="continue"),
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            assert frame.envelope[keys.F_CALL_ID] == "t1/c1"
+            reply_completed(peer, frame, {"y": 2})
+            converged = await task.done
+            [failed] = converged.failed_calls
+            assert failed.index == 0 and failed.error.kind == "user_error"
+            assert "SyntaxError" in failed.error.message and "line 2" in failed.error.message
+            assert failed.error.stack is not None and "<blockx:broken>" in failed.error.stack
+            assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1
+
+    run(scenario())
+
+
+def test_a_refused_execute_call_is_a_retryable_attempt_failure(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            peer = await rig.peer()
+            rig.adapter.fail_execute.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
+            task = rig.submit({"adder": ADDER}, [Call("adder", {"x": 1})])
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            assert frame_payload(frame)["attemptSeq"] == 2  # attempt 1 was never sent
+            reply_completed(peer, frame, {"y": 2})
+            converged = await task.done
+            assert converged.success and converged.retry_count == 1
+            assert rig.orchestrator.stats.send_failures == 1
+
+    run(scenario())
+
+
+def test_a_refused_bind_gives_the_attempt_back_and_binds_again(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            rig.adapter.fail_bind.append(
+                ExecutorCapacityError("exec-0", call_id="t1/c0", reserved=1, usable=1)
+            )
+            task = rig.submit(
+                {"adder": ADDER}, [Call("adder", {"x": 1})], policy=TaskPolicy(max_attempts=1)
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            reply_completed(peer, frame, {"y": 2})
+            converged = await task.done
+            assert converged.success  # one attempt allowed, and the refused bind did not spend it
+            assert rig.orchestrator.stats.bind_failures == 1
+
+    run(scenario())
+
+
+def test_a_lost_executor_fails_its_calls_retryably_and_they_run_elsewhere(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            first = await rig.peer("exec-0", availableContexts=1)
+            task = rig.submit({"adder": ADDER}, [Call("adder", {"x": 1})])
+            await first.wait_frames(keys.MT_EXECUTE_CALL)
+            second = await rig.peer("exec-1")
+            first.close()
+            [frame] = await second.wait_frames(keys.MT_EXECUTE_CALL)
+            assert frame_payload(frame)["attemptSeq"] == 2
+            reply_completed(second, frame, {"y": 2})
+            converged = await task.done
+            assert converged.success and converged.retry_count == 1
+
+    run(scenario())
+
+
+def test_stale_terminal_frames_are_dropped(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit({"adder": ADDER}, [Call("adder", {"x": 1})])
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            stale = dict(frame_payload(frame), attemptSeq=7)
+            frame.envelope[keys.F_PAYLOAD] = stale
+            before = rig.core.stats.stale_events
+            reply_completed(peer, frame, {"y": 999})
+            await rig.until(lambda: rig.core.stats.stale_events > before)
+            assert not task.done.done()
+            frame.envelope[keys.F_PAYLOAD] = dict(stale, attemptSeq=1)
+            reply_completed(peer, frame, {"y": 2})
+            assert (await task.done).outputs == (b'{"y":2}',)
+
+    run(scenario())
+
+
+def test_a_task_output_limit_stops_the_task(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit(
+                {"adder": ADDER},
+                [Call("adder", {"x": i}) for i in range(3)],
+                policy=TaskPolicy(max_output_bytes=20),
+            )
+            frames = await peer.wait_frames(keys.MT_EXECUTE_CALL, 3)
+            reply_completed(peer, frames[0], {"y": "x" * 10})
+            reply_completed(peer, frames[1], {"y": "x" * 10})
+            converged = await task.done
+            assert not converged.success and task.output_limit_hit
+            await peer.wait_frames(keys.MT_CANCEL_CALL)
+
+    run(scenario())

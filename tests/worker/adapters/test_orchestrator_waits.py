@@ -1,0 +1,250 @@
+"""Orchestrator: io and subcall waits, ResumeCall delivery, resume_send_failed.
+
+A real adapter and core; the executor is a scripted peer. Both event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from orchestrator_rig import OrchestratorRig, frame_payload, reply_completed, reply_waiting
+
+from blockx.wire import keys
+from blockx.worker.adapters.errors import OutboxFullError
+from blockx.worker.api import Call, TaskPolicy
+from blockx.worker.code import source_digest
+from blockx.worker.core import CallState, DispatcherConfig, call_key
+from blockx.worker.io import IOResult
+
+pytestmark = pytest.mark.timeout(30)
+
+PARENT = "def _(p):\n    return function.call('child', p)\n"
+CHILD = "def _(p):\n    return {'child': p}\n"
+
+
+class Backend:
+    """Records requests; answers each through a future the test resolves."""
+
+    def __init__(self, immediate: bool = False) -> None:
+        self.requests: list[tuple[str, str, dict[str, Any], bytes | None]] = []
+        self.pending: list[asyncio.Future[IOResult]] = []
+        self.immediate = immediate
+
+    def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> Any:
+        self.requests.append((task_id, call_id, payload, sidecar))
+        if self.immediate:
+            return IOResult(result={"n": len(self.requests)}, sidecar=b"raw", budget_used_ms=3)
+        future: asyncio.Future[IOResult] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        return future
+
+
+def _io(peer: Any, frame: Any, request_id: str) -> None:
+    reply_waiting(
+        peer,
+        frame,
+        request_id,
+        waitKind="io",
+        ioKind="read",
+        backend="blockdb",
+        operation="get_row",
+        params={"k": 1},
+    )
+
+
+def test_io_wait_goes_to_the_tasks_handler_and_resumes_the_call(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            backend = Backend()
+            task = rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            await rig.until(lambda: backend.pending)
+            ctx = rig.core.call_context("t1/c0")
+            assert ctx is not None and ctx.state is CallState.WAITING
+            task_id, call_id, payload, _ = backend.requests[0]
+            assert (task_id, call_id, payload["operation"]) == ("user-t1", "t1/c0", "get_row")
+            backend.pending[0].set_result(IOResult(result={"row": 7}, budget_used_ms=12))
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            assert resume.envelope[keys.F_REQUEST_ID] == "req-1"
+            assert frame_payload(resume) == {
+                "resumeKind": "io",
+                "result": {"row": 7},
+                "budgetUsedMs": 12,
+            }
+            await rig.until(lambda: ctx.state is CallState.RUNNING)  # flushed -> resumed
+            reply_completed(peer, frame, {"ok": 1})
+            assert (await task.done).success and task.io_calls == 1
+
+    run(scenario())
+
+
+def test_an_immediate_io_answer_carries_its_sidecar(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            backend = Backend(immediate=True)
+            rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            assert resume.sidecar == b"raw"
+            assert frame_payload(resume)["result"] == {"n": 1}
+
+    run(scenario())
+
+
+def test_a_failing_io_handler_fails_the_wait_as_io_error(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            backend = Backend()
+            rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            await rig.until(lambda: backend.pending)
+            backend.pending[0].set_exception(ConnectionError("backend down"))
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            error = frame_payload(resume)["error"]
+            assert error["kind"] == "io_error" and "backend down" in error["message"]
+            assert error["retryable"] is False
+
+    run(scenario())
+
+
+def test_a_resume_that_cannot_be_sent_fails_the_call_as_resume_send_failed(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            peer = await rig.peer()
+            rig.adapter.fail_resume.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
+            task = rig.submit(
+                {"child": CHILD},
+                [Call("child", 1)],
+                io_handler=Backend(immediate=True),
+                policy=TaskPolicy(max_attempts=1),
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            converged = await task.done
+            [failed] = converged.failed_calls
+            assert failed.error.kind == "resume_send_failed" and failed.error.retryable
+            assert "attempt 1" in failed.error.message and failed.attempts == 1
+            assert rig.orchestrator.stats.resume_send_failures == 1
+
+    run(scenario())
+
+
+def test_a_resume_send_failure_is_retried_like_any_retryable_failure(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            peer = await rig.peer()
+            rig.adapter.fail_resume.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
+            task = rig.submit(
+                {"child": CHILD}, [Call("child", 1)], io_handler=Backend(immediate=True)
+            )
+            first = (await peer.wait_frames(keys.MT_EXECUTE_CALL))[0]
+            _io(peer, first, "req-1")
+            second = (await peer.wait_frames(keys.MT_EXECUTE_CALL, 2))[1]
+            assert frame_payload(second)["attemptSeq"] == 2
+            reply_completed(peer, second, {"ok": True})
+            assert (await task.done).retry_count == 1
+
+    run(scenario())
+
+
+def test_a_subcall_runs_next_to_its_parent_and_resumes_it(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit(
+                {"parent": PARENT, "child": CHILD},
+                [Call("parent", {"v": 1})],
+                policy=TaskPolicy(call_budget_ms=5000),
+            )
+            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            reply_waiting(
+                peer,
+                parent,
+                "req-1",
+                waitKind="subcall",
+                functionId="child",
+                args={"v": 2},
+                ancestry=[],
+                grantedBudgetMs=4000,
+            )
+            [_, child] = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+            payload = frame_payload(child)
+            digest = source_digest(CHILD)
+            assert child.envelope[keys.F_CALL_ID].startswith("t1/c0/sub-")
+            assert payload["parentCallId"] == "t1/c0"
+            assert payload["functionCodeDigest"] == digest
+            assert payload["ancestry"] == [frame_payload(parent)["callKey"]]
+            assert payload["callKey"] == call_key("child", digest, b'{"v":2}')
+            assert payload["callBudgetMs"] == 4000 and payload["attemptSeq"] == 1
+            reply_completed(peer, child, {"child": {"v": 2}}, budget_used_ms=9)
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            assert resume.envelope[keys.F_CALL_ID] == "t1/c0"
+            assert resume.envelope[keys.F_REQUEST_ID] == "req-1"
+            assert frame_payload(resume) == {
+                "resumeKind": "subcall",
+                "result": {"child": {"v": 2}},
+                "budgetUsedMs": 9,
+            }
+            reply_completed(peer, parent, {"done": True})
+            converged = await task.done
+            assert converged.outputs == (b'{"done":true}',) and task.subcalls == 1
+
+    run(scenario())
+
+
+def test_a_subcall_of_an_unknown_function_resumes_the_parent_with_an_error(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            rig.submit({"parent": PARENT}, [Call("parent", 1)])
+            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            reply_waiting(
+                peer,
+                parent,
+                "req-1",
+                waitKind="subcall",
+                functionId="nowhere",
+                args=1,
+                ancestry=[],
+                grantedBudgetMs=0,
+            )
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            error = frame_payload(resume)["error"]
+            assert error["kind"] == "user_error" and "not defined in this task" in error["message"]
+            assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1  # the child never ran
+
+    run(scenario())
+
+
+def test_a_subcall_request_from_a_replaced_attempt_is_dropped(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            rig.submit({"parent": PARENT, "child": CHILD}, [Call("parent", 1)])
+            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            frame_payload(parent)["attemptSeq"] = 5
+            reply_waiting(
+                peer,
+                parent,
+                "req-1",
+                waitKind="subcall",
+                functionId="child",
+                args=1,
+                ancestry=[],
+                grantedBudgetMs=0,
+            )
+            await rig.until(lambda: rig.orchestrator.stats.stale_waits == 1)
+            await asyncio.sleep(0.02)
+            assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1
+
+    run(scenario())

@@ -1,0 +1,217 @@
+"""End to end: executors that die, crash, wedge; tasks that are cancelled.
+
+Each test has a worker of its own (the failures leave marks on it); every
+session's close checks that no executor process outlived the worker and that
+the socket directory is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import pytest
+from e2e_support import (
+    SLEEPER,
+    RecordingSpawner,
+    WorkerSession,
+    e2e_config,
+    eventually,
+    process_is_gone,
+)
+
+from blockx.worker.adapters.pool import SlotState
+from blockx.worker.adapters.spawner import ExecutorLaunchSpec, executor_command
+from blockx.worker.api import Call, Task, TaskPolicy
+
+pytestmark = [pytest.mark.timeout(120)]
+
+# The executor's deadline alarm re-fires every 100 ms, and a signal handler runs at a
+# loop's back edge: a single `while True: try/except BaseException` loop is ended by
+# the executor within a few alarms (deadline_exceeded), because the back edge lies
+# outside its `try`. A second loop around it keeps every back edge inside a `try`
+# and really wedges the executor: only the worker's wedge backstop can end it.
+WEDGE = """
+def _(p):
+    while True:
+        try:
+            while True:
+                try:
+                    pass
+                except BaseException:
+                    pass
+        except BaseException:
+            pass
+"""
+
+
+def _reserved(session: WorkerSession) -> int:
+    adapter = session.worker.adapter
+    return sum(len(adapter.reserved_calls(e)) for e in session.worker.pool.executor_ids)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_call_retries_and_loses_or_duplicates_nothing() -> None:
+    config = e2e_config(**{"dispatcher.default_max_attempts": 3})
+    with WorkerSession(config) as session:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("sleeper", {"i": i, "s": 0.3}) for i in range(400)]
+            handle = worker.submit(Task(functions={"sleeper": SLEEPER}, calls=calls))
+            adapter = worker.adapter
+            # Wait until exec-0 holds many suspended (sleeping) calls, then SIGKILL it.
+            await eventually(lambda: len(adapter.reserved_calls("exec-0")) >= 100, timeout=20)
+            victim = worker.pool.pid("exec-0")
+            assert victim is not None
+            os.kill(victim, signal.SIGKILL)
+            result = await handle.result()
+            assert result.success, result.errors[:3]
+            assert result.outputs == [{"i": i} for i in range(400)]  # none lost, none twice
+            assert result.stats.succeeded == 400 and result.stats.retries >= 100
+            assert process_is_gone(victim)
+            slot = worker.pool.slot("exec-0")
+            assert slot.last_returncode == -signal.SIGKILL and slot.restarts_total >= 1
+            await eventually(lambda: worker.adapter.is_attached("exec-0"), timeout=30)
+
+        session.run(scenario())
+
+
+@pytest.mark.slow
+def test_an_executor_that_keeps_crashing_backs_off_while_the_others_serve() -> None:
+    def argv(spec: ExecutorLaunchSpec) -> Sequence[str]:
+        if spec.executor_id == "exec-1":
+            return [sys.executable, "-c", "import sys; sys.exit(7)"]
+        return executor_command(spec)
+
+    config = e2e_config(
+        **{
+            "pool.max_restarts": 2,
+            "pool.restart_window_ms": 60_000,
+            "pool.backoff_ms": 60_000,
+            "pool.restart_delay_ms": 20,
+        }
+    )
+    session = WorkerSession(config, spawner=RecordingSpawner(argv_factory=argv))
+    session.start(wait_ready=False)
+    try:
+
+        async def scenario() -> None:
+            worker = session.worker
+            await worker.wait_ready(count=1)
+            calls = [Call("sleeper", {"i": i, "s": 0.001}) for i in range(300)]
+            result = await worker.run_task(Task(functions={"sleeper": SLEEPER}, calls=calls))
+            assert result.outputs == [{"i": i} for i in range(300)]
+            await eventually(lambda: worker.pool.slot_state("exec-1") is SlotState.BACKOFF, 10)
+            crashed = worker.pool.slot("exec-1")
+            assert crashed.last_returncode == 7 and crashed.exits_total == 3
+            assert worker.pool.slot_state("exec-0") is SlotState.RUNNING
+            assert worker.adapter.attached_executor_ids() == ["exec-0"]
+
+        session.run(scenario())
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_a_wedged_executor_is_killed_and_its_call_fails_clearly() -> None:
+    config = e2e_config(
+        **{
+            "dispatcher.call_deadline_ms": 300,
+            "dispatcher.scheduler_stall_timeout_ms": 1500,
+        }
+    )
+    with WorkerSession(config) as session:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(50)]
+            task = Task(
+                functions={"wedge": WEDGE, "sleeper": SLEEPER},
+                calls=calls,
+                policy=TaskPolicy(failure="continue", max_attempts=2),
+            )
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            result = await worker.run_task(task)
+            elapsed = loop.time() - started
+            [error] = result.errors
+            assert error.index == 0 and error.kind == "executor_wedged"
+            assert not error.retryable and error.attempts == 1
+            assert "killed" in error.message
+            assert result.outputs == [{"i": i} for i in range(50)]
+            assert worker.orchestrator.stats.wedged_calls == 1
+            assert worker.orchestrator.stats.executors_killed == 1
+            assert 1.5 <= elapsed < 10
+            killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
+            assert len(killed) == 1
+
+        session.run(scenario())
+
+
+def test_cancelling_run_task_cancels_its_calls_on_the_executors() -> None:
+    with WorkerSession(e2e_config()) as session:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("sleeper", {"i": i, "s": 30}) for i in range(20)]
+            running = asyncio.ensure_future(
+                worker.run_task(Task(functions={"sleeper": SLEEPER}, calls=calls))
+            )
+            await eventually(lambda: _reserved(session) == 20)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+            assert worker.orchestrator.live_task_ids == []
+            # CancelCall reached the executors: their terminal frames release every context.
+            await eventually(lambda: _reserved(session) == 0, timeout=5)
+            await eventually(
+                lambda: all(s.inflight_count == 0 for s in worker.adapter.snapshots()), timeout=5
+            )
+            # The worker is still good for the next task.
+            after = await worker.run_task(
+                Task(functions={"sleeper": SLEEPER}, calls=[Call("sleeper", {"i": 1, "s": 0})])
+            )
+            assert after.outputs == [{"i": 1}]
+
+        session.run(scenario())
+
+
+def test_a_cancelled_handle_reports_cancelled() -> None:
+    with WorkerSession(e2e_config(**{"pool.executor_count": 1})) as session:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("sleeper", {"i": i, "s": 0.02 if i < 3 else 30}) for i in range(200)]
+            handle = worker.submit(Task(functions={"sleeper": SLEEPER}, calls=calls))
+            await eventually(lambda: _reserved(session) >= 100)
+            await asyncio.sleep(0.2)  # the three short calls finish
+            handle.cancel("enough")
+            result = await handle.result()
+            assert not result.success
+            assert result.failure is not None and result.failure.kind == "CANCELLED"
+            assert "enough" in result.failure.message
+            assert result.stats.succeeded == 3 and result.stats.cancelled == 197
+            assert result.outputs == [{"i": 0}, {"i": 1}, {"i": 2}]
+            await eventually(lambda: _reserved(session) == 0, timeout=5)
+
+        session.run(scenario())
+
+
+def test_closing_the_worker_with_calls_in_flight_leaves_no_process() -> None:
+    session = WorkerSession(e2e_config()).start()
+    handle = None
+
+    async def scenario() -> None:
+        nonlocal handle
+        worker = session.worker
+        calls = [Call("sleeper", {"i": i, "s": 60}) for i in range(50)]
+        handle = worker.submit(Task(functions={"sleeper": SLEEPER}, calls=calls))
+        await eventually(lambda: _reserved(session) == 50)
+
+    session.run(scenario())
+    session.close()  # asserts: no orphan executor, socket directory removed
+    assert handle is not None and handle.done()
