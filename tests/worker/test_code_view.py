@@ -89,3 +89,11 @@ def test_the_resolver_answers_from_pinned_views_and_forgets_released_ones() -> N
     with pytest.raises(ValueError):
         registry.pin("t3", view)
         registry.pin("t3", view)
+
+
+def test_entry_follows_the_seed_order_segment_before_underscore():
+    from blockx.worker.code import function_code
+
+    source = "def _(p):\n    return 1\n\ndef adder(p):\n    return 2\n"
+    assert function_code("pkg/adder", source).entry_selector == "adder"
+    assert function_code("other", source).entry_selector == "_"

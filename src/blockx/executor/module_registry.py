@@ -54,6 +54,7 @@ from typing import Any, Final
 import blockx.chain
 import blockx.db
 import blockx.function
+from blockx.audit.entry import entry_from_defs, top_level_entries
 
 from .errors import NoEntryFunctionError, UserCodeSyntaxError
 
@@ -137,15 +138,7 @@ def resolve_entry_name(
         entry_selector in top_level_defs or (entry_selector == "_" and underscore_alias)
     ):
         return entry_selector
-    segment = function_id.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
-    if segment and segment in top_level_defs:
-        return segment
-    if "_" in top_level_defs or underscore_alias:
-        return "_"
-    for name in top_level_defs:
-        if not name.startswith("_"):
-            return name
-    return None
+    return entry_from_defs(top_level_defs, underscore_alias, function_id)
 
 
 class CompiledModule:
@@ -226,24 +219,6 @@ class _TaskModules:
             f"_TaskModules(calls={self.calls}, modules={len(self.modules)}, "
             f"restricted={len(self.restricted_modules)})"
         )
-
-
-def _scan_top_level(tree: ast.Module) -> tuple[tuple[str, ...], bool]:
-    defs: list[str] = []
-    alias = False
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            if node.name not in defs:
-                defs.append(node.name)
-        elif (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == "_"
-            and isinstance(node.value, ast.Name)
-        ):
-            alias = True
-    return tuple(defs), alias
 
 
 class ModuleRegistry:
@@ -385,7 +360,7 @@ class ModuleRegistry:
             return _CompileFailure(exc)
         except ValueError as exc:  # e.g. a NUL byte in the source
             return _CompileFailure(SyntaxError(str(exc), (filename, 1, 1, "", 1, 1)))
-        defs, alias = _scan_top_level(tree)
+        defs, alias = top_level_entries(tree)
         lines = source.splitlines(keepends=True)
         if lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"

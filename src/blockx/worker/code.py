@@ -28,10 +28,11 @@ digest), so many tasks running the same function hold one copy. The compile
 check (``compile()`` of the whole module, which also catches errors ``ast``
 alone lets through, such as ``return`` outside a function) is cached by digest.
 
-Entry selection (``entrySelector``): ``def _`` (or ``_ = f``), else a top-level
-``def`` named like the function id's last segment (after the last ``/`` or
-``.``), else the first public top-level ``def``. The executor takes the
-selector as given when it names a top-level ``def``.
+Entry selection (``entrySelector``), the seed's rule, implemented once in
+:mod:`blockx.audit.entry`: the top-level ``def`` named like the function id's
+last segment (after the last ``/`` or ``.``), else ``def _`` (or ``_ = f``),
+else the first public top-level ``def``. The executor takes the selector as
+given when it names a top-level ``def``.
 
 Single-threaded: everything runs on the worker's event loop thread, except
 :func:`build_task_code_view`, which is pure and may run anywhere.
@@ -47,6 +48,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from blockx.audit.entry import entry_from_defs, top_level_entries
 from blockx.wire import RemoteError, keys
 
 __all__ = [
@@ -145,15 +147,8 @@ def _check_source(function_id: str, source: str, digest: str) -> _Checked:
         error = SyntaxError(f"{type(exc).__name__}: {exc}", (filename, 1, 1, "", 1, 1))
         checked = _Checked((), False, error)
     else:
-        defs: list[str] = []
-        alias = False
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef):
-                defs.append(node.name)
-            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
-                if any(isinstance(t, ast.Name) and t.id == "_" for t in node.targets):
-                    alias = True
-        checked = _Checked(tuple(defs), alias, None)
+        defs, alias = top_level_entries(tree)
+        checked = _Checked(defs, alias, None)
     _compile_cache[digest] = checked
     if len(_compile_cache) > _COMPILE_CACHE_ENTRIES:
         _compile_cache.popitem(last=False)
@@ -190,15 +185,7 @@ def select_entry(
     top_level_defs: tuple[str, ...], underscore_alias: bool, function_id: str
 ) -> str | None:
     """The entry ``def`` of a module (see the module docstring), or None."""
-    if "_" in top_level_defs or underscore_alias:
-        return "_"
-    segment = function_id.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
-    if segment and segment in top_level_defs:
-        return segment
-    for name in top_level_defs:
-        if not name.startswith("_"):
-            return name
-    return None
+    return entry_from_defs(top_level_defs, underscore_alias, function_id)
 
 
 def function_code(function_id: str, source: str) -> FunctionCode:
