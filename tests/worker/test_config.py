@@ -256,7 +256,7 @@ def test_docstring_table_lists_every_knob() -> None:
     end = doc.index("\n\n.. knob-table-end")
     assert doc[start:end] == knob_table()
     knobs = list(iter_knobs())
-    assert len(knobs) == 33
+    assert len(knobs) == 38
     envs = [f.metadata["env"] for _, _, f in knobs]
     assert len(set(envs)) == len(envs)
     seed_envs = {f.metadata["env"] for _, _, f in knobs if f.metadata["seed_env"]}

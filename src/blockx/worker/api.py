@@ -134,6 +134,10 @@ class Task:
     policy: TaskPolicy = field(default_factory=TaskPolicy)
     #: Answers this task's IO waits; default: the worker's ``io_handlers``.
     io_handler: IOHandler | None = None
+    #: Audit every function before its first dispatch and run the accepted ones
+    #: restricted; a rejected function's calls fail with ``audit_rejected``
+    #: (``docs/security.md``). Use it for any code you did not write.
+    audit: bool = False
 
     @property
     def is_stream(self) -> bool:

@@ -54,6 +54,7 @@ from blockx.worker.api import (
     TaskSpecError,
     TaskStats,
 )
+from blockx.worker.audit_gate import audit_task_code
 from blockx.worker.code import MISSING_FUNCTION_DIGEST, FunctionCodeView, build_task_code_view
 from blockx.worker.config import WorkerConfig, load_config
 from blockx.worker.core import CallSpec, DispatcherConfig, DispatcherCore, TaskMode
@@ -366,6 +367,8 @@ class Worker:
             code = build_task_code_view(task.functions)
         except (TypeError, ValueError) as exc:
             raise TaskSpecError(str(exc)) from None
+        if task.audit:
+            code = audit_task_code(code)  # verdicts before any call is registered
         policy = task.policy
         core_policy = policy.core_policy()
         internal_id = f"{task.task_id}#{next(_task_seq)}"

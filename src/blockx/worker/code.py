@@ -13,10 +13,13 @@ code (the seed's "pinned view").
 What reads it:
 
 * the worker, at registration: each call's digest (the core keys calls by it);
-* the orchestrator, per ``DispatchCallCmd``: the entry selector, or the
-  function's :class:`CodeError` — a call of a function that failed to compile
-  is failed as ``user_error`` with the error's message and line instead of
-  being sent (calls of the task's other functions run normally);
+* the orchestrator, per ``DispatchCallCmd``: the entry selector and the audit
+  payload, or the function's :class:`CodeError` — a call of a function that
+  failed to compile is failed as ``user_error`` (one the audit gate refused:
+  ``audit_rejected``) with the error's message and line instead of being sent
+  (calls of the task's other functions run normally). The audit verdicts are
+  put in by :mod:`blockx.worker.audit_gate` for tasks submitted with
+  ``audit=True``;
 * the executor adapter, through :meth:`FunctionCodeView.resolve` (its
   function-code resolver): ``ExecuteCall`` carries only the digest, and the
   executor fetches the source with ``CallWaiting(waitKind=function_code)`` the
@@ -83,7 +86,7 @@ def module_filename(function_id: str) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CodeError:
-    """Why a function cannot run: its calls fail as ``user_error`` with this message."""
+    """Why a function cannot run: its calls fail with ``kind`` and this message."""
 
     function_id: str
     #: One line: ``SyntaxError: invalid syntax (<blockx:f>, line 3, column 7)``.
@@ -92,6 +95,9 @@ class CodeError:
     offset: int | None = None
     #: A traceback-like text showing the offending line (the call's "user stack").
     stack: str | None = None
+    #: The calls' error kind: ``user_error`` (does not compile, no entry, not defined)
+    #: or ``audit_rejected`` (the audit gate refused it). Never retryable.
+    kind: str = keys.ERR_USER_ERROR
 
     def __str__(self) -> str:
         return self.message
@@ -107,6 +113,9 @@ class FunctionCode:
     #: The ``entrySelector`` sent with every ``ExecuteCall`` ("" when ``error`` is set).
     entry_selector: str
     error: CodeError | None = None
+    #: ``ExecuteCall.audit`` of an audited, accepted function (the audit gate sets it);
+    #: None: the function runs unrestricted.
+    audit: dict[str, str] | None = None
 
     def __repr__(self) -> str:
         what = f"error={self.error.message!r}" if self.error else f"entry={self.entry_selector!r}"

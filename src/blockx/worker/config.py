@@ -73,6 +73,21 @@ ours, named in the same style)
 ``pool.python``
     ``EXECUTOR_PYTHON``; default ``sys.executable``.
     Python interpreter that runs ``-m blockx.executor``.
+``pool.sandbox_memory_mb``
+    ``EXECUTOR_SANDBOX_MEMORY_MB``; default ``1024``.
+    Sandbox mode: memory limit of each executor, MiB (0 = none).
+``pool.sandbox_cpus``
+    ``EXECUTOR_SANDBOX_CPUS``; default ``1.0``.
+    Sandbox mode: CPU quota of each executor, in CPUs (0 = none).
+``pool.sandbox_pids_max``
+    ``EXECUTOR_SANDBOX_PIDS_MAX``; default ``256``.
+    Sandbox mode: processes and threads of each executor (0 = none).
+``pool.sandbox_limits``
+    ``EXECUTOR_SANDBOX_LIMITS``; default ``auto``.
+    Sandbox mode: how limits are applied; ``auto`` is cgroup v2, else v1, else rlimits.
+``pool.sandbox_ro_binds``
+    ``EXECUTOR_SANDBOX_RO_BINDS``; default ``none``.
+    Sandbox mode: extra paths the executor may read, separated by ``:``.
 ``dispatcher.executor_max_inflight``
     ``EXECUTOR_MAX_INFLIGHT``; default ``128``.
     Calls one executor holds at once (0 = unlimited); also its ``--executor-max-inflight``.
@@ -262,6 +277,27 @@ class _PositiveFloat(_Kind):
         return value
 
 
+class _NonNegativeFloat(_Kind):
+    expected = "a non-negative number"
+
+    def from_text(self, text: str) -> Any:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(self.expected) from None
+        return self.check(value)
+
+    def check(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.from_text(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(self.expected)
+        value = float(value)
+        if not (0 <= value < float("inf")):
+            raise ValueError(self.expected)
+        return value
+
+
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
 
@@ -428,6 +464,37 @@ class PoolConfig:
         env="EXECUTOR_PYTHON",
         default_text="sys.executable",
         doc="Python interpreter that runs ``-m blockx.executor``.",
+    )
+    sandbox_memory_mb: int = _knob(
+        1024,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_SANDBOX_MEMORY_MB",
+        doc="Sandbox mode: memory limit of each executor, MiB (0 = none).",
+    )
+    sandbox_cpus: float = _knob(
+        1.0,
+        kind=_NonNegativeFloat(),
+        env="EXECUTOR_SANDBOX_CPUS",
+        doc="Sandbox mode: CPU quota of each executor, in CPUs (0 = none).",
+    )
+    sandbox_pids_max: int = _knob(
+        256,
+        kind=_NON_NEGATIVE,
+        env="EXECUTOR_SANDBOX_PIDS_MAX",
+        doc="Sandbox mode: processes and threads of each executor (0 = none).",
+    )
+    sandbox_limits: str = _knob(
+        "auto",
+        kind=_Choice("auto", "cgroup2", "cgroup1", "rlimit"),
+        env="EXECUTOR_SANDBOX_LIMITS",
+        doc="Sandbox mode: how limits are applied; ``auto`` is cgroup v2, else v1, else rlimits.",
+    )
+    sandbox_ro_binds: str | None = _knob(
+        None,
+        kind=_OptionalText("paths separated by ':'"),
+        env="EXECUTOR_SANDBOX_RO_BINDS",
+        default_text="none",
+        doc="Sandbox mode: extra paths the executor may read, separated by ``:``.",
     )
 
     def __post_init__(self) -> None:

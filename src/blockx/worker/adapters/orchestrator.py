@@ -465,7 +465,7 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
             self._fail_attempt(
                 cmd.call_id,
                 cmd.attempt_seq,
-                keys.ERR_USER_ERROR,
+                error.kind,
                 error.message,
                 retryable=False,
                 stack=error.stack,
@@ -482,7 +482,7 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
             "ancestry": cmd.ancestry,
             "callBudgetMs": cmd.budget_ms,
             "attemptSeq": cmd.attempt_seq,
-            "audit": None,
+            "audit": code.audit,
             "debug": run.debug,
         }
         try:

@@ -323,7 +323,7 @@ class PoolManager:
         return cls(
             socket_path,
             executor_count=pool.executor_count,
-            spawner=spawner or spawner_for_mode(pool.spawn_mode),
+            spawner=spawner or spawner_for_mode(pool.spawn_mode, pool),
             max_inflight=config.dispatcher.executor_max_inflight,
             max_runnable=config.dispatcher.executor_max_runnable,
             heartbeat_interval_s=pool.heartbeat_interval_s,
@@ -400,6 +400,8 @@ class PoolManager:
     async def stop(self) -> None:
         """Terminate every executor: SIGTERM, ``stop_grace_ms``, SIGKILL; reap all. Idempotent."""
         if self._stopping or not self._started:
+            if not self._stopping:
+                self._close_spawner()
             self._stopping = True
             return
         self._stopping = True
@@ -441,7 +443,9 @@ class PoolManager:
                 reader.close()
             slot.outputs.clear()
         if self._spawn_thread is not None:
-            # Every child is reaped: the thread their parent-death signal is tied to may end.
+            # Every child is reaped: the spawner may clean up (the sandbox's cgroups), and
+            # the thread their parent-death signal is tied to may end.
+            await loop.run_in_executor(self._spawn_thread, self._close_spawner)
             self._spawn_thread.shutdown(wait=False)
         _log.info("executor pool stopped")
 
@@ -470,6 +474,14 @@ class PoolManager:
         return True
 
     # --- internals ------------------------------------------------------------------------
+
+    def _close_spawner(self) -> None:
+        close = getattr(self._spawner, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                _log.exception("closing the %s spawner failed", self._spawner.mode)
 
     def _slot(self, executor_id: str) -> _Slot:
         try:
@@ -587,6 +599,10 @@ class PoolManager:
                 if all(s.process is None for s in self._slots.values()):
                     self._all_exited.set_result(None)
             return
+        exit_note = getattr(self._spawner, "exit_note", None)
+        note = exit_note(slot.executor_id) if exit_note is not None else None
+        if note:
+            slot.last_exit_reason = reason = f"{reason} ({note})"
         _log.warning(
             "executor %s (pid %d) %s after %.1fs",
             slot.executor_id,

@@ -5,9 +5,15 @@ Theory of operation
 :class:`ExecutorSpawner` is the seam between the pool's slot state machine and
 the way a process comes to life. :class:`ProcessSpawner` is the ``process``
 spawn mode: a bare ``python -m blockx.executor`` with the seed's flags,
-inheriting the worker's environment. The ``sandbox`` mode (bubblewrap) comes
-with the isolation issue as another spawner: it only has to wrap
-:meth:`ProcessSpawner.command` and filter :meth:`ProcessSpawner.environment`.
+inheriting the worker's environment. The ``sandbox`` mode is
+:class:`~blockx.worker.adapters.sandbox.SandboxSpawner` (bubblewrap, a
+whitelisted environment, cgroup/rlimit limits); :func:`spawner_for_mode`
+picks one by ``EXECUTOR_SPAWN_MODE``.
+
+A spawner may also have ``exit_note(executor_id) -> str | None`` (why the
+slot's last process died, when it knows: the pool adds it to its log line)
+and ``close()`` (the pool calls it once, on its spawner thread, after every
+process is reaped: the sandbox removes its cgroups there).
 
 Every process is started so that it cannot outlive the worker:
 
@@ -44,15 +50,19 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .errors import PoolError, SpawnError
+
+if TYPE_CHECKING:
+    from blockx.worker.config import PoolConfig
 
 __all__ = [
     "ExecutorLaunchSpec",
     "ExecutorSpawner",
     "ProcessSpawner",
     "executor_command",
+    "executor_flags",
     "spawner_for_mode",
 ]
 
@@ -69,12 +79,9 @@ class ExecutorLaunchSpec:
     python: str = field(default_factory=lambda: sys.executable)
 
 
-def executor_command(spec: ExecutorLaunchSpec) -> list[str]:
-    """``python -m blockx.executor`` with the seed's flags."""
+def executor_flags(spec: ExecutorLaunchSpec) -> list[str]:
+    """The seed's executor flags (``--executor-id ... --heartbeat-interval ...``)."""
     return [
-        spec.python,
-        "-m",
-        "blockx.executor",
         "--executor-id",
         spec.executor_id,
         "--socket-path",
@@ -86,6 +93,11 @@ def executor_command(spec: ExecutorLaunchSpec) -> list[str]:
         "--heartbeat-interval",
         repr(float(spec.heartbeat_interval_s)),
     ]
+
+
+def executor_command(spec: ExecutorLaunchSpec) -> list[str]:
+    """``python -m blockx.executor`` with the seed's flags."""
+    return [spec.python, "-m", "blockx.executor", *executor_flags(spec)]
 
 
 class ExecutorSpawner(Protocol):
@@ -223,14 +235,22 @@ class ProcessSpawner:
             raise SpawnError(spec.executor_id, f"{argv[0]}: {exc}") from exc
 
 
-def spawner_for_mode(mode: str) -> ExecutorSpawner:
-    """The spawner of ``EXECUTOR_SPAWN_MODE``. Raises :class:`PoolError` for an unknown or
-    not yet available mode."""
+def spawner_for_mode(mode: str, pool_config: PoolConfig | None = None) -> ExecutorSpawner:
+    """The spawner of ``EXECUTOR_SPAWN_MODE``; ``pool_config`` carries the sandbox's knobs.
+
+    Raises :class:`PoolError` for an unknown mode, and for ``sandbox`` where
+    bubblewrap or user namespaces are not available, or the forced limit
+    mechanism is not (the reason is in the message).
+    """
     if mode == "process":
         return ProcessSpawner()
     if mode == "sandbox":
-        raise PoolError(
-            "EXECUTOR_SPAWN_MODE=sandbox: the bubblewrap sandbox spawner is not available "
-            "in this build; use EXECUTOR_SPAWN_MODE=process"
+        from .sandbox import SandboxSettings, SandboxSpawner
+
+        settings = (
+            SandboxSettings() if pool_config is None else SandboxSettings.from_pool(pool_config)
         )
+        spawner = SandboxSpawner(settings)
+        spawner.prepare()
+        return spawner
     raise PoolError(f"unknown executor spawn mode {mode!r}; expected process or sandbox")
