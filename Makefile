@@ -27,8 +27,9 @@ test: $(STAMP) system-deps
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+# The quickstart task (examples/quickstart/); its table store goes to examples/.data/ (git-ignored).
 demo: $(STAMP)
-	$(PY) examples/wire_roundtrip.py
+	$(VENV)/bin/blockx run examples/quickstart/task.yaml
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples

@@ -1,9 +1,10 @@
-"""select_executor: the heap-backed exact selection equals a brute-force full scan."""
+"""select_executor: exact selection (heap or small-pool scan) equals a brute-force full scan."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,7 @@ operations = st.lists(
 )
 
 
+@pytest.mark.parametrize("scan_max", [0, 100], ids=["heap", "scan"])
 @settings(max_examples=400, deadline=None)
 @given(
     ops=operations,
@@ -89,9 +91,15 @@ operations = st.lists(
     max_runnable=st.integers(0, 5),
     watermark=st.integers(0, 8),
 )
-def test_heap_selection_matches_a_full_scan(
-    ops: list[tuple[str, object]], max_inflight: int, max_runnable: int, watermark: int
+def test_exact_selection_matches_a_full_scan(
+    scan_max: int,
+    ops: list[tuple[str, object]],
+    max_inflight: int,
+    max_runnable: int,
+    watermark: int,
 ) -> None:
+    """Exact selection -- through the heap, or through the small-pool scan -- is the
+    seed's Filter -> Score over the raw values."""
     config = DispatcherConfig(
         executor_max_inflight=max_inflight,
         executor_max_runnable=max_runnable,
@@ -101,6 +109,7 @@ def test_heap_selection_matches_a_full_scan(
     )
     assert config.executor_selection_sample_size == 0
     table = ExecutorTable(config)
+    table.scan_max_executors = scan_max
     # Start from a healthy pool so that binds and releases matter from step one.
     table.apply_snapshots(
         ExecutorSnapshot(executor_id=eid, usable_contexts=2 + i % 3, runnable_count=(2 * i) % 5)

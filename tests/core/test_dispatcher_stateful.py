@@ -12,6 +12,7 @@ exactly once with consistent counts. Any exception from the core fails the test.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from dispatcher_harness import Runtime, make_core, output_for, snapshot, spec
@@ -32,6 +33,7 @@ from blockx.worker.core import (
     CallSpec,
     ConvergeTaskCalls,
     DispatcherConfig,
+    DispatcherCore,
     FailurePolicy,
 )
 
@@ -64,6 +66,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         fairness=st.booleans(),
         quantum=st.integers(0, 3),
         sample=st.integers(0, 2),
+        heap=st.booleans(),
         cache=st.sampled_from([0, 2, 64]),
         window=st.integers(1, 4),
         executor_cap=st.integers(0, 4),
@@ -77,6 +80,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         fairness: bool,
         quantum: int,
         sample: int,
+        heap: bool,
         cache: int,
         window: int,
         executor_cap: int,
@@ -97,6 +101,9 @@ class DispatcherMachine(RuleBasedStateMachine):
             base_backoff_ms=3,
         )
         self.rt = Runtime(make_core(config, seed=seed), bind_fails=lambda cmd: self.fail_binds)
+        if heap:
+            # Exact selection keeps a heap only past SCAN_MAX_EXECUTORS; force it.
+            self.rt.core._core.executors.scan_max_executors = 0
         self._apply_snapshots({eid: {} for eid in EXECUTORS})
         # Every run starts with work: a one-shot phase and an open stream.
         self.register_phase(first_args, first_failure, "tenant-a")
@@ -218,6 +225,82 @@ class DispatcherMachine(RuleBasedStateMachine):
                 rt.complete(call_id)
             else:
                 rt.fail(call_id, kind="io_error", retryable=action == "retryable")
+
+    # --- batch entry points: each batch must equal its events applied one by one --------
+
+    def _twin(self) -> DispatcherCore:
+        """A deep copy of the core, to replay a batch's events one at a time."""
+        return copy.deepcopy(self.runtime.core)
+
+    def _assert_same(self, core: DispatcherCore, twin: DispatcherCore, call_ids: list[str]) -> None:
+        assert core.stats.as_dict() == twin.stats.as_dict()
+        for call_id in call_ids:
+            a, b = core.call_context(call_id), twin.call_context(call_id)
+            assert (a is None) == (b is None), call_id
+            if a is not None and b is not None:
+                assert repr(a) == repr(b)
+
+    @precondition(lambda self: bool(self._running()))
+    @rule(data=st.data(), stale=st.booleans())
+    def complete_many(self, data: st.DataObject, stale: bool) -> None:
+        rt = self.runtime
+        ids = data.draw(
+            st.lists(st.sampled_from(self._running()), min_size=1, max_size=5, unique=True)
+        )
+        items: list[tuple[str, int, bytes, int]] = []
+        for call_id in ids:
+            cmd = rt.running[call_id]
+            output = output_for(cmd.function_id, cmd.args_json)
+            items.append((call_id, cmd.attempt_seq, output, len(items)))
+        if stale:  # a redelivered frame for an attempt that is not the live one
+            items.insert(data.draw(st.integers(0, len(items))), (ids[0], items[0][1] + 1, b"{}", 0))
+        twin = self._twin()
+        expected: list[object] = []
+        for call_id, seq, output, budget in items:
+            expected += twin.handle_call_completed(call_id, seq, output, budget_used_ms=budget)
+        out = rt.core.handle_calls_completed(items)
+        assert out == expected
+        self._assert_same(rt.core, twin, ids)
+        for call_id in ids:
+            self.ended_attempts.append((call_id, rt.running.pop(call_id).attempt_seq))
+        rt.run(out)
+
+    @precondition(lambda self: bool(self._running()))
+    @rule(data=st.data(), stale=st.booleans())
+    def suspend_and_resume_many(self, data: st.DataObject, stale: bool) -> None:
+        """Calls suspend (IO) and are resumed, each step a batch."""
+        rt = self.runtime
+        ids = data.draw(
+            st.lists(st.sampled_from(self._running()), min_size=1, max_size=5, unique=True)
+        )
+        items = [(call_id, rt.running[call_id].attempt_seq) for call_id in ids]
+        if stale:
+            items.append((ids[-1], items[-1][1] - 1))
+        twin = self._twin()
+        for call_id, seq in items:
+            assert twin.handle_call_waiting(call_id, seq) == []
+        assert rt.core.handle_calls_waiting(items) == []
+        self._assert_same(rt.core, twin, ids)
+        for call_id, seq in items:
+            assert twin.handle_call_resumed(call_id, seq) == []
+        assert rt.core.handle_calls_resumed(items) == []
+        self._assert_same(rt.core, twin, ids)
+
+    @precondition(lambda self: bool(self.runtime.pending_binds))
+    @rule(data=st.data())
+    def answer_binds_together(self, data: st.DataObject) -> None:
+        """Several deferred binds succeed and are confirmed in one call."""
+        rt = self.runtime
+        count = data.draw(st.integers(1, len(rt.pending_binds)))
+        binds, rt.pending_binds = rt.pending_binds[:count], rt.pending_binds[count:]
+        twin = self._twin()
+        expected: list[object] = []
+        for bind in binds:
+            expected += twin.handle_executor_bound(bind.call_id, bind.executor_id, bind.attempt_seq)
+        out = rt.core.handle_executors_bound(binds)
+        assert out == expected
+        self._assert_same(rt.core, twin, [bind.call_id for bind in binds])
+        rt.run(out)
 
     @precondition(lambda self: bool(self._running()))
     @rule(data=st.data())

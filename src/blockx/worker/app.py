@@ -46,6 +46,8 @@ import random
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
+import orjson
+
 from blockx.worker.api import (
     Call,
     Task,
@@ -86,6 +88,8 @@ _SHUTDOWN_CONVERGE_S: Final = 5.0
 _CANCEL_CONVERGE_S: Final = 5.0
 
 _task_seq = itertools.count(1)
+_dumps = orjson.dumps
+_SORTED_KEYS: Final = orjson.OPT_SORT_KEYS
 
 
 def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHandler:
@@ -378,17 +382,17 @@ class Worker:
         prepared = None
         if not stream:
             assert isinstance(task.calls, (list, tuple))
-            calls = [_as_call(item, i) for i, item in enumerate(task.calls)]
-            unknown = sorted({c.function_id for c in calls if c.function_id not in code})
+            calls = [
+                item if type(item) is Call else _as_call(item, i)
+                for i, item in enumerate(task.calls)
+            ]
+            unknown = sorted({c.function_id for c in calls} - set(code.digests()))
             if unknown:
                 raise TaskSpecError(
                     f"calls name functions the task does not define: {unknown}; "
                     f"defined: {sorted(task.functions)}"
                 )
-            specs = [
-                CallSpec(function_id=c.function_id, args_json=self._args(c, i))
-                for i, c in enumerate(calls)
-            ]
+            specs = self._call_specs(calls)
             assert self._core is not None
             prepared = self._core.prepare_call_phase_with_digests(
                 internal_id, specs, code.digests(), instance=task.instance, policy=core_policy
@@ -419,6 +423,30 @@ class Worker:
         self._handles.add(handle)
         driver.add_done_callback(lambda _d: self._handles.discard(handle))
         return handle
+
+    @classmethod
+    def _call_specs(cls, calls: list[Call]) -> list[CallSpec]:
+        """The specs of a one-shot task's calls (arguments encoded canonically).
+
+        One loop with what it needs in locals: it runs once per call, and for
+        trivial calls the function calls it saves are a sizeable part of the
+        worker's share of the call.
+        """
+        specs: list[CallSpec] = []
+        add_spec = specs.append
+        dumps = _dumps
+        for index, call in enumerate(calls):
+            # encode_args, inlined: orjson with sorted keys; anything unusual (a big
+            # int, a possible NaN behind a null, a bad value) takes the full path.
+            try:
+                args = dumps(call.args, option=_SORTED_KEYS)
+            except TypeError:
+                args = cls._args(call, index)
+            else:
+                if b"null" in args:
+                    args = cls._args(call, index)
+            add_spec(CallSpec(call.function_id, args))
+        return specs
 
     @staticmethod
     def _args(call: Call, index: int) -> bytes:
@@ -514,7 +542,7 @@ class Worker:
                 digests[call.function_id] = MISSING_FUNCTION_DIGEST
             args = self._args(call, index)
             batch_calls.append(call)
-            specs.append(CallSpec(function_id=call.function_id, args_json=args))
+            specs.append(CallSpec(call.function_id, args))
             size += len(args)
             index += 1
 

@@ -10,6 +10,18 @@ one ``loads_wire`` call.
 
 Integers beyond 64 bits (a uint256 balance) take the wire's exact slow path
 both ways; NaN and infinities are refused (:class:`~blockx.wire.NotSerializableError`).
+
+Allocation matters here (measured with ``timeit``, 20,000 small values kept
+alive, as a task keeps its calls' arguments and outputs): ``orjson.dumps``
+returns its 1 KiB working buffer shrunk in place, and thousands of such blocks
+living on fragment the heap -- 2.4-2.9 µs per value kept, against 0.13 µs for a
+value dropped at once. So arguments, which must keep orjson's encoding (the
+call key hashes them, and orjson's handling of non-JSON types is the API), are
+copied into a right-sized object (0.4 µs all in); outputs, which are decoded
+wire values (plain JSON types only), are re-encoded with ``msgspec``, which
+sizes its buffer to the value (0.11 µs) and writes big integers exactly. The
+two encoders agree on every plain JSON value except the exponent of large
+floats (``1e+20`` / ``1e20``): the same number either way.
 """
 
 from __future__ import annotations
@@ -17,14 +29,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Final
 
+import msgspec
 import orjson
 
 from blockx.wire import dumps_wire, loads_wire
 
-__all__ = ["encode_args", "encode_output", "rows_from_outputs"]
+__all__ = ["encode_args", "encode_output", "encode_output_fast", "rows_from_outputs"]
 
 _dumps = orjson.dumps
 _SORTED: Final = orjson.OPT_SORT_KEYS
+#: Encodes decoded outputs into right-sized buffers (see the module docstring).
+encode_output_fast = msgspec.json.Encoder().encode
 
 
 def encode_args(value: Any) -> bytes:
@@ -35,14 +50,18 @@ def encode_args(value: Any) -> bytes:
         return dumps_wire(value)  # big ints (exact), or a typed error naming the bad value
     if b"null" in encoded:
         dumps_wire(value)  # orjson writes NaN as null: let the strict encoder judge
-    return encoded
+    return memoryview(encoded).tobytes()  # right-sized: see the module docstring
 
 
 def encode_output(value: Any) -> bytes:
-    """JSON bytes of a decoded output (as received: no NaN can be in it)."""
+    """JSON bytes of a decoded output (as received: plain JSON values, no NaN).
+
+    ``encode_output_fast`` is the same without the fallback, for hot loops that
+    catch its errors themselves (any value the wire decoder produced encodes).
+    """
     try:
-        return _dumps(value)
-    except TypeError:
+        return encode_output_fast(value)
+    except (TypeError, ValueError, OverflowError):  # not a decoded value after all
         return dumps_wire(value)
 
 

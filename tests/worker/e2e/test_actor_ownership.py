@@ -138,6 +138,14 @@ def test_nothing_but_the_actor_touches_the_core() -> None:
 
         session.run(scenario())
         assert proxy.violations == []
+        # An event with a batch entry point may arrive either way (the actor batches
+        # what one read or one flush delivered).
+        batch_forms = {
+            "handle_executor_bound": "handle_executors_bound",
+            "handle_call_completed": "handle_calls_completed",
+            "handle_call_waiting": "handle_calls_waiting",
+            "handle_call_resumed": "handle_calls_resumed",
+        }
         for entry_point in (
             "commit_call_phase",
             "commit_call_stream",
@@ -155,7 +163,8 @@ def test_nothing_but_the_actor_touches_the_core() -> None:
             "handle_task_cancelled",
             "flush_dirty_tasks",
         ):
-            assert proxy.calls[entry_point] > 0, entry_point
+            batch = batch_forms.get(entry_point, entry_point)
+            assert proxy.calls[entry_point] + proxy.calls[batch] > 0, entry_point
 
 
 def test_the_guard_sees_a_call_from_outside_the_actor() -> None:

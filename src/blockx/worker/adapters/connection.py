@@ -23,8 +23,9 @@ frame (PERFORMANCE.md: a Task + Future per call costs ~9 µs):
 Flush notes: a control frame (``ResumeCall`` / ``CancelCall``) counts as sent
 only once it has been handed to the transport. Its *note* sits in a queue
 beside the outbox, keyed by the frame's position in the stream; each flush
-reports the notes it passed (``owner.on_control_flushed``), and a connection that
-ends first reports the rest as failed (``owner.on_control_failed``). A waiter
+reports the notes it passed, all of them in one call
+(``owner.on_controls_flushed(notes)``), and a connection that ends first
+reports the rest as failed (``owner.on_control_failed``). A waiter
 (:meth:`wait_flushed`) is a note too — one future for everything queued so far,
 not one per frame.
 
@@ -95,7 +96,7 @@ class ConnectionOwner(Protocol):
 
     def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None: ...
 
-    def on_control_flushed(self, note: ControlSend) -> None: ...
+    def on_controls_flushed(self, notes: list[ControlSend]) -> None: ...
 
     def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None: ...
 
@@ -276,7 +277,14 @@ class ExecutorConnection(asyncio.Protocol):
         if note is not None:
             self._notes.append((self._enqueued, note))
         self._enqueued += 1
-        self._after_enqueue()
+        # _after_enqueue, inlined: once per ResumeCall.
+        if self._paused:
+            return
+        if len(frames) >= self.frames_per_write:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._scheduled_flush)  # type: ignore[union-attr]
 
     def enqueue_lossy(self, frame: bytes) -> bool:
         """Queue a frame whose loss is harmless (``HeartbeatAck``); False if dropped."""
@@ -347,16 +355,18 @@ class ExecutorConnection(asyncio.Protocol):
     def _report_flushed(self) -> None:
         notes = self._notes
         written = self._written
-        owner = self._owner
+        flushed: list[ControlSend] = []
         while notes and notes[0][0] < written:
             _position, note = notes.popleft()
             if isinstance(note, ControlSend):
-                try:
-                    owner.on_control_flushed(note)
-                except Exception:
-                    _log.exception("on_control_flushed callback failed for %r", note)
+                flushed.append(note)
             elif not note.done():
                 note.set_result(None)
+        if flushed:
+            try:
+                self._owner.on_controls_flushed(flushed)
+            except Exception:
+                _log.exception("on_controls_flushed callback failed for %d note(s)", len(flushed))
 
     # --- closing --------------------------------------------------------------------------
 

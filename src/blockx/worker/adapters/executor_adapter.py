@@ -304,11 +304,10 @@ class ExecutorAdapter(InboundHandlers):
         if state is None or state.connection is None:
             raise self._unavailable(state, executor_id, call_id)
         reservations = state.reservations
-        if call_id not in reservations and len(reservations) >= state.capacity:
+        if not reservations.bind_within(call_id, state.capacity):
             raise ExecutorCapacityError(
                 executor_id, call_id=call_id, reserved=len(reservations), usable=state.capacity
             )
-        reservations.bind(call_id)
 
     def bind_subcall(self, call_id: str, parent_call_id: str, executor_id: str) -> None:
         """Reserve a context for a sub-call on its parent's executor.
@@ -383,7 +382,16 @@ class ExecutorAdapter(InboundHandlers):
         }
         if trace is not None:
             envelope[_F_TRACE] = dict(trace)
-        conn.enqueue(_encode(envelope), call_id)
+        # _encode, inlined (once per call).
+        try:
+            body = _dumps(envelope)
+        except TypeError:
+            frame = encode_frame(envelope)  # big ints via the stdlib, or a typed EncodeError
+        else:
+            if len(body) > MAX_FRAME_BYTES:
+                raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
+            frame = _pack_length(len(body)) + body
+        conn.enqueue(frame, call_id)
         attempt = payload.get(_FP_ATTEMPT_SEQ, 1)
         reservations.note_dispatched(call_id, attempt if type(attempt) is int else 1)
 
@@ -421,10 +429,20 @@ class ExecutorAdapter(InboundHandlers):
             _F_REQUEST_ID: request_id,
             _F_PAYLOAD: payload,
         }
+        if sidecar is None:
+            # _encode, inlined (once per IO wait).
+            try:
+                body = _dumps(envelope)
+            except TypeError:
+                frame = encode_frame(envelope)  # big ints via the stdlib, or an EncodeError
+            else:
+                if len(body) > MAX_FRAME_BYTES:
+                    raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
+                frame = _pack_length(len(body)) + body
+        else:
+            frame = encode_frame(envelope, sidecar)
         conn.enqueue_control(
-            _encode(envelope) if sidecar is None else encode_frame(envelope, sidecar),
-            ControlSend(executor_id, _MT_RESUME_CALL, call_id, request_id, token),
-            call_id,
+            frame, ControlSend(executor_id, _MT_RESUME_CALL, call_id, request_id, token), call_id
         )
 
     def send_cancel_call(
@@ -676,8 +694,17 @@ class ExecutorAdapter(InboundHandlers):
     def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
         self._protocol_error(conn, error)
 
-    def on_control_flushed(self, note: ControlSend) -> None:
-        self._callbacks.on_control_sent(note)
+    def on_controls_flushed(self, notes: list[ControlSend]) -> None:
+        callbacks = self._callbacks
+        if callbacks.on_controls_sent is not None:
+            callbacks.on_controls_sent(notes)
+            return
+        on_control_sent = callbacks.on_control_sent
+        for note in notes:
+            try:
+                on_control_sent(note)
+            except Exception:
+                _log.exception("on_control_sent callback failed for %r", note)
 
     def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
         if not self._closing:

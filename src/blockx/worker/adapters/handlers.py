@@ -14,6 +14,9 @@ every batch of frames one read completed arrives in :meth:`InboundHandlers.on_fr
   completion compensation, then ``on_call_completed`` / ``on_call_failed``;
 * ``CallWaiting`` — ``io`` and ``subcall`` go to ``on_call_waiting``;
   ``function_code`` is answered here from the resolver;
+* with ``on_call_frames`` set, the call frames of the two rules above are
+  collected and handed over as one list instead (before any other callback of
+  the connection, and at the end of the batch);
 * ``Heartbeat`` — new snapshot data, a lossy ``HeartbeatAck``, ``on_heartbeat``;
 * a worker→executor type, or a known frame of the wrong shape — protocol
   error: logged, the era ends (connection closed, calls reported lost);
@@ -41,7 +44,7 @@ from blockx.wire import (
     keys,
 )
 
-from .callbacks import AdapterCallbacks, FunctionCodeResolver
+from .callbacks import AdapterCallbacks, CallFrame, FunctionCodeResolver
 from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
@@ -121,6 +124,11 @@ class InboundHandlers:
         callbacks = self._callbacks
         on_completed = callbacks.on_call_completed
         on_failed = callbacks.on_call_failed
+        # Batch delivery (callbacks.py): call frames collect here, in order, and go out
+        # before any other callback of this connection and at the end of the batch.
+        on_call_frames = callbacks.on_call_frames
+        call_frames: list[CallFrame] | None = None if on_call_frames is None else []
+        error: str | None = None
         for index in range(start, count):
             frame = frames[index]
             envelope = frame[0]
@@ -129,13 +137,14 @@ class InboundHandlers:
                 call_id = envelope.get(_F_CALL_ID)
                 payload = envelope.get(_F_PAYLOAD)
                 if type(call_id) is not str or type(payload) is not dict:
-                    self._protocol_error(
-                        conn, f"{message_type} needs a callId and a payload object"
-                    )
-                    return
+                    error = f"{message_type} needs a callId and a payload object"
+                    break
                 if not reservations.release_on_terminal(call_id, payload.get(_FP_ATTEMPT_SEQ)):
                     self.stale_terminal_frames += 1
                 state.completions_since_heartbeat += 1
+                if call_frames is not None:
+                    call_frames.append((message_type, call_id, payload, None, None))
+                    continue
                 try:
                     if message_type == _MT_CALL_COMPLETED:
                         on_completed(executor_id, call_id, payload)
@@ -145,20 +154,47 @@ class InboundHandlers:
                     _log.exception(
                         "%s callback failed for %s on %s", message_type, call_id, executor_id
                     )
-            elif message_type == _MT_CALL_WAITING:
-                self._handle_call_waiting(state, conn, envelope, frame[1])
-            elif message_type == _MT_HEARTBEAT:
-                self._handle_heartbeat(state, conn, envelope)
+                continue
+            if message_type == _MT_CALL_WAITING:
+                error = self._handle_call_waiting(state, conn, envelope, frame[1], call_frames)
+                if error is not None:
+                    break
             elif message_type in keys.MESSAGE_TYPES:
-                self._protocol_error(conn, f"{message_type} is not sent by executors")
+                if call_frames:
+                    call_frames = self._deliver_call_frames(executor_id, call_frames)
+                if message_type == _MT_HEARTBEAT:
+                    self._handle_heartbeat(state, conn, envelope)
+                else:
+                    self._protocol_error(conn, f"{message_type} is not sent by executors")
             else:
                 self._drop_unknown(conn, message_type)
             if conn.closed:
                 return  # a handler ended the era; the rest of the batch is void
+        if call_frames:
+            self._deliver_call_frames(executor_id, call_frames)
+        if error is not None:
+            self._protocol_error(conn, error)
+            return
         try:
             callbacks.on_batch_done(executor_id)
         except Exception:
             _log.exception("on_batch_done callback failed for %s", executor_id)
+
+    def _deliver_call_frames(
+        self, executor_id: str, call_frames: list[CallFrame]
+    ) -> list[CallFrame]:
+        """Hand the collected call frames over (the list is the receiver's); a fresh list."""
+        on_call_frames = self._callbacks.on_call_frames
+        assert on_call_frames is not None
+        try:
+            on_call_frames(executor_id, call_frames)
+        except Exception:
+            _log.exception(
+                "on_call_frames callback failed for %d frame(s) on %s",
+                len(call_frames),
+                executor_id,
+            )
+        return []
 
     # --- internals: handlers ----------------------------------------------------------------
 
@@ -237,20 +273,21 @@ class InboundHandlers:
         conn: ExecutorConnection,
         envelope: dict[str, Any],
         sidecar: bytes | None,
-    ) -> None:
+        call_frames: list[CallFrame] | None,
+    ) -> str | None:
+        """Route one ``CallWaiting``; returns the protocol error it is, if any."""
         call_id = envelope.get(_F_CALL_ID)
         request_id = envelope.get(_F_REQUEST_ID)
         payload = envelope.get(_F_PAYLOAD)
         if type(call_id) is not str or type(request_id) is not str or type(payload) is not dict:
-            self._protocol_error(
-                conn, "CallWaiting needs a callId, a requestId and a payload object"
-            )
-            return
+            return "CallWaiting needs a callId, a requestId and a payload object"
         wait_kind = payload.get(_FP_WAIT_KIND)
         if type(payload.get(_FP_TASK_ID)) is not str:
-            self._protocol_error(conn, "CallWaiting: taskId must be a string")
-            return
+            return "CallWaiting: taskId must be a string"
         if wait_kind in _ORCHESTRATOR_WAIT_KINDS:
+            if call_frames is not None:
+                call_frames.append((_MT_CALL_WAITING, call_id, payload, request_id, sidecar))
+                return None
             try:
                 self._callbacks.on_call_waiting(
                     state.executor_id, call_id, request_id, payload, sidecar
@@ -262,7 +299,8 @@ class InboundHandlers:
         elif wait_kind == _WAIT_FUNCTION_CODE:
             self._answer_function_code(state, conn, call_id, request_id, payload)
         else:
-            self._protocol_error(conn, f"CallWaiting: unknown waitKind {wait_kind!r}")
+            return f"CallWaiting: unknown waitKind {wait_kind!r}"
+        return None
 
     def _answer_function_code(
         self,

@@ -10,7 +10,11 @@ into one event (:mod:`.orchestrator_events`) and :meth:`Orchestrator.post`\\ s i
 an append to a plain ``deque`` plus, if the actor is not already due, one
 ``loop.call_soon``. No ``asyncio.Queue``, no future and no task per event: a
 whole read's worth of frames, from every connection that was readable in the
-same loop turn, is applied in one actor run (PERFORMANCE.md).
+same loop turn, is applied in one actor run (PERFORMANCE.md). The adapter
+delivers a read's call frames as one event (:class:`CallFramesReceived`) and a
+flush's control frames as one (:class:`ControlsDelivered`); the actor hands
+runs of completions, waits and resumes to the core's batch entry points
+(``handle_calls_completed``, ``handle_calls_waiting``, ``handle_calls_resumed``).
 
 **The actor run** (:meth:`Orchestrator._run_actor`)::
 
@@ -26,6 +30,8 @@ same loop turn, is applied in one actor run (PERFORMANCE.md).
 ==========================  ==============================================================
 ``BindCall``                ``adapter.bind`` / ``bind_subcall`` on the actor, answered at
                             once with ``handle_executor_bound`` or ``handle_bind_failed``
+                            (a run of consecutive binds: every ``bind`` first, then the
+                            accepted ones in one ``handle_executors_bound``)
 ``DispatchCallCmd``         the ExecuteCall payload (entry selector from the task's code
                             view) queued with ``send_execute_call`` — a non-blocking
                             enqueue, written at the end of the run; a send error is a
@@ -73,6 +79,7 @@ from blockx.worker.core import (
     CallError,
     CancelCallCmd,
     CompleteCallFromCache,
+    CompletedCall,
     ConvergeTaskCalls,
     DispatchCallCmd,
     DispatchCommand,
@@ -83,17 +90,19 @@ from blockx.worker.core import (
     UnbindCall,
 )
 from blockx.worker.io import IOHandler, no_io_handler
-from blockx.worker.json_values import encode_output
+from blockx.worker.json_values import encode_output, encode_output_fast
 
-from .callbacks import AdapterCallbacks
+from .callbacks import AdapterCallbacks, CallFrame
 from .connection import ControlSend
 from .errors import BindError, ExecutorUnavailableError, SendError
 from .orchestrator_events import (
     ActorEvent,
     AttemptCompleted,
     AttemptFailed,
+    CallFramesReceived,
     CallSuspended,
     ControlDelivered,
+    ControlsDelivered,
     ControlUndelivered,
     ExecutorAttached,
     ExecutorLost,
@@ -135,8 +144,10 @@ _FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
 _MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
+_MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _Fragment = orjson.Fragment
-_dumps = orjson.dumps
+_encode_output = encode_output_fast
 
 
 def wall_clock_ms() -> int:
@@ -244,8 +255,10 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
         self._appliers: dict[type[Any], Callable[[Any], None]] = {
             AttemptCompleted: self._apply_attempt_completed,
             AttemptFailed: self._apply_attempt_failed,
+            CallFramesReceived: self._apply_call_frames,
             CallSuspended: self._apply_call_suspended,
             ControlDelivered: self._apply_control_delivered,
+            ControlsDelivered: self._apply_controls_delivered,
             ControlUndelivered: self._apply_control_undelivered,
             ResumeNotQueued: self._apply_resume_not_queued,
             ExecutorAttached: self._apply_executor_attached,
@@ -259,7 +272,7 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
             TaskCancelRequested: self._apply_task_cancel,
         }
         self._executors: dict[type[Any], Callable[[Any], None]] = {
-            BindCall: self._execute_bind,
+            BindCall: self._execute_bind,  # _run batches runs of binds itself
             DispatchCallCmd: self._execute_dispatch,
             UnbindCall: self._execute_unbind,
             CancelCallCmd: self._execute_cancel,
@@ -280,7 +293,11 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
     # --- wiring ------------------------------------------------------------------------------
 
     def callbacks(self) -> AdapterCallbacks:
-        """The adapter callbacks: each posts one event (bound methods: no extra frame)."""
+        """The adapter callbacks: each posts one event (bound methods: no extra frame).
+
+        Call frames and flushed control frames come in batches (one event per read
+        and per flush); the per-frame forms stay wired for adapters that use them.
+        """
         return AdapterCallbacks(
             on_executor_attached=self._on_executor_attached,
             on_call_completed=self._on_call_completed,
@@ -290,7 +307,15 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
             # The flushed note is itself the fact: posted as is (ControlDelivered).
             on_control_sent=self.post,
             on_control_failed=self._on_control_failed,
+            on_call_frames=self._on_call_frames,
+            on_controls_sent=self._on_controls_sent,
         )
+
+    def _on_call_frames(self, executor_id: str, frames: list[CallFrame]) -> None:
+        self.post(CallFramesReceived(executor_id, frames))
+
+    def _on_controls_sent(self, notes: list[ControlSend]) -> None:
+        self.post(ControlsDelivered(notes))
 
     def _on_executor_attached(self, executor_id: str, _snapshot: Any) -> None:
         self.post(ExecutorAttached(executor_id=executor_id))
@@ -415,37 +440,82 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
             _log.exception("dispatch actor: epilogue failed")
 
     def _run(self, commands: list[DispatchCommand]) -> None:
-        """Execute ``commands`` in order (some answer back into the core at once)."""
+        """Execute ``commands`` in order (some answer back into the core at once).
+
+        A run of consecutive ``BindCall``\\ s is executed together
+        (:meth:`_execute_binds`): the same reservations and answers, in the same
+        order, with one core call for the accepted binds.
+        """
         if not commands:
             return
         executors = self._executors
+        unbind = self._adapter.unbind
         self.stats.commands += len(commands)
+        binds: list[BindCall] | None = None
         for command in commands:
-            executors[type(command)](command)
+            kind = type(command)
+            if kind is BindCall:
+                if binds is None:
+                    binds = [command]  # type: ignore[list-item]
+                else:
+                    binds.append(command)  # type: ignore[arg-type]
+                continue
+            if binds is not None:
+                self._execute_binds(binds)
+                binds = None
+            if kind is UnbindCall:  # _execute_unbind, inlined: one per completed call
+                unbind(command.call_id, command.executor_id)  # type: ignore[union-attr, arg-type]
+            else:
+                executors[kind](command)
+        if binds is not None:
+            self._execute_binds(binds)
 
     # --- commands -----------------------------------------------------------------------------
 
     def _execute_bind(self, cmd: BindCall) -> None:
+        self._execute_binds([cmd])
+
+    def _execute_binds(self, binds: list[BindCall]) -> None:
+        """Reserve every bind in order; confirm the accepted ones in one core call.
+
+        A refused bind is answered (``handle_bind_failed``) after the accepted
+        ones before it have been confirmed, so the core sees the answers in the
+        binds' order -- as if each had been executed and answered on its own.
+        """
         adapter = self._adapter
-        try:
-            if cmd.parent_call_id is None:
-                adapter.bind(cmd.call_id, cmd.executor_id)
-            else:
-                adapter.bind_subcall(cmd.call_id, cmd.parent_call_id, cmd.executor_id)
-        except BindError as exc:
-            self.stats.bind_failures += 1
-            _log.debug("bind of %s on %s refused: %s", cmd.call_id, cmd.executor_id, exc)
-            self._run(
-                self._core.handle_bind_failed(
-                    cmd.call_id, cmd.executor_id, cmd.attempt_seq, self._now_ms
+        bind = adapter.bind
+        accepted: list[BindCall] = []
+        for cmd in binds:
+            try:
+                if cmd.parent_call_id is None:
+                    bind(cmd.call_id, cmd.executor_id)
+                else:
+                    adapter.bind_subcall(cmd.call_id, cmd.parent_call_id, cmd.executor_id)
+            except BindError as exc:
+                if accepted:
+                    self._dispatch_bound(accepted)
+                    accepted = []
+                self.stats.bind_failures += 1
+                _log.debug("bind of %s on %s refused: %s", cmd.call_id, cmd.executor_id, exc)
+                self._run(
+                    self._core.handle_bind_failed(
+                        cmd.call_id, cmd.executor_id, cmd.attempt_seq, self._now_ms
+                    )
                 )
-            )
-            return
-        commands = self._core.handle_executor_bound(cmd.call_id, cmd.executor_id, cmd.attempt_seq)
-        if len(commands) == 1 and type(commands[0]) is DispatchCallCmd:
-            self._execute_dispatch(commands[0])  # the common case, without the table
-        else:
-            self._run(commands)
+                continue
+            accepted.append(cmd)
+        if accepted:
+            self._dispatch_bound(accepted)
+
+    def _dispatch_bound(self, accepted: list[BindCall]) -> None:
+        commands = self._core.handle_executors_bound(accepted)
+        dispatch = self._execute_dispatch
+        for index, command in enumerate(commands):
+            if type(command) is DispatchCallCmd:
+                dispatch(command)  # the common case, without the table
+            else:
+                self._run(commands[index:])  # parked sub-calls' binds and the rest
+                return
 
     def _execute_dispatch(self, cmd: DispatchCallCmd) -> None:
         run = self._tasks.get(cmd.task_id)
@@ -539,14 +609,83 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
 
     # --- events: attempts ---------------------------------------------------------------------
 
+    def _apply_call_frames(self, event: CallFramesReceived) -> None:
+        """One read's call frames, in order: runs of completions go to the core as one
+        ``handle_calls_completed``, runs of waits as one ``handle_calls_waiting``.
+
+        Each frame is applied as its own event would be (an error is logged and
+        the rest still applied); only the core calls are batched.
+        """
+        executor_id = event.executor_id
+        completions: list[CompletedCall] = []
+        waits: list[CallFrame] = []
+        for frame in event.frames:
+            message_type = frame[0]
+            try:
+                if message_type == _MT_CALL_COMPLETED:
+                    if waits:
+                        self._apply_waits(executor_id, waits)
+                        waits = []
+                    payload = frame[2]
+                    attempt = payload.get(_FP_ATTEMPT_SEQ)
+                    budget = payload.get(_FP_BUDGET_USED_MS, 0)
+                    try:  # right-sized, big ints exact: see json_values
+                        output_json = _encode_output(payload.get(_FP_OUTPUT))
+                    except (TypeError, ValueError, OverflowError):
+                        output_json = encode_output(payload.get(_FP_OUTPUT))
+                    if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
+                        if completions:
+                            self._complete_calls(completions)
+                            completions = []
+                        self._complete_one(
+                            AttemptCompleted(executor_id, frame[1], payload), output_json
+                        )
+                        continue
+                    completions.append(
+                        (
+                            frame[1],
+                            attempt if type(attempt) is int else -1,
+                            output_json,
+                            budget if type(budget) is int else 0,
+                        )
+                    )
+                elif message_type == _MT_CALL_WAITING:
+                    if completions:
+                        self._complete_calls(completions)
+                        completions = []
+                    waits.append(frame)
+                else:  # CallFailed
+                    if completions:
+                        self._complete_calls(completions)
+                        completions = []
+                    if waits:
+                        self._apply_waits(executor_id, waits)
+                        waits = []
+                    self._apply_attempt_failed(AttemptFailed(executor_id, frame[1], frame[2]))
+            except Exception:
+                self.stats.handler_errors += 1
+                _log.exception("dispatch actor: applying %s for %s failed", message_type, frame[1])
+        try:
+            if completions:
+                self._complete_calls(completions)
+            if waits:
+                self._apply_waits(executor_id, waits)
+        except Exception:
+            self.stats.handler_errors += 1
+            _log.exception("dispatch actor: applying call frames of %s failed", executor_id)
+
+    def _complete_calls(self, completions: list[CompletedCall]) -> None:
+        self._run(self._core.handle_calls_completed(completions))
+
     def _apply_attempt_completed(self, event: AttemptCompleted) -> None:
+        payload = event.payload
+        output_json = encode_output(payload.get(_FP_OUTPUT))
+        self._complete_one(event, output_json)
+
+    def _complete_one(self, event: AttemptCompleted, output_json: bytes) -> None:
         payload = event.payload
         attempt = payload.get(_FP_ATTEMPT_SEQ)
         budget = payload.get(_FP_BUDGET_USED_MS, 0)
-        try:
-            output_json = _dumps(payload.get(_FP_OUTPUT))
-        except TypeError:  # an integer beyond 64 bits: the exact slow path
-            output_json = encode_output(payload.get(_FP_OUTPUT))
         if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
             if self._note_completion(event, output_json):
                 return

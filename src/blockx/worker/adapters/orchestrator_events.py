@@ -12,7 +12,9 @@ code that calls the core.
 Events are immutable, past-tense facts. Two shapes, for one measured reason:
 
 * **Per-call events** (one or more per call: an attempt ended, a call
-  suspended, a control frame flushed, an IO wait failed to resume) are
+  suspended, a control frame flushed, an IO wait failed to resume) and the
+  batches of them (every call frame of one read, :class:`CallFramesReceived`;
+  every control frame of one flush, :class:`ControlsDelivered`) are
   ``NamedTuple`` classes. A frozen keyword-only dataclass costs 1.9 µs to build
   against 0.65 µs for a NamedTuple (Python 3.11, measured with ``timeit``);
   at a few events per call and a budget of a few µs of worker CPU per call
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from blockx.worker.core import PreparedCallBatch, PreparedCallPhase
 
+from .callbacks import CallFrame
 from .connection import ControlSend
 from .errors import AdapterError
 
@@ -40,9 +43,11 @@ __all__ = [
     "ActorEvent",
     "AttemptCompleted",
     "AttemptFailed",
+    "CallFramesReceived",
     "CallSuspended",
     "ControlDelivered",
     "ControlUndelivered",
+    "ControlsDelivered",
     "ExecutorAttached",
     "ExecutorLost",
     "ResumeNotQueued",
@@ -83,6 +88,26 @@ class CallSuspended(NamedTuple):
     request_id: str
     payload: dict[str, Any]
     sidecar: bytes | None
+
+
+class CallFramesReceived(NamedTuple):
+    """One read of an executor connection: its ``CallCompleted``, ``CallFailed`` and
+    ``CallWaiting`` (io / subcall) frames, in order (the adapter's ``on_call_frames``).
+
+    Applying it is applying :class:`AttemptCompleted`, :class:`AttemptFailed` and
+    :class:`CallSuspended` for each frame in turn; runs of completions and of
+    waits go to the core as one batch each.
+    """
+
+    executor_id: str
+    frames: list[CallFrame]
+
+
+class ControlsDelivered(NamedTuple):
+    """One flush handed these ``ResumeCall`` / ``CancelCall`` frames to the transport
+    (the adapter's ``on_controls_sent``): :data:`ControlDelivered` for each, in order."""
+
+    notes: list[ControlSend]
 
 
 #: A ``ResumeCall`` / ``CancelCall`` was handed to the transport. The adapter's flush
@@ -183,7 +208,9 @@ ActorEvent = (
     AttemptCompleted
     | AttemptFailed
     | CallSuspended
+    | CallFramesReceived
     | ControlDelivered
+    | ControlsDelivered
     | ControlUndelivered
     | ResumeNotQueued
     | ExecutorAttached

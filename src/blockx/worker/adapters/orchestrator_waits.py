@@ -46,14 +46,23 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from blockx.wire import EncodeError, NotSerializableError, RemoteError, keys
-from blockx.worker.core import CallError, CallState, ResumeParentCall, SubcallRequest
+from blockx.worker.core import (
+    CallError,
+    CallState,
+    ResumedCall,
+    ResumeParentCall,
+    SubcallRequest,
+    WaitingCall,
+)
 from blockx.worker.io import IOResult
 from blockx.worker.json_values import encode_args
 
+from .callbacks import CallFrame
 from .errors import SendError
 from .orchestrator_events import (
     CallSuspended,
     ControlDelivered,
+    ControlsDelivered,
     ControlUndelivered,
     ResumeNotQueued,
 )
@@ -72,6 +81,7 @@ _log = logging.getLogger("blockx.worker.orchestrator")
 
 _WAITING: Final = CallState.WAITING
 _MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
+_MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_WAIT_KIND: Final = keys.FP_WAIT_KIND
@@ -114,59 +124,84 @@ class WaitHandling:
     # --- CallWaiting --------------------------------------------------------------------------
 
     def _apply_call_suspended(self, event: CallSuspended) -> None:
-        payload = event.payload
-        call_id = event.call_id
-        attempt = payload.get(_FP_ATTEMPT_SEQ)
+        self._apply_waits(
+            event.executor_id,
+            [(_MT_CALL_WAITING, event.call_id, event.payload, event.request_id, event.sidecar)],
+        )
+
+    def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
+        """A run of ``CallWaiting`` frames of one executor: the core moves them all to
+        WAITING in one call, then each live wait is served in order."""
         core = self._core
-        if type(attempt) is not int:
-            attempt = -1
-        core.handle_call_waiting(call_id, attempt)
-        ctx = core.call_context(call_id)
-        executor = None if ctx is None else ctx.executor
-        if (
-            ctx is None
-            or ctx.state is not _WAITING
-            or ctx.attempt_seq != attempt
-            or executor is None
-            or executor.executor_id != event.executor_id
-        ):
-            self.stats.stale_waits += 1
-            return
-        run = self._tasks.get(payload[_FP_TASK_ID])
-        if run is None:
-            self.stats.stale_waits += 1
-            return
-        if payload.get(_FP_WAIT_KIND) == _WAIT_IO:
-            self._start_io(run, event, attempt)
-        else:
-            self._start_subcall(run, event, attempt)
+        waits: list[WaitingCall] = []
+        for frame in frames:
+            attempt = frame[2].get(_FP_ATTEMPT_SEQ)
+            waits.append((frame[1], attempt if type(attempt) is int else -1))
+        core.handle_calls_waiting(waits)
+        call_context = core.call_context
+        tasks = self._tasks
+        stats = self.stats
+        for (call_id, attempt), frame in zip(waits, frames, strict=True):
+            ctx = call_context(call_id)
+            executor = None if ctx is None else ctx.executor
+            if (
+                ctx is None
+                or ctx.state is not _WAITING
+                or ctx.attempt_seq != attempt
+                or executor is None
+                or executor.executor_id != executor_id
+            ):
+                stats.stale_waits += 1
+                continue
+            payload = frame[2]
+            run = tasks.get(payload[_FP_TASK_ID])
+            if run is None:
+                stats.stale_waits += 1
+                continue
+            request_id = frame[3]
+            assert request_id is not None
+            try:
+                if payload.get(_FP_WAIT_KIND) == _WAIT_IO:
+                    self._start_io(
+                        run, executor_id, call_id, request_id, payload, frame[4], attempt
+                    )
+                else:
+                    self._start_subcall(run, executor_id, call_id, request_id, payload, attempt)
+            except Exception:
+                stats.handler_errors += 1
+                _log.exception("dispatch actor: serving the wait of %s failed", call_id)
 
     # --- io -----------------------------------------------------------------------------------
 
-    def _start_io(self, run: TaskRun, event: CallSuspended, attempt: int) -> None:
+    def _start_io(
+        self,
+        run: TaskRun,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: dict[str, Any],
+        sidecar: bytes | None,
+        attempt: int,
+    ) -> None:
         self.stats.io_waits += 1
         run.io_calls += 1
         started = _monotonic()
         try:
-            answer: Any = run.io_handler.handle_io(
-                run.user_task_id, event.call_id, event.payload, event.sidecar
-            )
+            answer: Any = run.io_handler.handle_io(run.user_task_id, call_id, payload, sidecar)
         except Exception as exc:
-            _log.exception("IO handler %r raised for %s", run.io_handler, event.call_id)
+            _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
             answer = _handler_failed(exc)
         if type(answer) is IOResult:
-            self._resume_io(
-                event.executor_id, event.call_id, event.request_id, attempt, started, answer
-            )
+            self._resume_io(executor_id, call_id, request_id, attempt, started, answer)
             return
         if not _isfuture(answer):
             try:
                 answer = asyncio.ensure_future(answer)
             except TypeError:
                 self._resume_io(
-                    event.executor_id,
-                    event.call_id,
-                    event.request_id,
+                    executor_id,
+                    call_id,
+                    request_id,
                     attempt,
                     started,
                     _handler_failed(
@@ -177,9 +212,7 @@ class WaitHandling:
                     ),
                 )
                 return
-        answer.add_done_callback(
-            _IOWait(self, event.executor_id, event.call_id, event.request_id, attempt, started)
-        )
+        answer.add_done_callback(_IOWait(self, executor_id, call_id, request_id, attempt, started))
 
     def _resume_io(
         self,
@@ -216,28 +249,42 @@ class WaitHandling:
 
     # --- subcall ------------------------------------------------------------------------------
 
-    def _start_subcall(self, run: TaskRun, event: CallSuspended, attempt: int) -> None:
+    def _start_subcall(
+        self,
+        run: TaskRun,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: dict[str, Any],
+        attempt: int,
+    ) -> None:
         self.stats.subcall_waits += 1
         run.subcalls += 1
-        payload = event.payload
         function_id = payload.get(keys.FP_FUNCTION_ID)
         granted = payload.get(keys.FP_GRANTED_BUDGET_MS, 0)
         if type(function_id) is not str or not function_id:
             self._refuse_subcall(
-                event, attempt, keys.ERR_INTERNAL_ERROR, "sub-call request without a functionId"
+                executor_id,
+                call_id,
+                request_id,
+                attempt,
+                keys.ERR_INTERNAL_ERROR,
+                "sub-call request without a functionId",
             )
             return
         try:
             args_json = encode_args(payload.get(keys.FP_ARGS))
         except NotSerializableError as exc:
-            self._refuse_subcall(event, attempt, exc.error_kind, str(exc))
+            self._refuse_subcall(
+                executor_id, call_id, request_id, attempt, exc.error_kind, str(exc)
+            )
             return
         code = run.code.get(function_id)
         request = SubcallRequest(
-            parent_call_id=event.call_id,
+            parent_call_id=call_id,
             parent_attempt_seq=attempt,
-            executor_id=event.executor_id,
-            request_id=event.request_id,
+            executor_id=executor_id,
+            request_id=request_id,
             function_id=function_id,
             function_code_digest=code.digest,
             args_json=args_json,
@@ -245,14 +292,22 @@ class WaitHandling:
         )
         self._run(self._core.handle_subcall_request(request))
 
-    def _refuse_subcall(self, event: CallSuspended, attempt: int, kind: str, message: str) -> None:
+    def _refuse_subcall(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        attempt: int,
+        kind: str,
+        message: str,
+    ) -> None:
         """Answer a malformed sub-call request with an error, without a child."""
         payload = {
             _FP_RESUME_KIND: _WAIT_SUBCALL,
             _FP_ERROR: _error_wire(kind, message, False),
             _FP_BUDGET_USED_MS: 0,
         }
-        self._send_resume(event.executor_id, event.call_id, event.request_id, payload, attempt)
+        self._send_resume(executor_id, call_id, request_id, payload, attempt)
 
     def _execute_resume_parent(self, cmd: ResumeParentCall) -> None:
         parent = self._core.call_context(cmd.parent_call_id)
@@ -292,6 +347,15 @@ class WaitHandling:
     def _apply_control_delivered(self, note: ControlDelivered) -> None:
         if note.message_type == _MT_RESUME_CALL:
             self._run(self._core.handle_call_resumed(note.call_id, note.token))
+
+    def _apply_controls_delivered(self, event: ControlsDelivered) -> None:
+        resumes: list[ResumedCall] = [
+            (note.call_id, note.token)
+            for note in event.notes
+            if note.message_type == _MT_RESUME_CALL
+        ]
+        if resumes:
+            self._run(self._core.handle_calls_resumed(resumes))
 
     def _apply_control_undelivered(self, event: ControlUndelivered) -> None:
         note = event.note

@@ -111,6 +111,16 @@ class Reservations:
         self._parents[call_id] = None
         self._draining.discard(call_id)
 
+    def bind_within(self, call_id: str, capacity: int) -> bool:
+        """:meth:`bind` a root call unless that would pass ``capacity`` reservations
+        (a call already reserved is re-bound at any count); False: nothing changed."""
+        parents = self._parents
+        if call_id not in parents and len(parents) >= capacity:
+            return False
+        parents[call_id] = None
+        self._draining.discard(call_id)
+        return True
+
     def bind_subcall(self, call_id: str, parent_call_id: str) -> None:
         """Reserve a context for a sub-call; its parent must hold a live reservation here.
 

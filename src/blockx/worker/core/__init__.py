@@ -9,6 +9,7 @@ This package imports no IO, clock, randomness or concurrency module; a test
 (``tests/core/test_dispatcher_purity.py``) holds it to that.
 """
 
+from .attempts import CompletedCall, ResumedCall, WaitingCall
 from .commands import (
     ArmCallRetry,
     BatchSettled,
@@ -84,6 +85,7 @@ __all__ = [
     "CancelCallCmd",
     "CancelReason",
     "CompleteCallFromCache",
+    "CompletedCall",
     "CompletionSource",
     "ConfigError",
     "ConvergeTaskCalls",
@@ -111,6 +113,7 @@ __all__ = [
     "PreparedCallPhase",
     "ReentrantCallError",
     "ResumeParentCall",
+    "ResumedCall",
     "StopCallProduction",
     "StreamBatch",
     "StreamStateError",
@@ -122,5 +125,6 @@ __all__ = [
     "TaskMode",
     "UnbindCall",
     "UnknownTaskError",
+    "WaitingCall",
     "call_key",
 ]

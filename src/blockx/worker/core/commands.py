@@ -37,6 +37,14 @@ How the runtime executes each command:
 ``ConvergeTaskCalls``     the task's call phase is over: hand its result to the
                           task (the core has forgotten the task)
 ========================  =====================================================
+
+Two shapes, for one measured reason (see :mod:`.records`): the commands issued
+per call (``BindCall``, ``DispatchCallCmd``, ``UnbindCall``, ``CancelCallCmd``,
+``ArmCallRetry``, ``CompleteCallFromCache``, ``ResumeParentCall``) are slotted
+:class:`~.records.Record` classes -- immutable by convention, built
+positionally on the core's hot paths (0.4-0.7 µs each instead of 1.6-3.8 µs as
+frozen keyword-only dataclasses); the per-task ones (``StopCallProduction``,
+``BatchSettled``, ``ConvergeTaskCalls``) stay frozen dataclasses.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .records import Record
 from .types import CallError, CompletionSource, FailedCall, PreparedCall, TaskFailure, TaskMode
 
 __all__ = [
@@ -65,46 +74,89 @@ __all__ = [
 CancelReason = Literal["parent_ended", "parent_retrying", "task_cancelled"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BindCall:
+class BindCall(Record):
     """Reserve a context for ``call_id`` on ``executor_id``, synchronously."""
 
+    __slots__ = ("attempt_seq", "call_id", "executor_id", "parent_call_id", "task_id")
     call_id: str
     task_id: str
     executor_id: str
     attempt_seq: int
     #: Set for a sub-call: bind it next to its parent (``BindSubcall``).
-    parent_call_id: str | None = None
+    parent_call_id: str | None
+
+    def __init__(
+        self,
+        call_id: str,
+        task_id: str,
+        executor_id: str,
+        attempt_seq: int,
+        parent_call_id: str | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.executor_id = executor_id
+        self.attempt_seq = attempt_seq
+        self.parent_call_id = parent_call_id
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UnbindCall:
+class UnbindCall(Record):
     """Release the reservation of a call that ended normally."""
 
+    __slots__ = ("call_id", "executor_id", "task_id")
     call_id: str
     task_id: str
     executor_id: str
 
+    def __init__(self, call_id: str, task_id: str, executor_id: str) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.executor_id = executor_id
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CancelCallCmd:
+
+class CancelCallCmd(Record):
     """Cancel a bound call's attempt: drain its reservation, send ``CancelCall``."""
 
+    __slots__ = ("attempt_seq", "call_id", "executor_id", "reason", "task_id")
     call_id: str
     task_id: str
     executor_id: str
     attempt_seq: int
     reason: CancelReason
 
+    def __init__(
+        self,
+        call_id: str,
+        task_id: str,
+        executor_id: str,
+        attempt_seq: int,
+        reason: CancelReason,
+    ) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.executor_id = executor_id
+        self.attempt_seq = attempt_seq
+        self.reason = reason
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DispatchCallCmd:
+
+class DispatchCallCmd(Record):
     """Send ``ExecuteCall`` for a bound attempt.
 
     ``call`` holds the per-call values shared by every attempt (function,
     digest, args, call key); they are also readable as attributes.
     """
 
+    __slots__ = (
+        "ancestry",
+        "attempt_seq",
+        "batch_idx",
+        "budget_ms",
+        "call",
+        "call_id",
+        "executor_id",
+        "parent_call_id",
+        "task_id",
+    )
     call_id: str
     task_id: str
     executor_id: str
@@ -117,6 +169,28 @@ class DispatchCallCmd:
     #: 1-based, increases with every bind of the call.
     attempt_seq: int
     batch_idx: int
+
+    def __init__(
+        self,
+        call_id: str,
+        task_id: str,
+        executor_id: str,
+        call: PreparedCall,
+        parent_call_id: str | None,
+        ancestry: tuple[str, ...],
+        budget_ms: int,
+        attempt_seq: int,
+        batch_idx: int,
+    ) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.executor_id = executor_id
+        self.call = call
+        self.parent_call_id = parent_call_id
+        self.ancestry = ancestry
+        self.budget_ms = budget_ms
+        self.attempt_seq = attempt_seq
+        self.batch_idx = batch_idx
 
     @property
     def function_id(self) -> str:
@@ -135,10 +209,10 @@ class DispatchCallCmd:
         return self.call.call_key
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ArmCallRetry:
+class ArmCallRetry(Record):
     """Call ``handle_retry_ready(call_id)`` at ``due_at_ms``."""
 
+    __slots__ = ("attempt_count", "call_id", "delay_ms", "due_at_ms", "task_id")
     call_id: str
     task_id: str
     due_at_ms: int
@@ -146,11 +220,20 @@ class ArmCallRetry:
     #: Attempts spent so far (the next attempt is ``attempt_count + 1``).
     attempt_count: int
 
+    def __init__(
+        self, call_id: str, task_id: str, due_at_ms: int, delay_ms: int, attempt_count: int
+    ) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.due_at_ms = due_at_ms
+        self.delay_ms = delay_ms
+        self.attempt_count = attempt_count
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CompleteCallFromCache:
+
+class CompleteCallFromCache(Record):
     """A call completed without running: from the call cache or a leader."""
 
+    __slots__ = ("call_id", "error", "output_json", "parent_call_id", "source", "task_id")
     call_id: str
     task_id: str
     source: CompletionSource
@@ -159,11 +242,26 @@ class CompleteCallFromCache:
     #: ... the error (a singleflight leader's final failure).
     error: CallError | None
     #: Set for a sub-call; a ``ResumeParentCall`` follows.
-    parent_call_id: str | None = None
+    parent_call_id: str | None
+
+    def __init__(
+        self,
+        call_id: str,
+        task_id: str,
+        source: CompletionSource,
+        output_json: bytes | None,
+        error: CallError | None,
+        parent_call_id: str | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.source = source
+        self.output_json = output_json
+        self.error = error
+        self.parent_call_id = parent_call_id
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeParentCall:
+class ResumeParentCall(Record):
     """Answer a parent's pending sub-call request with ``ResumeCall``.
 
     Emitted once per accepted or refused ``SubcallRequest`` whose parent is
@@ -171,6 +269,16 @@ class ResumeParentCall:
     (``call_id`` is ``None`` then: no child was created).
     """
 
+    __slots__ = (
+        "budget_used_ms",
+        "call_id",
+        "error",
+        "executor_id",
+        "output_json",
+        "parent_call_id",
+        "request_id",
+        "task_id",
+    )
     task_id: str
     parent_call_id: str
     #: The parent's executor (where the child ran).
@@ -181,6 +289,26 @@ class ResumeParentCall:
     error: CallError | None
     #: Time the child spent, charged to the parent's budget.
     budget_used_ms: int
+
+    def __init__(
+        self,
+        task_id: str,
+        parent_call_id: str,
+        executor_id: str,
+        request_id: str,
+        call_id: str | None,
+        output_json: bytes | None,
+        error: CallError | None,
+        budget_used_ms: int,
+    ) -> None:
+        self.task_id = task_id
+        self.parent_call_id = parent_call_id
+        self.executor_id = executor_id
+        self.request_id = request_id
+        self.call_id = call_id
+        self.output_json = output_json
+        self.error = error
+        self.budget_used_ms = budget_used_ms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -150,11 +150,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from .commands import (
-    DispatchCallCmd,
-    DispatchCommand,
-    UnbindCall,
+from .attempts import (
+    CompletedCall,
+    ResumedCall,
+    WaitingCall,
+    complete_attempt,
+    confirm_bind,
+    live_attempt,
+    pending_bind,
+    resume_attempt,
+    suspend_attempt,
 )
+from .commands import BindCall, DispatchCommand
 from .config import DispatcherConfig
 from .convergence import flush_dirty_tasks
 from .errors import DispatcherInvariantError, ReentrantCallError
@@ -164,7 +171,6 @@ from .lifecycle import (
     CoreState,
     cancel_call,
     fail_attempt,
-    finish_call,
     live_roots,
     mark_dirty,
     requeue_front,
@@ -179,13 +185,12 @@ from .registration import (
     finish_call_stream,
     prepare_calls,
 )
-from .release import dispatch_one, take_back_calls, unbind_attempt
+from .release import dispatch_decisions, dispatch_one, take_back_calls, unbind_attempt
 from .selection import ExecutorState
-from .state import DispatchCallContext, DispatcherStats, TaskDispatchState, move
-from .subcalls import admit_subcall, bind_parked_children, rebind_parked
+from .state import DispatchCallContext, DispatcherStats, TaskDispatchState
+from .subcalls import admit_subcall, rebind_parked
 from .types import (
     CallError,
-    CallOutcome,
     CallRetryPolicy,
     CallSpec,
     CallState,
@@ -335,37 +340,13 @@ class DispatcherCore:
         self._enter("dispatch_ready")
         try:
             out: list[DispatchCommand] = []
-            core = self._core
-            if max_decisions is None:
-                while dispatch_one(core, now_ms, out):
-                    pass
-            else:
-                for _ in range(max_decisions):
-                    if not dispatch_one(core, now_ms, out):
-                        break
+            limit = -1 if max_decisions is None else max(max_decisions, 0)
+            dispatch_decisions(self._core, now_ms, out, limit)
             return out
         finally:
             self._running = None
 
     # === binding =========================================================================
-
-    def _pending_bind(
-        self, call_id: str, executor_id: str, attempt_seq: int
-    ) -> DispatchCallContext | None:
-        """The call if this ``BindCall`` is its unconfirmed bind, else None (stale)."""
-        ctx = self._core.calls.get(call_id)
-        ex = None if ctx is None else ctx.executor
-        if (
-            ctx is None
-            or ctx.state is not _RUNNING
-            or ctx.bound
-            or ctx.attempt_seq != attempt_seq
-            or ex is None
-            or ex.executor_id != executor_id
-        ):
-            self._core.stats.stale_events += 1
-            return None
-        return ctx
 
     def handle_executor_bound(
         self, call_id: str, executor_id: str, attempt_seq: int
@@ -377,27 +358,24 @@ class DispatcherCore:
         """
         self._enter("handle_executor_bound")
         try:
+            out: list[DispatchCommand] = []
+            confirm_bind(self._core, call_id, executor_id, attempt_seq, out)
+            return out
+        finally:
+            self._running = None
+
+    def handle_executors_bound(self, binds: Iterable[BindCall]) -> list[DispatchCommand]:
+        """Several ``BindCall``\\ s succeeded: ``handle_executor_bound`` for each, in order.
+
+        Pass the executed ``BindCall`` commands themselves. The commands are
+        those of the single-event calls, concatenated.
+        """
+        self._enter("handle_executors_bound")
+        try:
             core = self._core
-            ctx = self._pending_bind(call_id, executor_id, attempt_seq)
-            if ctx is None:
-                return []
-            ctx.bound = True
-            parent = ctx.parent
-            out: list[DispatchCommand] = [
-                DispatchCallCmd(
-                    call_id=call_id,
-                    task_id=ctx.task.task_id,
-                    executor_id=executor_id,
-                    call=ctx.call,
-                    parent_call_id=None if parent is None else parent.call_id,
-                    ancestry=ctx.ancestry,
-                    budget_ms=ctx.budget_ms,
-                    attempt_seq=ctx.attempt_seq,
-                    batch_idx=ctx.batch_idx,
-                )
-            ]
-            if ctx.children:
-                bind_parked_children(core, ctx, out)
+            out: list[DispatchCommand] = []
+            for bind in binds:
+                confirm_bind(core, bind.call_id, bind.executor_id, bind.attempt_seq, out)
             return out
         finally:
             self._running = None
@@ -412,7 +390,7 @@ class DispatcherCore:
         """
         self._enter("handle_bind_failed")
         try:
-            ctx = self._pending_bind(call_id, executor_id, attempt_seq)
+            ctx = pending_bind(self._core, call_id, executor_id, attempt_seq)
             if ctx is None:
                 return []
             out: list[DispatchCommand] = []
@@ -422,23 +400,7 @@ class DispatcherCore:
             self._running = None
 
     # === attempt events ==================================================================
-
-    def _live_attempt(self, call_id: str, attempt_seq: int) -> DispatchCallContext | None:
-        """The call if ``attempt_seq`` is its live attempt, else None (stale).
-
-        Live: RUNNING or WAITING, with the bind confirmed -- an attempt whose
-        ``DispatchCallCmd`` was never issued cannot have been reported on.
-        """
-        ctx = self._core.calls.get(call_id)
-        if (
-            ctx is None
-            or ctx.attempt_seq != attempt_seq
-            or (ctx.state is not _RUNNING and ctx.state is not _WAITING)
-            or not ctx.bound
-        ):
-            self._core.stats.stale_events += 1
-            return None
-        return ctx
+    # One event or a batch (see .attempts: a batch is its events applied in order).
 
     def handle_call_waiting(self, call_id: str, attempt_seq: int) -> list[DispatchCommand]:
         """The attempt suspended on IO or a sub-call: RUNNING -> WAITING. Returns ``[]``.
@@ -447,9 +409,18 @@ class DispatcherCore:
         """
         self._enter("handle_call_waiting")
         try:
-            ctx = self._live_attempt(call_id, attempt_seq)
-            if ctx is not None and ctx.state is _RUNNING:
-                move(ctx, _WAITING)
+            suspend_attempt(self._core, call_id, attempt_seq)
+            return []
+        finally:
+            self._running = None
+
+    def handle_calls_waiting(self, waits: Iterable[WaitingCall]) -> list[DispatchCommand]:
+        """``handle_call_waiting`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
+        self._enter("handle_calls_waiting")
+        try:
+            core = self._core
+            for call_id, attempt_seq in waits:
+                suspend_attempt(core, call_id, attempt_seq)
             return []
         finally:
             self._running = None
@@ -458,9 +429,18 @@ class DispatcherCore:
         """The ``ResumeCall`` reached the executor: WAITING -> RUNNING. Returns ``[]``."""
         self._enter("handle_call_resumed")
         try:
-            ctx = self._live_attempt(call_id, attempt_seq)
-            if ctx is not None and ctx.state is _WAITING:
-                move(ctx, _RUNNING)
+            resume_attempt(self._core, call_id, attempt_seq)
+            return []
+        finally:
+            self._running = None
+
+    def handle_calls_resumed(self, resumes: Iterable[ResumedCall]) -> list[DispatchCommand]:
+        """``handle_call_resumed`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
+        self._enter("handle_calls_resumed")
+        try:
+            core = self._core
+            for call_id, attempt_seq in resumes:
+                resume_attempt(core, call_id, attempt_seq)
             return []
         finally:
             self._running = None
@@ -476,24 +456,21 @@ class DispatcherCore:
         """
         self._enter("handle_call_completed")
         try:
-            ctx = self._live_attempt(call_id, attempt_seq)
-            if ctx is None:
-                return []
-            ex = ctx.executor
-            assert ex is not None
-            ctx.budget_used_ms = budget_used_ms
-            out: list[DispatchCommand] = [
-                UnbindCall(call_id=call_id, task_id=ctx.task.task_id, executor_id=ex.executor_id)
-            ]
-            finish_call(
-                self._core,
-                ctx,
-                CallOutcome.SUCCEEDED,
-                out,
-                output=output_json,
-                budget_used_ms=budget_used_ms,
-                completed=True,
-            )
+            out: list[DispatchCommand] = []
+            complete_attempt(self._core, call_id, attempt_seq, output_json, budget_used_ms, out)
+            return out
+        finally:
+            self._running = None
+
+    def handle_calls_completed(self, completions: Iterable[CompletedCall]) -> list[DispatchCommand]:
+        """``handle_call_completed`` for each ``(call_id, attempt_seq, output_json,
+        budget_used_ms)``, in order; the commands concatenated."""
+        self._enter("handle_calls_completed")
+        try:
+            core = self._core
+            out: list[DispatchCommand] = []
+            for call_id, attempt_seq, output_json, budget_used_ms in completions:
+                complete_attempt(core, call_id, attempt_seq, output_json, budget_used_ms, out)
             return out
         finally:
             self._running = None
@@ -514,7 +491,7 @@ class DispatcherCore:
         """
         self._enter("handle_attempt_failure")
         try:
-            ctx = self._live_attempt(call_id, attempt_seq)
+            ctx = live_attempt(self._core, call_id, attempt_seq)
             if ctx is None:
                 return []
             ctx.budget_used_ms = budget_used_ms

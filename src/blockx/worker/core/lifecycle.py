@@ -100,6 +100,7 @@ class CoreState:
         "dirty",
         "executors",
         "jitter",
+        "output_limit",
         "scheduler",
         "stats",
         "subcall_ids",
@@ -124,6 +125,8 @@ class CoreState:
         self.dirty: deque[TaskDispatchState] = deque()
         self.stats = DispatcherStats()
         self.cache_limit = config.call_cache_max_entries
+        #: ``max_collected_output_bytes`` (0: no limit), read once per completion.
+        self.output_limit = config.max_collected_output_bytes
 
 
 def mark_dirty(core: CoreState, task: TaskDispatchState) -> None:
@@ -151,7 +154,9 @@ def failed_call_record(ctx: DispatchCallContext) -> FailedCall:
 
 def bind_call(core: CoreState, ctx: DispatchCallContext, ex: ExecutorState) -> BindCall:
     """READY -> RUNNING on ``ex``: spend an attempt and take a slot there."""
-    move(ctx, _RUNNING)
+    if ctx.state is not _READY:
+        move(ctx, _RUNNING)  # raises InvalidTransitionError, changing nothing
+    ctx.state = _RUNNING
     ctx.attempt_count += 1
     ctx.attempt_seq += 1
     ctx.executor = ex
@@ -162,29 +167,17 @@ def bind_call(core: CoreState, ctx: DispatchCallContext, ex: ExecutorState) -> B
     if ctx.is_subcall:
         parent = ctx.parent
         assert parent is not None
-        return BindCall(
-            call_id=ctx.call_id,
-            task_id=task.task_id,
-            executor_id=ex.executor_id,
-            attempt_seq=ctx.attempt_seq,
-            parent_call_id=parent.call_id,
-        )
+        return BindCall(ctx.call_id, task.task_id, ex.executor_id, ctx.attempt_seq, parent.call_id)
     task.inflight_roots += 1
     core.scheduler.note_bind(task)
     ctx.budget_ms = task.call_budget_ms
-    key = ctx.call.call_key
-    if key not in task.singleflight:
-        task.singleflight[key] = ctx
-    return BindCall(
-        call_id=ctx.call_id,
-        task_id=task.task_id,
-        executor_id=ex.executor_id,
-        attempt_seq=ctx.attempt_seq,
-    )
+    task.singleflight.setdefault(ctx.call.call_key, ctx)
+    # Positional: one per call (see .records).
+    return BindCall(ctx.call_id, task.task_id, ex.executor_id, ctx.attempt_seq)
 
 
 def release_executor(
-    core: CoreState, ctx: DispatchCallContext, *, completed: bool
+    core: CoreState, ctx: DispatchCallContext, completed: bool
 ) -> ExecutorState | None:
     """Give back the slot ``ctx`` holds (if any); ``completed``: the executor ended it."""
     ex = ctx.executor
@@ -192,13 +185,14 @@ def release_executor(
         return None
     ctx.executor = None
     ctx.bound = False
-    core.executors.release_slot(ex, ctx, completed=completed)
+    core.executors.release_slot(ex, ctx, completed)
     if not ctx.is_subcall:
         task = ctx.task
         task.inflight_roots -= 1
-        core.scheduler.note_release(task)
-        if task.ready_queue:
-            core.scheduler.wake(task)
+        scheduler = core.scheduler
+        scheduler.note_release(task)
+        if task.ready_queue and not task.in_ring:
+            scheduler.wake(task)
     return ex
 
 
@@ -223,7 +217,6 @@ def set_call_terminal(
     core: CoreState,
     ctx: DispatchCallContext,
     outcome: CallOutcome,
-    *,
     output: bytes | None = None,
     error: CallError | None = None,
     completed: bool = False,
@@ -231,8 +224,9 @@ def set_call_terminal(
     """Move ``ctx`` to DONE and count it; False (and no change) if it already was."""
     if ctx.state is _DONE:
         return False
-    release_executor(core, ctx, completed=completed)
-    move(ctx, _DONE)
+    if ctx.executor is not None:
+        release_executor(core, ctx, completed)
+    ctx.state = _DONE  # every live state may end (CALL_TRANSITIONS)
     ctx.outcome = outcome
     ctx.retry_armed = False
     ctx.queued = False
@@ -263,7 +257,10 @@ def set_call_terminal(
         if outcome is _SUCCEEDED:
             task.succeeded += 1
             if output is not None:
-                _record_output(core, task, ctx, output)
+                if core.output_limit or task.outputs_dropped:
+                    _record_output(core, task, ctx, output)
+                else:
+                    ctx.output = output  # _record_output without a limit
         elif outcome is _FAILED:
             task.failed += 1
         else:
@@ -271,7 +268,9 @@ def set_call_terminal(
         batch = ctx.batch
         if batch is not None:
             batch.remaining -= 1
-    mark_dirty(core, task)
+    if not task.dirty:  # mark_dirty, inlined: once per call
+        task.dirty = True
+        core.dirty.append(task)
     return True
 
 
@@ -280,7 +279,7 @@ def _record_output(
 ) -> None:
     if task.outputs_dropped:
         return
-    limit = core.config.max_collected_output_bytes
+    limit = core.output_limit
     if limit:
         task.output_bytes += len(output)
         if task.output_bytes > limit:
@@ -316,14 +315,13 @@ def finish_call(
     ctx: DispatchCallContext,
     outcome: CallOutcome,
     out: Out,
-    *,
     output: bytes | None = None,
     error: CallError | None = None,
     budget_used_ms: int = 0,
     completed: bool = False,
 ) -> None:
     """End ``ctx`` with ``outcome`` and apply every consequence of that end."""
-    if not set_call_terminal(core, ctx, outcome, output=output, error=error, completed=completed):
+    if not set_call_terminal(core, ctx, outcome, output, error, completed):
         return
     task = ctx.task
     key = ctx.call.call_key
@@ -511,7 +509,7 @@ def fail_attempt(
     if not ctx.is_subcall and should_retry(
         error, ctx.attempt_count, ctx.max_attempts, task.stop_dispatching
     ):
-        release_executor(core, ctx, completed=not executor_lost)
+        release_executor(core, ctx, not executor_lost)
         if release:
             assert ex is not None
             out.append(

@@ -104,14 +104,7 @@ def prepare_calls(
             )
         h = primed[1].copy()
         h.update(args)
-        append(
-            PreparedCall(
-                function_id=function_id,
-                function_code_digest=primed[0],
-                args_json=args,
-                call_key=h.hexdigest(),
-            )
-        )
+        append(PreparedCall(function_id, primed[0], args, h.hexdigest()))
     return tuple(prepared)
 
 
@@ -157,21 +150,19 @@ def _add_roots(
     batch_idx = 0 if batch is None else batch.batch_idx
     max_attempts = task.max_attempts
     budget_ms = task.call_budget_ms
+    append_root = roots.append
+    append_queued = queue.append
     for call in calls:
+        call_id = f"{prefix}{index}"
+        # Positional (call id, task, call, index, batch, batch idx, max attempts, budget):
+        # one per call.
         ctx = DispatchCallContext(
-            call_id=f"{prefix}{index}",
-            task=task,
-            call=call,
-            index=index,
-            batch=batch,
-            batch_idx=batch_idx,
-            max_attempts=max_attempts,
-            budget_ms=budget_ms,
+            call_id, task, call, index, batch, batch_idx, max_attempts, budget_ms
         )
         ctx.queued = True
-        registry[ctx.call_id] = ctx
-        roots.append(ctx)
-        queue.append(ctx)
+        registry[call_id] = ctx
+        append_root(ctx)
+        append_queued(ctx)
         index += 1
     count = len(calls)
     task.next_index = index

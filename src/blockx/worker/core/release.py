@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-:func:`dispatch_one` is one release decision (the seed's ``TryDispatchNext``):
+:func:`dispatch_one` is one release decision (the seed's ``TryDispatchNext``;
+:func:`dispatch_decisions` makes a run of them for ``dispatch_ready``):
 the :class:`~.fairness.ReadyScheduler` names the task to serve and the head of
 its ready queue is
 
@@ -44,33 +45,48 @@ from .selection import ExecutorState
 from .state import DispatchCallContext, move
 from .types import ERR_TRANSPORT_LOST, CallError, CallOutcome, CallState
 
-__all__ = ["dispatch_one", "take_back_calls", "unbind_attempt"]
+__all__ = ["dispatch_decisions", "dispatch_one", "take_back_calls", "unbind_attempt"]
 
 _READY: Final = CallState.READY
 _RUNNING: Final = CallState.RUNNING
 _WAITING: Final = CallState.WAITING
 
 
-def dispatch_one(core: CoreState, now_ms: int, out: list[DispatchCommand]) -> bool:
-    """One release decision; False if nothing can be released now."""
+def dispatch_decisions(
+    core: CoreState, now_ms: int, out: list[DispatchCommand], limit: int = -1
+) -> int:
+    """Make up to ``limit`` release decisions (-1: until none is possible); returns how many.
+
+    The loop of ``dispatch_ready`` -- one body for one decision and for a run
+    of them, with the tables it reads held in locals (a decision is a few
+    hundred nanoseconds of work; attribute lookups per decision showed).
+    """
     scheduler = core.scheduler
-    while True:
-        task = scheduler.pick()
+    pick = scheduler.pick
+    served = scheduler.served
+    # The current selection policy's method (snapshots, which change it, do not
+    # arrive during a run of decisions).
+    select = core.executors.select
+    cache_limit = core.cache_limit
+    stats = core.stats
+    decisions = 0
+    while decisions != limit:
+        task = pick()
         if task is None:
-            return False
+            return decisions
         queue = task.ready_queue
         ctx = queue[0]
         if not ctx.queued:  # ended while queued: drop the stale entry
             queue.popleft()
             continue
         key = ctx.call.call_key
-        if core.cache_limit:
+        if cache_limit:
             cached = task.call_cache.get(key)
             if cached is not None:
                 queue.popleft()
                 ctx.queued = False
                 task.cache_hits += 1
-                core.stats.cache_hits += 1
+                stats.cache_hits += 1
                 out.append(
                     CompleteCallFromCache(
                         call_id=ctx.call_id,
@@ -81,29 +97,36 @@ def dispatch_one(core: CoreState, now_ms: int, out: list[DispatchCommand]) -> bo
                     )
                 )
                 finish_call(core, ctx, CallOutcome.SUCCEEDED, out, output=cached)
-                scheduler.served(task)
-                return True
+                served(task)
+                decisions += 1
+                continue
         leader = task.singleflight.get(key)
         if leader is not None and leader is not ctx:
             queue.popleft()
             ctx.queued = False
             add_waiter(leader, ctx)
             continue
-        ex = core.executors.select_executor(now_ms)
+        ex = select(now_ms)
         if ex is None:
-            return False
+            return decisions
         queue.popleft()
         ctx.queued = False
         out.append(bind_call(core, ctx, ex))
-        scheduler.served(task)
-        return True
+        served(task)
+        decisions += 1
+    return decisions
+
+
+def dispatch_one(core: CoreState, now_ms: int, out: list[DispatchCommand]) -> bool:
+    """One release decision; False if nothing can be released now."""
+    return dispatch_decisions(core, now_ms, out, 1) == 1
 
 
 def unbind_attempt(
     core: CoreState, ctx: DispatchCallContext, now_ms: int, out: list[DispatchCommand]
 ) -> None:
     """A bind that never ran: RUNNING -> READY with the attempt given back."""
-    release_executor(core, ctx, completed=False)
+    release_executor(core, ctx, False)
     move(ctx, _READY)
     ctx.attempt_count -= 1
     core.stats.bind_failures += 1

@@ -26,7 +26,11 @@ fewest local in-flight calls, then the most headroom, then the smallest
 executor id.
 
 With ``executor_selection_sample_size = 0`` the answer is the exact best, as a
-full scan would find it -- but found without scanning: the table keeps a heap
+full scan would find it. Up to :data:`SCAN_MAX_EXECUTORS` (4)
+selectable executors it *is* a full scan: with two executors a scan costs less
+than keeping a heap current (two pushes per call, one on bind and one on
+release; bench/dispatcher_select.py). With more, it is found without scanning:
+the table keeps a heap
 of ``(runnable, inflight, -headroom, executor_id)`` entries, pushes a fresh
 entry (numbered; the number becomes the executor's ``version``) whenever one
 of those values changes, and on selection discards entries that are out of
@@ -34,7 +38,9 @@ date or whose executor fails the Filter. A discarded executor gets a new entry w
 change (only time makes an executor stalled, and only a new snapshot, which
 rebuilds the heap, un-stalls it), so every eligible executor always has a
 current entry and the heap's first valid entry is the scan's answer:
-O(log executors) per change instead of O(executors) per decision.
+O(log executors) per change instead of O(executors) per decision. The table
+switches between the two whenever the set of selectable executors changes
+(a snapshot, a loss), rebuilding the heap when it starts using it.
 
 With ``executor_selection_sample_size = N > 0`` only the first N eligible
 executors are scored (power-of-d sampling, the seed's cheap approximation),
@@ -52,7 +58,7 @@ release) keep ``local_inflight == len(calls)`` and the heap in step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from heapq import heapify, heappop, heappush
 from itertools import islice
 from typing import TYPE_CHECKING
@@ -63,12 +69,14 @@ from .types import ExecutorSnapshot
 if TYPE_CHECKING:
     from .state import DispatchCallContext
 
-__all__ = ["ExecutorState", "ExecutorTable"]
+__all__ = ["SCAN_MAX_EXECUTORS", "ExecutorState", "ExecutorTable"]
 
 #: Stands for "no limit" in comparisons.
 _UNLIMITED = 1 << 62
 #: ``stalled_after_ms`` of an executor that runs no call.
 _NEVER = 1 << 62
+#: Exact selection scans up to this many selectable executors, keeps a heap above.
+SCAN_MAX_EXECUTORS = 4
 
 
 class ExecutorState:
@@ -187,6 +195,8 @@ class ExecutorTable:
         "_stall_timeout_ms",
         "_use_heap",
         "_watermark",
+        "scan_max_executors",
+        "select",
     )
 
     def __init__(self, config: DispatcherConfig) -> None:
@@ -201,10 +211,18 @@ class ExecutorTable:
         self._sample_size = config.executor_selection_sample_size
         self._watermark = config.executor_memory_high_watermark
         self._stall_timeout_ms = config.stall_timeout_ms
-        #: Exact selection (sample size 0) uses the heap; sampling scans.
-        self._use_heap = config.executor_selection_sample_size == 0
+        #: Exact selection scans up to this many selectable executors and keeps
+        #: the heap above (tests set it, then apply a snapshot, to force a path).
+        self.scan_max_executors = SCAN_MAX_EXECUTORS
+        #: Exact selection (sample size 0) over more than ``scan_max_executors``
+        #: uses the heap; otherwise a scan. Set by ``_rebuild_order``.
+        self._use_heap = False
         self._heap: list[_HeapEntry] = []
         self._compact_at = 64
+        #: ``select_executor`` as the current policy's method, chosen when the set of
+        #: selectable executors changes (one call less per release decision).
+        self.select: Callable[[int], ExecutorState | None] = self._select_exact_scan
+        self._choose_select()
         #: Numbers heap entries; an executor's ``version`` is its current one.
         self._push_seq = 0
 
@@ -232,7 +250,7 @@ class ExecutorTable:
         if self._use_heap:
             self._push(ex)
 
-    def release_slot(self, ex: ExecutorState, ctx: DispatchCallContext, *, completed: bool) -> None:
+    def release_slot(self, ex: ExecutorState, ctx: DispatchCallContext, completed: bool) -> None:
         """``ctx`` no longer holds a slot on ``ex``; ``completed``: the executor ended it."""
         ex.local_inflight -= 1
         del ex.calls[ctx.call_id]
@@ -323,8 +341,20 @@ class ExecutorTable:
         self._order_twice = self._order + self._order
         if self._cursor >= len(self._order):
             self._cursor = 0
+        self._use_heap = self._sample_size == 0 and len(self._order) > self.scan_max_executors
         if self._use_heap:
             self._rebuild_heap()
+        else:
+            self._heap = []
+        self._choose_select()
+
+    def _choose_select(self) -> None:
+        if self._use_heap:
+            self.select = self._select_from_heap
+        elif self._sample_size == 0:
+            self.select = self._select_exact_scan
+        else:
+            self.select = self._select_by_scan
 
     # --- Filter -> Score -------------------------------------------------------
 
@@ -343,9 +373,43 @@ class ExecutorTable:
 
     def select_executor(self, now_ms: int) -> ExecutorState | None:
         """The best eligible executor for a root call, or None if none is eligible."""
-        if self._use_heap:
-            return self._select_from_heap(now_ms)
-        return self._select_by_scan(now_ms)
+        return self.select(now_ms)
+
+    def _select_exact_scan(self, now_ms: int) -> ExecutorState | None:
+        """The exact best by a full scan in id order (small pools; see the module docstring)."""
+        max_inflight = self._max_inflight
+        max_runnable = self._max_runnable
+        best: ExecutorState | None = None
+        best_runnable = best_inflight = best_headroom = 0
+        for ex in self._order:
+            inflight = ex.local_inflight
+            headroom = ex.usable_contexts - inflight
+            runnable = ex.runnable
+            if (
+                headroom <= 0
+                or inflight >= max_inflight
+                or runnable >= max_runnable
+                or not ex.selectable
+                or now_ms > ex.stalled_after_ms
+            ):
+                continue
+            # Score: fewer runnable, fewer in flight, more headroom; id order breaks ties.
+            if (
+                best is None
+                or runnable < best_runnable
+                or (
+                    runnable == best_runnable
+                    and (
+                        inflight < best_inflight
+                        or (inflight == best_inflight and headroom > best_headroom)
+                    )
+                )
+            ):
+                best = ex
+                best_runnable = runnable
+                best_inflight = inflight
+                best_headroom = headroom
+        return best
 
     def _select_from_heap(self, now_ms: int) -> ExecutorState | None:
         heap = self._heap
@@ -434,7 +498,10 @@ class ExecutorTable:
         return best
 
     def __repr__(self) -> str:
-        mode = "exact" if self._use_heap else f"sample={self._sample_size}"
+        if self._sample_size:
+            mode = f"sample={self._sample_size}"
+        else:
+            mode = "exact (heap)" if self._use_heap else "exact (scan)"
         return f"<ExecutorTable {list(self._by_id)} selectable={len(self._order)} {mode}>"
 
 

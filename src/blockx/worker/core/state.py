@@ -112,7 +112,6 @@ class DispatchCallContext:
 
     def __init__(
         self,
-        *,
         call_id: str,
         task: TaskDispatchState,
         call: PreparedCall,

@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-Everything here is an immutable value or an ``Enum``; the mutable per-call and
+Everything here is an immutable value or an ``Enum`` (the per-call ones,
+:class:`CallSpec` and :class:`PreparedCall`, are slotted records, immutable by
+convention: see :mod:`.records`); the mutable per-call and
 per-task records live in :mod:`.state`. The runtime builds the inputs
 (:class:`CallSpec`, :class:`CallRetryPolicy`, :class:`ExecutorSnapshot`,
 :class:`SubcallRequest`, :class:`CallError`) and reads the records the core
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from .errors import ConfigError
+from .records import Record
 
 __all__ = [
     "ERR_CANCELLED",
@@ -124,29 +127,43 @@ class CallError:
     stack: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallSpec:
-    """One call of a task, as the call builder produces it."""
+class CallSpec(Record):
+    """One call of a task, as the call builder produces it (a :class:`~.records.Record`:
+    one is built per call)."""
 
+    __slots__ = ("args_json", "function_id")
     function_id: str
     #: The argument value, JSON-encoded. A JSON array is spread as positional
     #: arguments by the executor; anything else is one argument.
     args_json: bytes
 
+    def __init__(self, function_id: str, args_json: bytes) -> None:
+        self.function_id = function_id
+        self.args_json = args_json
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PreparedCall:
+
+class PreparedCall(Record):
     """A call with its code digest resolved and its call key computed.
 
     Built by the ``prepare_*`` entry points (off the actor); shared, unchanged,
     by every attempt of the call and by the ``DispatchCallCmd`` that runs it.
+    A :class:`~.records.Record`: one is built per call.
     """
 
+    __slots__ = ("args_json", "call_key", "function_code_digest", "function_id")
     function_id: str
     function_code_digest: str
     args_json: bytes
     #: Stable hash of (function_id, digest, args_json); see :mod:`.keys`.
     call_key: str
+
+    def __init__(
+        self, function_id: str, function_code_digest: str, args_json: bytes, call_key: str
+    ) -> None:
+        self.function_id = function_id
+        self.function_code_digest = function_code_digest
+        self.args_json = args_json
+        self.call_key = call_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,345 @@
+"""The ``blockx`` command: run a task file on an embedded worker, check one, show the configuration.
+
+::
+
+    blockx run TASK [-o FILE] [--executors N] [--config FILE] [--set KNOB=VALUE ...] [--quiet]
+    blockx validate TASK
+    blockx config [--task TASK] [--json]
+
+``python -m blockx`` is the same command. The work is done in
+:mod:`blockx.cli_run` (running, progress, summary, failure report),
+:mod:`blockx.cli_config` (configuration sources) and :mod:`blockx.taskspec`
+(task files); this module is the argument parser and the dispatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from blockx import __version__
+
+__all__ = ["build_parser", "main"]
+
+_EXIT_CODES = """\
+exit status:
+  0    every call succeeded
+  1    the task failed, or at least one call failed (each failed call is reported)
+  2    bad usage, task file, calls file or configuration (nothing was run)
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM): the task was cancelled
+  141  the output pipe was closed (e.g. `| head`)
+"""
+
+_MAIN_DESCRIPTION = """\
+BlockX runs huge numbers of calls of plain, synchronous Python functions on a
+pool of executor processes: every IO (tables, chain reads), sub-call and sleep
+suspends only its own call, while the worker caches, de-duplicates, budgets
+and retries the work.
+
+A task file (YAML or JSON) names the functions and the calls; `blockx run`
+runs it and writes the outputs as JSON Lines. See docs/taskspec.md and
+docs/cli.md.
+"""
+
+_MAIN_EPILOG = """\
+examples:
+  blockx run examples/quickstart/task.yaml
+  blockx run task.yaml -o outputs.jsonl --executors 8
+  blockx validate task.yaml
+  blockx config --set pool.executor_count=4
+
+Run `blockx COMMAND --help` for a command's options.
+"""
+
+_RUN_DESCRIPTION = """\
+Run TASK on an embedded worker and write its outputs as JSON Lines (one row
+per line: a call returning a dict gives one row, a list one row per item,
+None none) to stdout or -o FILE.
+
+Inline `calls:` run as one task and their rows are written in call order when
+it ends; a `calls_file:` is streamed line by line and its rows are written as
+they arrive, with flat memory however long the file. Before anything starts,
+the task file and every line of its calls file are checked (exit 2 on a
+problem).
+
+On stderr: a live progress line when stderr is a terminal (done/total, rate,
+retries, failures), print() output of the functions, a report of every failed
+call (function, args, error kind, message, your stack trace with file and
+line), and a summary (calls, outputs, failures by kind, retries, cache hits,
+IO requests and latency, calls/s, wall time, peak memory).
+
+Configuration: defaults <- --config FILE (or $BLOCKX_CONFIG) <- environment
+variables <- --set / --executors; the task file's `io:` section is applied
+over the environment's IO settings. `blockx config` shows the result.
+"""
+
+_RUN_EPILOG = (
+    """\
+examples:
+  blockx run examples/quickstart/task.yaml
+  blockx run task.yaml -o out.jsonl --executors 4
+  blockx run task.yaml --set dispatcher.call_deadline_ms=10000 --set CALL_RETRY_MAX_ATTEMPTS=5
+  blockx run task.yaml --set io.rpc.endpoints='eth=http://127.0.0.1:8545'
+  blockx run task.yaml --quiet --errors failed.jsonl || echo "some calls failed"
+
+"""
+    + _EXIT_CODES
+)
+
+_VALIDATE_DESCRIPTION = """\
+Check TASK without running it: the task file's fields, every line of its
+calls file, that each function's source compiles and has an entry function (a
+def named after the function id, else `def _`, else the first public def),
+that every call names a function of the task, and that the task's `io:`
+section merges with the configuration. Literal `function.call("name", ...)`
+names that the task does not define are warned about.
+
+Prints a one-line summary on stdout and exits 0 when the task is valid; prints
+every problem (file, field or line, and what is wrong) on stderr and exits 2
+when it is not.
+"""
+
+_VALIDATE_EPILOG = """\
+examples:
+  blockx validate examples/quickstart/task.yaml
+  blockx validate task.yaml --quiet && blockx run task.yaml
+"""
+
+_CONFIG_DESCRIPTION = """\
+Print the effective configuration: every worker and IO knob with its value
+and where the value came from (default, file, env VARIABLE, task, --set,
+--executors, derived). Takes the same --config/--set/--executors as `blockx
+run`; with --task, the task file's `io:` section is applied too.
+
+docs/configuration.md describes every knob.
+"""
+
+_CONFIG_EPILOG = """\
+examples:
+  blockx config
+  EXECUTOR_COUNT=4 blockx config --set io.data_dir=/var/lib/blockx
+  blockx config --task examples/quickstart/task.yaml --json
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30, width=92)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _add_config_options(parser: argparse.ArgumentParser, *, executors: bool = True) -> None:
+    group = parser.add_argument_group("configuration")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        help="worker configuration file, TOML (or JSON): [pool], [dispatcher], ..., [io] "
+        "tables (default: $BLOCKX_CONFIG when set)",
+    )
+    group.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="set one knob, by dotted name (pool.executor_count, io.blockdb.sqlite_path) or "
+        "environment variable (EXECUTOR_COUNT); repeatable; beats the file and the environment",
+    )
+    if executors:
+        group.add_argument(
+            "--executors",
+            "-n",
+            type=_positive_int,
+            metavar="N",
+            help="executor processes (default: EXECUTOR_COUNT, else the number of CPU cores)",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blockx",
+        description=_MAIN_DESCRIPTION,
+        epilog=_MAIN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"blockx {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    run = commands.add_parser(
+        "run",
+        help="run a task file and write its outputs as JSON Lines",
+        description=_RUN_DESCRIPTION,
+        epilog=_RUN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    run.add_argument("task", metavar="TASK", help="the task file (.yaml, .yml or .json)")
+    out = run.add_argument_group("output")
+    out.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the output rows to FILE instead of stdout (created or truncated)",
+    )
+    out.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress line, no summary, no print() output of the functions: only "
+        "warnings, errors and the failure report",
+    )
+    out.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also log the worker's and executors' own messages (start-up, executors "
+        "attaching, shutdown)",
+    )
+    out.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the live progress line (default: when stderr is a terminal)",
+    )
+    out.add_argument(
+        "--errors",
+        dest="errors_out",
+        metavar="FILE",
+        help="write every failed call as JSON Lines to FILE (index, function, args, kind, "
+        "message, stack, attempts); the report on stderr shows the first 20",
+    )
+    out.add_argument(
+        "--summary-json",
+        metavar="FILE",
+        help="write the run's statistics as JSON to FILE (calls, failures by kind, IO, "
+        "timings, peak memory)",
+    )
+    _add_config_options(run)
+
+    validate = commands.add_parser(
+        "validate",
+        help="check a task file without running it",
+        description=_VALIDATE_DESCRIPTION,
+        epilog=_VALIDATE_EPILOG,
+        formatter_class=_Formatter,
+    )
+    validate.add_argument("task", metavar="TASK", help="the task file (.yaml, .yml or .json)")
+    validate.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing when the task is valid"
+    )
+    _add_config_options(validate, executors=False)
+
+    config = commands.add_parser(
+        "config",
+        help="print the effective configuration: every knob, its value and its source",
+        description=_CONFIG_DESCRIPTION,
+        epilog=_CONFIG_EPILOG,
+        formatter_class=_Formatter,
+    )
+    config.add_argument("--task", metavar="TASK", help="apply this task file's io: section too")
+    config.add_argument(
+        "--json", action="store_true", help="print a JSON list of {knob, value, source, env}"
+    )
+    _add_config_options(config)
+    return parser
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    from blockx.cli_config import UsageError, build_settings
+    from blockx.taskspec import SpecError, load_task_file
+
+    task_io = None
+    label = None
+    try:
+        if args.task is not None:
+            spec = load_task_file(args.task)
+            task_io, label = spec.io, spec.label
+        settings = build_settings(
+            config_file=args.config,
+            sets=args.sets,
+            executors=args.executors,
+            task_io=task_io,
+            task_label=label,
+        )
+    except (SpecError, UsageError) as exc:
+        for problem in exc.problems:
+            print(f"blockx: error: {problem}", file=sys.stderr)
+        return 2
+    rows = settings.rows()
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {"knob": r.knob, "value": r.value, "source": r.source, "env": r.env or None}
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    knob_w = max(len(r.knob) for r in rows)
+    value_w = min(max(len(r.value) for r in rows), 40)
+    print(f"{'KNOB':<{knob_w}}  {'VALUE':<{value_w}}  SOURCE")
+    for r in rows:
+        print(f"{r.knob:<{knob_w}}  {r.value:<{value_w}}  {r.source}")
+    if settings.config_file:
+        print(f"\nconfiguration file: {settings.config_file}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``blockx`` command; returns the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `blockx config | head`: the reader went away
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:  # pragma: no cover
+            pass
+        return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "run":
+        from blockx.cli_run import RunOptions, run_command
+
+        return run_command(
+            RunOptions(
+                task=args.task,
+                output=args.output,
+                executors=args.executors,
+                config=args.config,
+                sets=tuple(args.sets),
+                quiet=args.quiet,
+                verbose=args.verbose,
+                errors_out=args.errors_out,
+                summary_json=args.summary_json,
+                progress=args.progress,
+            )
+        )
+    if args.command == "validate":
+        from blockx.cli_run import validate_command
+
+        return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
+    return _config_command(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Record: the base of the per-call value records (commands and call specs).
+
+Theory of operation
+-------------------
+STYLE.md asks for frozen, slotted, keyword-only dataclasses for events and
+commands. The records built once or more *per call* on the worker's hot path
+(``BindCall``, ``DispatchCallCmd``, ``UnbindCall``, ``CallSpec``,
+``PreparedCall``, ...) are plain ``__slots__`` classes deriving from
+:class:`Record` instead, for one measured reason: a frozen dataclass sets every
+field through ``object.__setattr__``, and a keyword-only call binds every
+argument by name. Measured on the worker's box (Python 3.11, ``timeit``):
+
+==========================================  =============  ====================
+record                                      frozen dc, kw  slotted, positional
+==========================================  =============  ====================
+``BindCall`` (4 fields)                     2.3 µs         0.4 µs
+``UnbindCall`` (3 fields)                   1.6 µs         0.35 µs
+``DispatchCallCmd`` (9 fields)              3.8 µs         0.7 µs
+``CallSpec`` + ``PreparedCall``             3.3 µs         0.8 µs
+==========================================  =============  ====================
+
+At three or four of these per call, against a budget of ~15 µs of worker CPU
+per call (PERFORMANCE.md), the dataclasses alone were a fifth of the worker.
+
+What a subclass keeps of the dataclass contract: value equality (same type and
+equal fields), a hash, a ``repr`` naming every field, ``__match_args__`` for
+``match`` statements, and keyword construction (hot paths in the core pass
+arguments by position, in declaration order). What it gives up: immutability is
+by convention -- nobody assigns to a record after building it -- and there is
+no ``dataclasses.replace``.
+
+A subclass declares its fields as ``__slots__`` and as the parameters of an
+``__init__`` that assigns each; the parameter order is the field order
+(``repr``, ``__match_args__``, positional construction).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = ["Record"]
+
+
+class Record:
+    """Base of slotted per-call records: equality, hash, repr and match by ``__slots__``."""
+
+    __slots__ = ()
+    #: The record's fields in declaration order (set for every subclass).
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The fields are the __init__ parameters, in order; every one is a slot.
+        code = cls.__init__.__code__
+        fields = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+        if set(fields) != set(cls.__dict__.get("__slots__", ())):
+            raise TypeError(f"{cls.__name__}: __slots__ must be exactly the __init__ parameters")
+        cls._fields = fields
+        setattr(cls, "__match_args__", fields)  # noqa: B010 -- mypy forbids assigning it
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __ne__(self, other: object) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._values()))
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__name__}({body})"

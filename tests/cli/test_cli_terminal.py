@@ -1,0 +1,189 @@
+"""``blockx run`` at a terminal: the live progress line, Ctrl-C and SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_support import clean_env, copy_example, jsonl, write
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
+    task = copy_example("streaming", tmp_path)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "blockx",
+            "run",
+            str(task),
+            "-n",
+            "2",
+            "--set",
+            "stream_build.batch_max_rows=256",
+            "-o",
+            str(tmp_path / "rows.jsonl"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env=clean_env(COLUMNS="160"),
+        cwd=tmp_path,
+    )
+    os.close(slave)
+    err = _read_all(master).decode("utf-8", "replace")
+    os.close(master)
+    assert proc.wait(timeout=60) == 0, err
+    frames = [f for f in err.split("\r") if "calls/s" in f and f.endswith("\x1b[K")]
+    assert frames, err
+    assert any(re.search(r"\d+% \S+ [\d,]+/3,000 ", f) for f in frames), frames[:5]
+    assert all("retries" in f and "failed" in f for f in frames)
+    # the line is cleared before the summary
+    assert "\r\x1b[K" in err
+    assert "task streaming: ok — 3,000 calls in" in err
+    # at most 8 redraws a second
+    duration = float(re.search(r"time +([\d.]+) s wall", err).group(1))
+    assert len(frames) <= 8 * duration + 2
+
+
+def test_no_progress_line_without_a_terminal_unless_asked(tmp_path: Path) -> None:
+    task = copy_example("streaming", tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "blockx",
+            "run",
+            str(task),
+            "-n",
+            "1",
+            "--progress",
+            "-o",
+            str(tmp_path / "rows.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0
+    assert "calls/s  retries" in proc.stderr  # forced on
+
+
+def _pids_of_executors(stderr: str) -> list[int]:
+    return [int(p) for p in re.findall(r"executor exec-\d+ started \(pid (\d+)\)", stderr)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_cancels_the_task_and_stops_the_executors(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    task = write(
+        tmp_path / "task.yaml",
+        (
+            "functions:\n"
+            "  nap:\n"
+            "    source: |\n"
+            "      import time\n"
+            "      def _(i):\n"
+            "          time.sleep(0.25)\n"
+            "          return {'i': i}\n"
+            "calls:\n"
+            + "".join(f"  - {{function: nap, args: {i}}}\n" for i in range(200))
+            + "policy: {failure: continue}\n"
+        ),
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "blockx",
+            "run",
+            str(task),
+            "-n",
+            "2",
+            "-v",
+            "--set",
+            "dispatcher.task_max_inflight_calls=4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    time.sleep(2.5)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == status, err
+    name = signal.Signals(signum).name
+    assert "task " in err and f"interrupted ({name})" in err
+    rows = jsonl(out)
+    assert 0 < len(rows) < 200  # what ended before the signal was written
+    pids = _pids_of_executors(err)
+    assert pids, err
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(pid) for pid in pids), "an executor outlived blockx run"
+
+
+def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:
+    task = copy_example("streaming", tmp_path)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "blockx",
+            "run",
+            str(task),
+            "-n",
+            "1",
+            "--set",
+            "stream_build.batch_max_rows=64",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    assert first.startswith(b"{")
+    proc.stdout.close()  # like `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err
