@@ -62,6 +62,7 @@ class TaskRun:
         "debug",
         "debug_output",
         "done",
+        "execute_prefixes",
         "failures",
         "instance",
         "io_calls",
@@ -127,6 +128,9 @@ class TaskRun:
         self.output_bytes = 0
         self.output_limit_hit = False
         self.debug_output: dict[str, str] = {}
+        #: The actor's pre-encoded ExecuteCall members, by (function id, digest):
+        #: see adapters/orchestrator_execute.py.
+        self.execute_prefixes: dict[tuple[str, str], bytes] = {}
         # Streams.
         self.stopped: TaskFailure | None = None
         self.committed_batches = 0

@@ -50,6 +50,13 @@ class FlakyAdapter(ExecutorAdapter):
             raise self.fail_execute.pop(0)
         super().send_execute_call(executor_id, call_id, payload, **kw)
 
+    def send_execute_call_encoded(
+        self, executor_id: str, call_id: str, attempt_seq: int, body: bytes
+    ) -> None:
+        if self.fail_execute:
+            raise self.fail_execute.pop(0)
+        super().send_execute_call_encoded(executor_id, call_id, attempt_seq, body)
+
     def send_resume_call(self, *args: Any, **kwargs: Any) -> None:
         if self.fail_resume:
             raise self.fail_resume.pop(0)

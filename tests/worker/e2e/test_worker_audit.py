@@ -12,8 +12,8 @@ without processes.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
+import orjson
 import pytest
 from e2e_support import WorkerSession, e2e_config
 
@@ -124,14 +124,15 @@ def test_rejected_functions_fail_without_reaching_an_executor(session: WorkerSes
         ]
         adapter = worker.adapter
         sent: list[str] = []
-        real_send = adapter.send_execute_call
+        real_send = adapter.send_execute_call_encoded
 
-        def spy(executor_id: str, call_id: str, payload: dict[str, Any]) -> None:
+        def spy(executor_id: str, call_id: str, attempt_seq: int, body: bytes) -> None:
+            payload = orjson.loads(body)["payload"]  # the orchestrator pre-encodes them
             sent.append(payload["functionId"])
             assert payload["audit"] is not None  # every audited ExecuteCall carries it
-            real_send(executor_id, call_id, payload)
+            real_send(executor_id, call_id, attempt_seq, body)
 
-        adapter.send_execute_call = spy  # type: ignore[method-assign]
+        adapter.send_execute_call_encoded = spy  # type: ignore[method-assign]
         try:
             result = await worker.run_task(
                 Task(
@@ -147,7 +148,7 @@ def test_rejected_functions_fail_without_reaching_an_executor(session: WorkerSes
                 )
             )
         finally:
-            del adapter.send_execute_call
+            del adapter.send_execute_call_encoded
         assert result.success  # policy continue: the other functions' outputs
         assert result.outputs == [
             {"total": 16, "root": 4, "price": "3.30", "doc": '{"n": 4}'},

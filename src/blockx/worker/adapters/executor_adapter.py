@@ -395,6 +395,29 @@ class ExecutorAdapter(InboundHandlers):
         attempt = payload.get(_FP_ATTEMPT_SEQ, 1)
         reservations.note_dispatched(call_id, attempt if type(attempt) is int else 1)
 
+    def send_execute_call_encoded(
+        self, executor_id: str, call_id: str, attempt_seq: int, body: bytes
+    ) -> None:
+        """:meth:`send_execute_call` for an envelope encoded by the caller (the
+        orchestrator pre-encodes its ExecuteCalls: ``orchestrator_execute.py``).
+
+        ``body`` is the frame's JSON: a complete ``ExecuteCall`` envelope for
+        ``call_id`` whose payload's ``attemptSeq`` is ``attempt_seq``. Raises like
+        :meth:`send_execute_call` (a body over the frame limit:
+        :class:`~blockx.wire.PayloadTooLargeError`).
+        """
+        state = self._executors.get(executor_id)
+        conn = None if state is None else state.connection
+        if conn is None:
+            raise self._unavailable(state, executor_id, call_id)
+        reservations = state.reservations  # type: ignore[union-attr]
+        reservations.check_sendable(call_id)
+        size = len(body)
+        if size > MAX_FRAME_BYTES:
+            raise PayloadTooLargeError(size, MAX_FRAME_BYTES)
+        conn.enqueue(_pack_length(size) + body, call_id)
+        reservations.note_dispatched(call_id, attempt_seq)
+
     def send_resume_call(
         self,
         executor_id: str,

@@ -32,8 +32,9 @@ runs of completions, waits and resumes to the core's batch entry points
                             once with ``handle_executor_bound`` or ``handle_bind_failed``
                             (a run of consecutive binds: every ``bind`` first, then the
                             accepted ones in one ``handle_executors_bound``)
-``DispatchCallCmd``         the ExecuteCall payload (entry selector from the task's code
-                            view) queued with ``send_execute_call`` — a non-blocking
+``DispatchCallCmd``         the ExecuteCall envelope (entry selector from the task's code
+                            view; pre-encoded, :mod:`.orchestrator_execute`) queued with
+                            ``send_execute_call_encoded`` — a non-blocking
                             enqueue, written at the end of the run; a send error is a
                             failed attempt (retryable as the adapter says); a function
                             that does not compile fails the attempt as ``user_error``
@@ -68,8 +69,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
-
-import orjson
 
 from blockx.wire import EncodeError, keys
 from blockx.worker.core import (
@@ -115,6 +114,7 @@ from .orchestrator_events import (
     TaskSubmitted,
     TickElapsed,
 )
+from .orchestrator_execute import execute_body, execute_prefix
 from .orchestrator_tasks import TaskEvents
 from .orchestrator_waits import WaitHandling
 from .orchestrator_wedge import TickChecks
@@ -146,7 +146,6 @@ _FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
 _MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
 _MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
 _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
-_Fragment = orjson.Fragment
 _encode_output = encode_output_fast
 
 
@@ -529,34 +528,33 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
                 retryable=False,
             )
             return
-        code = run.code.resolve_for_dispatch(call.function_id, call.function_code_digest)
-        error = code.error
-        if error is not None:
-            self._fail_attempt(
-                cmd.call_id,
-                cmd.attempt_seq,
-                error.kind,
-                error.message,
-                retryable=False,
-                stack=error.stack,
+        prefix_key = (call.function_id, call.function_code_digest)
+        prefix = run.execute_prefixes.get(prefix_key)
+        if prefix is None:  # the function's first dispatch in this task
+            code = run.code.resolve_for_dispatch(call.function_id, call.function_code_digest)
+            error = code.error
+            if error is not None:
+                self._fail_attempt(
+                    cmd.call_id,
+                    cmd.attempt_seq,
+                    error.kind,
+                    error.message,
+                    retryable=False,
+                    stack=error.stack,
+                )
+                return
+            prefix = run.execute_prefixes[prefix_key] = execute_prefix(
+                cmd.task_id,
+                call.function_id,
+                call.function_code_digest,
+                code.entry_selector,
+                code.audit,
+                run.debug,
             )
-            return
-        payload = {
-            "taskId": cmd.task_id,
-            "functionId": call.function_id,
-            "functionCodeDigest": call.function_code_digest,
-            "entrySelector": code.entry_selector,
-            "args": _Fragment(call.args_json),
-            "parentCallId": cmd.parent_call_id,
-            "callKey": call.call_key,
-            "ancestry": cmd.ancestry,
-            "callBudgetMs": cmd.budget_ms,
-            "attemptSeq": cmd.attempt_seq,
-            "audit": code.audit,
-            "debug": run.debug,
-        }
         try:
-            self._adapter.send_execute_call(cmd.executor_id, cmd.call_id, payload)
+            self._adapter.send_execute_call_encoded(
+                cmd.executor_id, cmd.call_id, cmd.attempt_seq, execute_body(prefix, cmd)
+            )
         except SendError as exc:
             self.stats.send_failures += 1
             self._fail_attempt(

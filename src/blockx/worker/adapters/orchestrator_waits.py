@@ -93,6 +93,7 @@ _WAIT_IO: Final = keys.WAIT_IO
 _WAIT_SUBCALL: Final = keys.WAIT_SUBCALL
 _Fragment = orjson.Fragment
 _isfuture = asyncio.isfuture
+_Future = asyncio.Future
 _monotonic = time.monotonic
 
 
@@ -194,7 +195,7 @@ class WaitHandling:
         if type(answer) is IOResult:
             self._resume_io(executor_id, call_id, request_id, attempt, started, answer)
             return
-        if not _isfuture(answer):
+        if type(answer) is not _Future and not _isfuture(answer):  # the C future: no check
             try:
                 answer = asyncio.ensure_future(answer)
             except TypeError:
@@ -413,19 +414,18 @@ class _IOWait:
         self.started = started
 
     def __call__(self, future: asyncio.Future[Any]) -> None:
-        if future.cancelled():
+        try:
+            answer = future.result()  # one call on the common path
+        except asyncio.CancelledError:
             answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
+        except BaseException as exc:  # whatever the future holds (as future.exception())
+            _log.error("IO request of %s failed: %r", self.call_id, exc)
+            answer = _handler_failed(exc)
         else:
-            exc = future.exception()
-            if exc is not None:
-                _log.error("IO request of %s failed: %r", self.call_id, exc)
-                answer = _handler_failed(exc)
-            else:
-                answer = future.result()
-                if type(answer) is not IOResult:
-                    answer = _handler_failed(
-                        TypeError(f"IO handler answered {type(answer).__name__}, not an IOResult")
-                    )
+            if type(answer) is not IOResult:
+                answer = _handler_failed(
+                    TypeError(f"IO handler answered {type(answer).__name__}, not an IOResult")
+                )
         self.owner._resume_io(
             self.executor_id, self.call_id, self.request_id, self.attempt, self.started, answer
         )

@@ -65,6 +65,16 @@ Entry points and the events they stand for:
 ``flush_dirty_tasks()``                           the convergence epilogue
 ================================================  ==========================================
 
+Batch forms, for a runtime that receives these events a read (or a flush, or a
+run of binds) at a time: ``handle_executors_bound(binds)``,
+``handle_calls_waiting(waits)``, ``handle_calls_resumed(resumes)`` and
+``handle_calls_completed(completions)`` apply each event in order exactly as
+the single-event entry point would and return the commands concatenated (both
+run the same functions, :mod:`.attempts`); they only save the per-call entry
+overhead. A run of ``BindCall`` commands may be executed together: every ``Bind``
+first, then the accepted ones confirmed in one ``handle_executors_bound`` --
+still before any other event.
+
 The runtime's side of the contract:
 
 * Answer a ``BindCall`` before any other event (above).

@@ -8,19 +8,20 @@ commands. The records built once or more *per call* on the worker's hot path
 ``PreparedCall``, ...) are plain ``__slots__`` classes deriving from
 :class:`Record` instead, for one measured reason: a frozen dataclass sets every
 field through ``object.__setattr__``, and a keyword-only call binds every
-argument by name. Measured on the worker's box (Python 3.11, ``timeit``):
+argument by name. Measured on the worker's box (Python 3.11, ``timeit``, best
+of 5; on a loaded box both columns double):
 
 ==========================================  =============  ====================
 record                                      frozen dc, kw  slotted, positional
 ==========================================  =============  ====================
-``BindCall`` (4 fields)                     2.3 µs         0.4 µs
-``UnbindCall`` (3 fields)                   1.6 µs         0.35 µs
-``DispatchCallCmd`` (9 fields)              3.8 µs         0.7 µs
-``CallSpec`` + ``PreparedCall``             3.3 µs         0.8 µs
+``BindCall`` (5 fields)                     1.05 µs        0.20 µs
+``UnbindCall`` (3 fields)                   0.75 µs        0.18 µs
+``DispatchCallCmd`` (9 fields)              1.80 µs        0.22 µs
+``CallSpec`` + ``PreparedCall``             1.54 µs        0.35 µs
 ==========================================  =============  ====================
 
-At three or four of these per call, against a budget of ~15 µs of worker CPU
-per call (PERFORMANCE.md), the dataclasses alone were a fifth of the worker.
+Five of these are built per call: 5.1 µs as dataclasses against 0.95 µs, on a
+budget of ~15 µs of worker CPU per call (PERFORMANCE.md).
 
 What a subclass keeps of the dataclass contract: value equality (same type and
 equal fields), a hash, a ``repr`` naming every field, ``__match_args__`` for
