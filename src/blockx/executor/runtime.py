@@ -68,7 +68,7 @@ import os
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -220,7 +220,7 @@ class ExecutorRuntime(CallRunner):
         # callId -> the highest attempt that already ended here, for the most
         # recent FINISHED_ATTEMPTS_REMEMBERED calls: a late re-delivery of an
         # ended attempt is a duplicate, not a new call (one terminal per attempt).
-        self._finished_attempts: dict[str, int] = {}
+        self._finished_attempts: OrderedDict[str, int] = OrderedDict()
         self._runnable: deque[ExecContext] = deque()
         self._sleep_ready: deque[ExecContext] = deque()
         self._timers = CallTimers()
@@ -425,7 +425,9 @@ class ExecutorRuntime(CallRunner):
         if attempt_seq > finished.get(call_id, 0):
             finished[call_id] = attempt_seq
             if len(finished) > FINISHED_ATTEMPTS_REMEMBERED:
-                del finished[next(iter(finished))]
+                # OrderedDict: O(1). ``del d[next(iter(d))]`` on a plain dict walks the
+                # deleted slots at its front: 14 µs a call at this size (py-spy found it).
+                finished.popitem(last=False)
 
     def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool:
         """Deliver a ResumeCall; True when it matched the pending wait and was queued.

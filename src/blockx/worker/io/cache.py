@@ -35,6 +35,7 @@ loop thread touches a cache.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Final
 
 import orjson
@@ -147,7 +148,8 @@ class ReadCache:
             raise ValueError("cache bounds must be non-negative")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._entries: dict[Any, _Entry] = {}
+        # OrderedDict: evicting from the front is O(1) (a plain dict walks its deleted slots)
+        self._entries: OrderedDict[Any, _Entry] = OrderedDict()
         self._by_domain: dict[tuple[str, str | None], set[Any]] = {}
         self._generations: dict[tuple[str, str | None], int] = {}
         self._bytes = 0
@@ -211,8 +213,7 @@ class ReadCache:
         self._bytes += size
         entries = self._entries
         while len(entries) > self.max_entries or self._bytes > self.max_bytes:
-            oldest = next(iter(entries))
-            entry = entries.pop(oldest)
+            oldest, entry = entries.popitem(last=False)
             if entry.referenced and oldest != key:
                 entry.referenced = False  # second chance: to the back
                 entries[oldest] = entry
