@@ -126,8 +126,6 @@ class _ConsoleHandler(logging.Handler):
         self.console = console
         self.verbose = verbose
         self.quiet = quiet
-        #: Set while the worker shuts down: the executors' departures are expected then.
-        self.closing = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
@@ -140,8 +138,6 @@ class _ConsoleHandler(logging.Handler):
         if record.levelno < logging.WARNING:
             return self.verbose
         msg = str(record.msg)
-        if self.closing and msg.startswith("executor %s lost"):
-            return self.verbose
         if name == "blockx.worker.code" and msg.startswith("function %s cannot run"):
             return False  # the CLI reports it with the file and line
         return not (self.quiet and record.levelno < logging.ERROR)
@@ -331,7 +327,6 @@ async def _run_task(
     settings: Settings,
     sink: _RowSink,
     console: _Console,
-    handler: _ConsoleHandler,
     progress_total: int | None,
     show_progress: bool,
 ) -> _Outcome:
@@ -455,7 +450,6 @@ async def _run_task(
             await asyncio.gather(ticker, return_exceptions=True)
         console.clear_progress()
         outcome.wall_s = time.monotonic() - t0
-        handler.closing = True
         try:
             await worker.close()
         finally:
@@ -715,7 +709,7 @@ def run_command(options: RunOptions) -> int:
     stderr = sys.stderr
     tty = stderr.isatty()
     console = _Console(stderr, tty=tty)
-    handler = _setup_logging(console, verbose=options.verbose, quiet=options.quiet)
+    _setup_logging(console, verbose=options.verbose, quiet=options.quiet)
 
     # 1. Everything that can be wrong with the input, before anything starts.
     try:
@@ -766,7 +760,7 @@ def run_command(options: RunOptions) -> int:
     show_progress = show_progress and not options.quiet
     executors = settings.worker.pool.executor_count
     try:
-        outcome = run(_run_task(spec, settings, sink, console, handler, total, show_progress))
+        outcome = run(_run_task(spec, settings, sink, console, total, show_progress))
     except KeyboardInterrupt:  # a second Ctrl-C
         console.print("blockx: interrupted")
         return 130

@@ -292,6 +292,8 @@ class Worker:
             for driver in drivers:
                 if not driver.done():
                     driver.cancel()
+        if self._adapter is not None:
+            self._adapter.expect_disconnects()
         if self._pool is not None:
             await self._pool.stop()
         if self._orchestrator is not None:

@@ -181,6 +181,8 @@ class ExecutorAdapter(InboundHandlers):
         self._tick_due = 0.0
         self._started = False
         self._closing = False
+        #: Set by :meth:`expect_disconnects`: the worker is stopping its executors.
+        self._stopping = False
         # Counters, for tests, benches and logs.
         self.protocol_errors = 0
         self.unknown_frames = 0
@@ -254,6 +256,14 @@ class ExecutorAdapter(InboundHandlers):
             self._schedule_tick()
         _log.info("executor adapter listening on %s", path)
         return path
+
+    def expect_disconnects(self) -> None:
+        """The worker is stopping its executors: their connections ending is expected.
+
+        Lost executors are still reported to the callbacks, but logged at debug
+        level instead of as a warning (a clean shutdown prints nothing alarming).
+        """
+        self._stopping = True
 
     async def close(self) -> None:
         """Stop listening, close every connection, remove the socket and its directory.
@@ -665,7 +675,8 @@ class ExecutorAdapter(InboundHandlers):
         lost = state.reservations.take_all()
         self.eras_ended += 1
         if not self._closing:
-            _log.warning(
+            _log.log(
+                logging.DEBUG if self._stopping else logging.WARNING,
                 "executor %s lost (era %d): %s; %d in-flight call(s)",
                 state.executor_id,
                 state.era,
