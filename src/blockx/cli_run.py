@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import gc
 import json
 import logging
 import os
@@ -410,14 +409,9 @@ async def _run_task(
             ticker = loop.create_task(tick(), name="blockx-cli-ticker")
             try:
                 if stream:
-                    run_state = handle.run_state
-                    released = 0
                     async for row in handle.rows():
                         if not outcome.output_closed:
                             sink.write_rows((row,))
-                        if run_state.released_batches != released:
-                            released = run_state.released_batches
-                            _collect_settled_batches()
                 result = await handle.result()
                 if not stream and not outcome.output_closed:
                     sink.write_rows(result.outputs)
@@ -457,19 +451,6 @@ async def _run_task(
             for installed_signum in installed:
                 loop.remove_signal_handler(installed_signum)
     return outcome
-
-
-def _collect_settled_batches() -> None:
-    """A full GC pass after each settled stream batch.
-
-    The worker's tuned GC (:func:`blockx.worker.app.tune_gc`: a collection every
-    50,000 allocations) rarely reaches the oldest generation, and a settled
-    batch leaves reference cycles behind (the batch and its calls point at each
-    other), so without this pass a long stream's memory grows by a few KB per
-    call. One pass per batch (8,192 calls by default) costs a few ms.
-    """
-    if gc.isenabled():
-        gc.collect()
 
 
 async def _settle(handle: Any) -> Any:

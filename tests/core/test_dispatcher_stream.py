@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from dispatcher_harness import make_runtime, output_for, specs
 
@@ -183,3 +185,32 @@ def test_a_long_stream_keeps_core_memory_bounded() -> None:
     assert peak <= 2 * 500  # the credit window bounds live contexts
     assert rt.converged["s"].succeeded_count == 20_000
     assert not rt.core._core.calls
+
+
+def test_a_settled_batch_is_freed_by_reference_counting() -> None:
+    """A settled batch and its calls must not form a cycle: with the worker's tuned GC
+    (rare full collections) a long stream would otherwise grow by every settled batch."""
+    from blockx.worker.core.state import DispatchCallContext, StreamBatch
+
+    def alive(call_ids: list[str]) -> list[object]:
+        return [
+            o
+            for o in gc.get_objects()
+            if (type(o) is DispatchCallContext and o.call_id in call_ids)
+            or type(o) is StreamBatch
+        ]
+
+    gc.collect()
+    gc.disable()
+    try:
+        rt = make_runtime()
+        rt.open_stream("s")
+        ids = rt.add_batch("s", specs(3))
+        rt.pump()
+        assert len(alive(ids)) == 4  # three calls and their batch
+        for call_id in ids:
+            rt.complete(call_id)
+        assert [b.batch_idx for b in rt.of_type(rt.settle(), BatchSettled)] == [0]
+        assert alive(ids) == []
+    finally:
+        gc.enable()

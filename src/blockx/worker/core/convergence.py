@@ -90,6 +90,9 @@ def _settle_batches(core: CoreState, task: TaskDispatchState, out: list[Dispatch
                 failures.append(failed_call_record(ctx))
             del registry[ctx.call_id]
         count = len(batch.roots)
+        # The batch and its calls point at each other (ctx.batch, batch.roots): let go
+        # here, so a settled batch is freed by reference counting, not by a GC pass.
+        batch.roots = []
         task.settled_roots += count
         out.append(
             BatchSettled(
