@@ -251,6 +251,7 @@ class Worker:
             orchestrator.start()
             self._orchestrator = orchestrator
             pool = PoolManager.from_config(cfg, adapter.socket_path, spawner=self._spawner)
+            adapter.set_peer_check(pool.check_peer)
             orchestrator.set_pool(pool)
             self._pool = pool
             self._admission = asyncio.Semaphore(cfg.admission.executor_task_slots)

@@ -45,7 +45,13 @@ from .errors import ExecutorUnavailableError
 from .reservations import LostCall
 from .snapshot import ExecutorSnapshot
 
-__all__ = ["AdapterCallbacks", "CallFrame", "FunctionCodeResolver", "FunctionCodeUnavailable"]
+__all__ = [
+    "AdapterCallbacks",
+    "CallFrame",
+    "FunctionCodeResolver",
+    "FunctionCodeUnavailable",
+    "PeerCheck",
+]
 
 
 #: One inbound call frame for ``on_call_frames``:
@@ -115,3 +121,7 @@ class FunctionCodeUnavailable(Exception):
 #: Called on the event loop thread: it must answer from memory (the task's
 #: pinned code view), never block.
 FunctionCodeResolver = Callable[[str, str, str], "str | RemoteError"]
+
+#: ``(executor_id, peer_pid) -> None`` to let a connection attach as ``executor_id``, or
+#: why not (see ``ExecutorAdapter.set_peer_check``).
+PeerCheck = Callable[[str, "int | None"], "str | None"]

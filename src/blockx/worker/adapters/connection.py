@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, cast
 
@@ -124,6 +126,7 @@ class ExecutorConnection(asyncio.Protocol):
         "frames_sent",
         "opened_at",
         "outbox_depth",
+        "peer_pid",
         "state",
         "writes",
     )
@@ -158,6 +161,9 @@ class ExecutorConnection(asyncio.Protocol):
         #: The adapter's per-executor state once a heartbeat attached this connection.
         self.state: ExecutorState | None = None
         self.close_reason: str | None = None
+        #: The connecting process (``SO_PEERCRED``, in this pid namespace); None when the
+        #: transport has no Unix socket (an in-process transport in tests and benches).
+        self.peer_pid: int | None = None
         # Counters, for tests and benches.
         self.frames_received = 0
         self.batches_received = 0
@@ -179,6 +185,7 @@ class ExecutorConnection(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses; same interface.
         self._transport = cast(asyncio.Transport, transport)
         self._loop = asyncio.get_running_loop()
+        self.peer_pid = peer_pid(transport)
         self._owner.on_connection_made(self)
 
     def data_received(self, data: bytes) -> None:
@@ -410,3 +417,24 @@ class ExecutorConnection(asyncio.Protocol):
         return ExecutorUnavailableError(
             self._executor_id(), call_id=call_id, reason=self.close_reason or "closed"
         )
+
+
+_PEERCRED: Final = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def peer_pid(transport: asyncio.BaseTransport) -> int | None:
+    """The pid of the process at the other end of a Unix socket transport (``SO_PEERCRED``).
+
+    None when the transport has no Unix socket or the platform has no ``SO_PEERCRED``.
+    """
+    sock = transport.get_extra_info("socket")
+    option = getattr(socket, "SO_PEERCRED", None)
+    if sock is None or option is None or getattr(sock, "family", None) != socket.AF_UNIX:
+        return None
+    try:
+        pid, _uid, _gid = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, option, _PEERCRED.size)
+        )
+    except (OSError, AttributeError, struct.error):
+        return None
+    return pid or None

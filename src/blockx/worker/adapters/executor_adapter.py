@@ -66,7 +66,7 @@ from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, ProtocolError, en
 from blockx.wire import ExecuteCall as ExecuteCallPayload
 from blockx.wire import ResumeCall as ResumeCallPayload
 
-from .callbacks import AdapterCallbacks, FunctionCodeResolver
+from .callbacks import AdapterCallbacks, FunctionCodeResolver, PeerCheck
 from .connection import (
     DEFAULT_FRAMES_PER_WRITE,
     DEFAULT_OUTBOX_DEPTH,
@@ -183,6 +183,9 @@ class ExecutorAdapter(InboundHandlers):
         self._closing = False
         #: Set by :meth:`expect_disconnects`: the worker is stopping its executors.
         self._stopping = False
+        #: Who may attach as which executor id (:meth:`set_peer_check`).
+        self._peer_check: PeerCheck | None = None
+        self.refused_attaches = 0
         # Counters, for tests, benches and logs.
         self.protocol_errors = 0
         self.unknown_frames = 0
@@ -256,6 +259,16 @@ class ExecutorAdapter(InboundHandlers):
             self._schedule_tick()
         _log.info("executor adapter listening on %s", path)
         return path
+
+    def set_peer_check(self, check: PeerCheck | None) -> None:
+        """Vet every attach: ``check(executor_id, peer_pid)`` returns None to accept, or
+        why the connecting process may not be that executor (the connection is then
+        closed as a protocol error and nothing is attached). ``peer_pid`` is None for a
+        transport without a Unix socket. The worker passes its pool's check: only the
+        process it started for a slot (or a descendant, e.g. inside bubblewrap) may attach
+        as that slot's executor.
+        """
+        self._peer_check = check
 
     def expect_disconnects(self) -> None:
         """The worker is stopping its executors: their connections ending is expected.

@@ -44,7 +44,7 @@ from blockx.wire import (
     keys,
 )
 
-from .callbacks import AdapterCallbacks, CallFrame, FunctionCodeResolver
+from .callbacks import AdapterCallbacks, CallFrame, FunctionCodeResolver, PeerCheck
 from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
@@ -84,7 +84,9 @@ class InboundHandlers:
     _resolver: FunctionCodeResolver | None
     _clock: Callable[[], float]
     _executors: dict[str, ExecutorState]
+    _peer_check: PeerCheck | None
     unknown_frames: int
+    refused_attaches: int
     stale_terminal_frames: int
     function_code_answered: int
 
@@ -223,6 +225,13 @@ class InboundHandlers:
         if heartbeat is None:
             return None
         executor_id = heartbeat.executor_id
+        check = self._peer_check
+        if check is not None:
+            refusal = check(executor_id, conn.peer_pid)
+            if refusal is not None:
+                self.refused_attaches += 1
+                self._protocol_error(conn, f"attach as executor {executor_id!r} refused: {refusal}")
+                return None
         state = self._executors.get(executor_id)
         if state is None:
             state = self._executors[executor_id] = ExecutorState(executor_id)

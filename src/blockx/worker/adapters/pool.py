@@ -360,6 +360,27 @@ class PoolManager:
         """Pids of the running processes, by executor id."""
         return {s.executor_id: s.process.pid for s in self._slots.values() if s.process is not None}
 
+    def check_peer(self, executor_id: str, pid: int | None) -> str | None:
+        """May the process ``pid`` attach as ``executor_id``? None if so, else why not.
+
+        Only the process this pool started for that slot, or one of its descendants
+        (bubblewrap runs the executor a fork or two below the process it started), may
+        be that executor: another slot's executor, or user code that escaped its
+        sandbox, cannot take over an executor id. A connection without a peer pid
+        (an in-process transport, no Unix socket) is not vetted.
+        """
+        if pid is None:
+            return None
+        slot = self._slots.get(executor_id)
+        if slot is None:
+            return "not an executor slot of this worker's pool"
+        process = slot.process
+        if process is None or process.returncode is not None:
+            return "the slot has no running executor process"
+        if not _descends_from(pid, process.pid):
+            return f"process {pid} is not the slot's executor (pid {process.pid}) or its child"
+        return None
+
     def slots(self) -> list[SlotInfo]:
         now = self._clock()
         return [self._info(slot, now) for slot in self._slots.values()]
@@ -689,3 +710,28 @@ def _signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signa
             os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+#: How many parents up :func:`_descends_from` looks (bubblewrap: executor, its init, bwrap).
+_MAX_SPAWN_DEPTH: Final = 4
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its first few generations of children."""
+    for _ in range(_MAX_SPAWN_DEPTH + 1):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        try:
+            pid = int(fields[1])
+        except (IndexError, ValueError):
+            return False
+        if pid <= 1:
+            return False
+    return False
