@@ -243,14 +243,23 @@ class TaskIOScope:
         io_kind = get(_FP_IO_KIND)
         cache_key = get(_FP_CACHE_KEY)
         if io_kind == _IO_READ or (io_kind == _IO_CAPABILITY and cache_key):
-            return self._read(head, backend_name, io_kind, operation, get(_FP_PARAMS), sidecar,
-                              cache_key, stats)
+            return self._read(
+                head, backend_name, io_kind, operation, get(_FP_PARAMS), sidecar, cache_key, stats
+            )
         if io_kind == _IO_WRITE or io_kind == _IO_CAPABILITY:
             backend = self._backend(backend_name, stats)
             if type(backend) is IOResult:
                 return backend
-            return self._uncached(backend, backend_name, io_kind, operation, get(_FP_PARAMS),
-                                  sidecar, stats, write=io_kind == _IO_WRITE)
+            return self._uncached(
+                backend,
+                backend_name,
+                io_kind,
+                operation,
+                get(_FP_PARAMS),
+                sidecar,
+                stats,
+                write=io_kind == _IO_WRITE,
+            )
         stats.record_rejected()
         return io_error(f"ioKind must be 'read', 'write' or 'capability', not {io_kind!r}")
 
