@@ -41,132 +41,12 @@ Two values are derived, never set:
   the defaults), so a wedged executor is killed by the wedge backstop before
   its calls are declared lost.
 
-Knobs (``seed`` marks the seed's own environment variable; the others are
-ours, named in the same style)
-
-.. knob-table-start
-
-``pool.executor_count``
-    ``EXECUTOR_COUNT`` (seed); default ``os.cpu_count()``.
-    Executor processes (the seed's default is 8).
-``pool.spawn_mode``
-    ``EXECUTOR_SPAWN_MODE`` (seed); default ``process``.
-    ``process`` (bare processes) or ``sandbox`` (bubblewrap).
-``pool.restart_delay_ms``
-    ``EXECUTOR_RESTART_DELAY_MS``; default ``1000``.
-    Wait before restarting an executor that exited.
-``pool.max_restarts``
-    ``EXECUTOR_MAX_RESTARTS``; default ``10``.
-    Restarts allowed within ``restart_window_ms`` before the slot backs off.
-``pool.restart_window_ms``
-    ``EXECUTOR_RESTART_WINDOW_MS``; default ``60000``.
-    Window in which restarts are counted.
-``pool.backoff_ms``
-    ``EXECUTOR_BACKOFF_MS``; default ``30000``.
-    How long a slot that restarted too often waits (state BACKOFF).
-``pool.stop_grace_ms``
-    ``EXECUTOR_STOP_GRACE_MS``; default ``5000``.
-    On shutdown, SIGTERM first and SIGKILL after this long.
-``pool.heartbeat_interval_s``
-    ``EXECUTOR_HEARTBEAT_INTERVAL_S``; default ``1.0``.
-    Executor ``--heartbeat-interval``, seconds.
-``pool.python``
-    ``EXECUTOR_PYTHON``; default ``sys.executable``.
-    Python interpreter that runs ``-m blockx.executor``.
-``pool.sandbox_memory_mb``
-    ``EXECUTOR_SANDBOX_MEMORY_MB``; default ``1024``.
-    Sandbox mode: memory limit of each executor, MiB (0 = none).
-``pool.sandbox_cpus``
-    ``EXECUTOR_SANDBOX_CPUS``; default ``1.0``.
-    Sandbox mode: CPU quota of each executor, in CPUs (0 = none).
-``pool.sandbox_pids_max``
-    ``EXECUTOR_SANDBOX_PIDS_MAX``; default ``256``.
-    Sandbox mode: processes and threads of each executor (0 = none).
-``pool.sandbox_limits``
-    ``EXECUTOR_SANDBOX_LIMITS``; default ``auto``.
-    Sandbox mode: how limits are applied; ``auto`` is cgroup v2, else v1, else rlimits.
-``pool.sandbox_ro_binds``
-    ``EXECUTOR_SANDBOX_RO_BINDS``; default ``none``.
-    Sandbox mode: extra paths the executor may read, separated by ``:``.
-``dispatcher.executor_max_inflight``
-    ``EXECUTOR_MAX_INFLIGHT``; default ``128``.
-    Calls one executor holds at once (0 = unlimited); also its ``--executor-max-inflight``.
-``dispatcher.executor_max_runnable``
-    ``EXECUTOR_MAX_RUNNABLE``; default ``128``.
-    Executors with this many runnable calls (after completion compensation) get none (0 = off).
-``dispatcher.executor_selection_sample_size``
-    ``EXECUTOR_SELECTION_SAMPLE_SIZE`` (seed); default ``0``.
-    0 scores every eligible executor; N > 0 only the first N (power-of-d).
-``dispatcher.executor_memory_high_watermark``
-    ``EXECUTOR_MEMORY_HIGH_WATERMARK``; default ``0``.
-    Executors whose RSS reaches this many bytes get no new calls (0 = off).
-``dispatcher.task_max_inflight_calls``
-    ``TASK_MAX_INFLIGHT_CALLS``; default ``1024``.
-    Calls of one task in flight at once.
-``dispatcher.call_deadline_ms``
-    ``CALL_DEADLINE_MS`` (seed); default ``5000``.
-    Execution budget of every root call attempt, ms (0 = unlimited).
-``dispatcher.scheduler_stall_timeout_ms``
-    ``SCHEDULER_STALL_TIMEOUT_MS`` (seed); default ``call_deadline_ms + 5000``.
-    Wedge backstop threshold; at or below ``call_deadline_ms + 1000`` it is raised to the
-    default.
-``dispatcher.max_subcall_depth``
-    ``MAX_SUBCALL_DEPTH``; default ``8``.
-    Deepest sub-call chain.
-``dispatcher.base_backoff_ms``
-    ``CALL_RETRY_BASE_BACKOFF_MS``; default ``10``.
-    Retry backoff base (``base * 2^(attempt-1)`` + up to 5% jitter) when the task names none.
-``dispatcher.max_backoff_ms``
-    ``CALL_RETRY_MAX_BACKOFF_MS``; default ``60000``.
-    Longest single retry backoff.
-``dispatcher.default_max_attempts``
-    ``CALL_RETRY_MAX_ATTEMPTS`` (seed); default ``3``.
-    Attempts per call when the task names none.
-``dispatcher.instance_fairness``
-    ``DISPATCH_INSTANCE_FAIRNESS`` (seed); default ``false``.
-    Max-min fair release across instances (tenants) instead of task round-robin.
-``dispatcher.instance_fairness_quantum``
-    ``DISPATCH_INSTANCE_FAIRNESS_QUANTUM`` (seed); default ``0``.
-    Binds served to one instance before it is re-picked; 0 and 1 re-pick every call; capped at
-    1024.
-``dispatcher.max_collected_output_bytes``
-    ``MAX_COLLECTED_OUTPUT_BYTES`` (seed); default ``0``.
-    A task whose outputs exceed this stops with ``OUTPUT_BYTES_EXCEEDED`` (0 = no limit).
-``dispatcher.call_cache_max_entries``
-    ``CALL_CACHE_MAX_ENTRIES``; default ``65536``.
-    Results kept per task for call-cache hits (0 = no cache).
-``adapter.heartbeat_timeout_ms``
-    ``EXECUTOR_HEARTBEAT_TIMEOUT_MS``; default ``10000``.
-    No heartbeat for this long = transport lost; coupled: at least ``stall_timeout_ms + 5000``.
-``adapter.outbox_depth``
-    ``EXECUTOR_OUTBOX_DEPTH``; default ``256``.
-    Frames queued per executor connection before sends are refused (retryable).
-``adapter.frames_per_write``
-    ``EXECUTOR_FRAMES_PER_WRITE``; default ``64``.
-    Frames coalesced into one socket write.
-``adapter.socket_dir``
-    ``EXECUTOR_SOCKET_DIR``; default system temp dir.
-    Parent of the private directory that holds the worker's Unix socket.
-``admission.executor_task_slots``
-    ``EXECUTOR_TASK_SLOTS`` (seed); default ``32``.
-    Tasks in the executor phase at once.
-``stream_build.enabled``
-    ``STREAM_BUILD_ENABLED``; default ``false``.
-    Build call lists as streams of batches.
-``stream_build.max_outstanding_batches``
-    ``STREAM_BUILD_MAX_OUTSTANDING_BATCHES``; default ``2``.
-    Committed batches not yet settled (the producer's credit window).
-``stream_build.batch_max_rows``
-    ``STREAM_BUILD_BATCH_MAX_ROWS``; default ``8192``.
-    Calls per streamed batch.
-``stream_build.batch_max_args_bytes``
-    ``STREAM_BUILD_BATCH_MAX_ARGS_BYTES``; default ``33554432``.
-    Argument bytes per streamed batch (32 MiB).
-
-.. knob-table-end
-
-:func:`knob_table` renders this table from the fields themselves (a test keeps
-the two equal); ``knob_table(markdown=True)`` gives it for docs.
+Every knob is a field of a section below, declared with its environment
+variable, default and meaning; :func:`knob_table` renders the reference table
+from the fields (docs/configuration.md is generated from it and a test keeps
+the two equal; ``blockx config`` prints every knob's effective value). The
+value kinds that parse and check each knob live in
+:mod:`blockx.worker.config_kinds`.
 """
 
 from __future__ import annotations
@@ -177,10 +57,24 @@ import os
 import sys
 import textwrap
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+from .config_kinds import (
+    NON_NEGATIVE,
+    POSITIVE,
+    Bool,
+    Choice,
+    ConfigError,
+    Float,
+    Int,
+    OptionalText,
+    check_section,
+    cpu_count,
+    knob,
+)
 
 __all__ = [
     "CONFIG_FILE_ENV",
@@ -209,197 +103,6 @@ STALL_TIMEOUT_MIN_MARGIN_MS: Final = 1000
 HEARTBEAT_TIMEOUT_MARGIN_MS: Final = 5000
 
 
-class ConfigError(ValueError):
-    """One or more bad configuration values; each line of the message names one."""
-
-    def __init__(self, problems: list[str] | tuple[str, ...]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("\n".join(self.problems))
-
-
-# --- value kinds ---------------------------------------------------------------------------
-
-
-class _Kind:
-    """How one knob's value is parsed from text and checked."""
-
-    expected = "a value"
-
-    def from_text(self, text: str) -> Any:
-        raise NotImplementedError
-
-    def check(self, value: Any) -> Any:
-        """Return the value (converted if needed) or raise ValueError."""
-        raise NotImplementedError
-
-
-class _Int(_Kind):
-    def __init__(self, minimum: int, *, optional: bool = False) -> None:
-        self.minimum = minimum
-        self.optional = optional
-        self.expected = "a positive integer" if minimum == 1 else "a non-negative integer"
-
-    def from_text(self, text: str) -> Any:
-        try:
-            value = int(text.strip(), 10)
-        except ValueError:
-            raise ValueError(self.expected) from None
-        return self.check(value)
-
-    def check(self, value: Any) -> Any:
-        if value is None and self.optional:
-            return None
-        if isinstance(value, str):
-            return self.from_text(value)
-        if type(value) is not int or value < self.minimum:
-            raise ValueError(self.expected)
-        return value
-
-
-class _PositiveFloat(_Kind):
-    expected = "a positive number"
-
-    def from_text(self, text: str) -> Any:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(self.expected) from None
-        return self.check(value)
-
-    def check(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.from_text(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(self.expected)
-        value = float(value)
-        if not (0 < value < float("inf")):
-            raise ValueError(self.expected)
-        return value
-
-
-class _NonNegativeFloat(_Kind):
-    expected = "a non-negative number"
-
-    def from_text(self, text: str) -> Any:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(self.expected) from None
-        return self.check(value)
-
-    def check(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.from_text(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(self.expected)
-        value = float(value)
-        if not (0 <= value < float("inf")):
-            raise ValueError(self.expected)
-        return value
-
-
-_TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_FALSE: Final = frozenset({"0", "false", "no", "off"})
-
-
-class _Bool(_Kind):
-    expected = "true or false (1/0, yes/no, on/off)"
-
-    def from_text(self, text: str) -> Any:
-        word = text.strip().lower()
-        if word in _TRUE:
-            return True
-        if word in _FALSE:
-            return False
-        raise ValueError(self.expected)
-
-    def check(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.from_text(value)
-        if type(value) is not bool:
-            raise ValueError(self.expected)
-        return value
-
-
-class _Choice(_Kind):
-    def __init__(self, *choices: str) -> None:
-        self.choices = choices
-        self.expected = "one of " + ", ".join(choices)
-
-    def from_text(self, text: str) -> Any:
-        return self.check(text.strip().lower())
-
-    def check(self, value: Any) -> Any:
-        if value not in self.choices:
-            raise ValueError(self.expected)
-        return value
-
-
-class _OptionalText(_Kind):
-    def __init__(self, expected: str) -> None:
-        self.expected = expected
-
-    def from_text(self, text: str) -> Any:
-        return self.check(text)
-
-    def check(self, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(self.expected)
-        return value
-
-
-_NON_NEGATIVE = _Int(0)
-_POSITIVE = _Int(1)
-
-
-def _knob(
-    default: Any = dataclasses.MISSING,
-    *,
-    kind: _Kind,
-    env: str,
-    doc: str,
-    seed_env: bool = False,
-    default_text: str | None = None,
-    default_factory: Callable[[], Any] | None = None,
-) -> Any:
-    metadata = {
-        "kind": kind,
-        "env": env,
-        "doc": doc,
-        "seed_env": seed_env,
-        "default_text": default_text,
-    }
-    if default_factory is not None:
-        return field(default_factory=default_factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
-def _check_section(section: Any, name: str) -> None:
-    """Check every knob of a section instance; store converted values."""
-    problems: list[str] = []
-    for f in dataclasses.fields(section):
-        if not f.init or "kind" not in f.metadata:
-            continue
-        value = getattr(section, f.name)
-        try:
-            checked = f.metadata["kind"].check(value)
-        except ValueError as exc:
-            problems.append(f"{name}.{f.name}={value!r}: expected {exc}")
-            continue
-        if checked is not value:
-            object.__setattr__(section, f.name, checked)
-    if problems:
-        raise ConfigError(problems)
-
-
-def _cpu_count() -> int:
-    return os.cpu_count() or 1
-
-
 # --- sections ------------------------------------------------------------------------------
 
 
@@ -407,98 +110,98 @@ def _cpu_count() -> int:
 class PoolConfig:
     """The executor pool: how many processes, how they start and restart."""
 
-    executor_count: int = _knob(
-        kind=_POSITIVE,
+    executor_count: int = knob(
+        kind=POSITIVE,
         env="EXECUTOR_COUNT",
         seed_env=True,
-        default_factory=_cpu_count,
+        default_factory=cpu_count,
         default_text="os.cpu_count()",
         doc="Executor processes (the seed's default is 8).",
     )
-    spawn_mode: str = _knob(
+    spawn_mode: str = knob(
         "process",
-        kind=_Choice("process", "sandbox"),
+        kind=Choice("process", "sandbox"),
         env="EXECUTOR_SPAWN_MODE",
         seed_env=True,
         doc="``process`` (bare processes) or ``sandbox`` (bubblewrap).",
     )
-    restart_delay_ms: int = _knob(
+    restart_delay_ms: int = knob(
         1000,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_RESTART_DELAY_MS",
         doc="Wait before restarting an executor that exited.",
     )
-    max_restarts: int = _knob(
+    max_restarts: int = knob(
         10,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_MAX_RESTARTS",
         doc="Restarts allowed within ``restart_window_ms`` before the slot backs off.",
     )
-    restart_window_ms: int = _knob(
+    restart_window_ms: int = knob(
         60_000,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="EXECUTOR_RESTART_WINDOW_MS",
         doc="Window in which restarts are counted.",
     )
-    backoff_ms: int = _knob(
+    backoff_ms: int = knob(
         30_000,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_BACKOFF_MS",
         doc="How long a slot that restarted too often waits (state BACKOFF).",
     )
-    stop_grace_ms: int = _knob(
+    stop_grace_ms: int = knob(
         5000,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_STOP_GRACE_MS",
         doc="On shutdown, SIGTERM first and SIGKILL after this long.",
     )
-    heartbeat_interval_s: float = _knob(
+    heartbeat_interval_s: float = knob(
         1.0,
-        kind=_PositiveFloat(),
+        kind=Float(),
         env="EXECUTOR_HEARTBEAT_INTERVAL_S",
         doc="Executor ``--heartbeat-interval``, seconds.",
     )
-    python: str | None = _knob(
+    python: str | None = knob(
         None,
-        kind=_OptionalText("a path to a Python interpreter"),
+        kind=OptionalText("a path to a Python interpreter"),
         env="EXECUTOR_PYTHON",
         default_text="sys.executable",
         doc="Python interpreter that runs ``-m blockx.executor``.",
     )
-    sandbox_memory_mb: int = _knob(
+    sandbox_memory_mb: int = knob(
         1024,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_SANDBOX_MEMORY_MB",
         doc="Sandbox mode: memory limit of each executor, MiB (0 = none).",
     )
-    sandbox_cpus: float = _knob(
+    sandbox_cpus: float = knob(
         1.0,
-        kind=_NonNegativeFloat(),
+        kind=Float(zero=True),
         env="EXECUTOR_SANDBOX_CPUS",
         doc="Sandbox mode: CPU quota of each executor, in CPUs (0 = none).",
     )
-    sandbox_pids_max: int = _knob(
+    sandbox_pids_max: int = knob(
         256,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_SANDBOX_PIDS_MAX",
         doc="Sandbox mode: processes and threads of each executor (0 = none).",
     )
-    sandbox_limits: str = _knob(
+    sandbox_limits: str = knob(
         "auto",
-        kind=_Choice("auto", "cgroup2", "cgroup1", "rlimit"),
+        kind=Choice("auto", "cgroup2", "cgroup1", "rlimit"),
         env="EXECUTOR_SANDBOX_LIMITS",
         doc="Sandbox mode: how limits are applied; ``auto`` is cgroup v2, else v1, else rlimits.",
     )
-    sandbox_ro_binds: str | None = _knob(
+    sandbox_ro_binds: str | None = knob(
         None,
-        kind=_OptionalText("paths separated by ':'"),
+        kind=OptionalText("paths separated by ':'"),
         env="EXECUTOR_SANDBOX_RO_BINDS",
         default_text="none",
         doc="Sandbox mode: extra paths the executor may read, separated by ``:``.",
     )
 
     def __post_init__(self) -> None:
-        _check_section(self, "pool")
+        check_section(self, "pool")
 
     @property
     def python_executable(self) -> str:
@@ -509,103 +212,103 @@ class PoolConfig:
 class DispatcherSettings:
     """The dispatcher core's knobs; field names are ``DispatcherConfig``'s."""
 
-    executor_max_inflight: int = _knob(
+    executor_max_inflight: int = knob(
         128,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_MAX_INFLIGHT",
         doc="Calls one executor holds at once (0 = unlimited); also its "
         "``--executor-max-inflight``.",
     )
-    executor_max_runnable: int = _knob(
+    executor_max_runnable: int = knob(
         128,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_MAX_RUNNABLE",
         doc="Executors with this many runnable calls (after completion compensation) get "
         "none (0 = off).",
     )
-    executor_selection_sample_size: int = _knob(
+    executor_selection_sample_size: int = knob(
         0,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_SELECTION_SAMPLE_SIZE",
         seed_env=True,
         doc="0 scores every eligible executor; N > 0 only the first N (power-of-d).",
     )
-    executor_memory_high_watermark: int = _knob(
+    executor_memory_high_watermark: int = knob(
         0,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="EXECUTOR_MEMORY_HIGH_WATERMARK",
         doc="Executors whose RSS reaches this many bytes get no new calls (0 = off).",
     )
-    task_max_inflight_calls: int = _knob(
+    task_max_inflight_calls: int = knob(
         1024,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="TASK_MAX_INFLIGHT_CALLS",
         doc="Calls of one task in flight at once.",
     )
-    call_deadline_ms: int = _knob(
+    call_deadline_ms: int = knob(
         5000,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="CALL_DEADLINE_MS",
         seed_env=True,
         doc="Execution budget of every root call attempt, ms (0 = unlimited).",
     )
-    scheduler_stall_timeout_ms: int | None = _knob(
+    scheduler_stall_timeout_ms: int | None = knob(
         None,
-        kind=_Int(0, optional=True),
+        kind=Int(0, optional=True),
         env="SCHEDULER_STALL_TIMEOUT_MS",
         seed_env=True,
         default_text="call_deadline_ms + 5000",
         doc="Wedge backstop threshold; at or below ``call_deadline_ms + 1000`` it is raised "
         "to the default.",
     )
-    max_subcall_depth: int = _knob(
-        8, kind=_POSITIVE, env="MAX_SUBCALL_DEPTH", doc="Deepest sub-call chain."
+    max_subcall_depth: int = knob(
+        8, kind=POSITIVE, env="MAX_SUBCALL_DEPTH", doc="Deepest sub-call chain."
     )
-    base_backoff_ms: int = _knob(
+    base_backoff_ms: int = knob(
         10,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="CALL_RETRY_BASE_BACKOFF_MS",
         doc="Retry backoff base (``base * 2^(attempt-1)`` + up to 5% jitter) when the task "
         "names none.",
     )
-    max_backoff_ms: int = _knob(
+    max_backoff_ms: int = knob(
         60_000,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="CALL_RETRY_MAX_BACKOFF_MS",
         doc="Longest single retry backoff.",
     )
-    default_max_attempts: int = _knob(
+    default_max_attempts: int = knob(
         3,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="CALL_RETRY_MAX_ATTEMPTS",
         seed_env=True,
         doc="Attempts per call when the task names none.",
     )
-    instance_fairness: bool = _knob(
+    instance_fairness: bool = knob(
         False,
-        kind=_Bool(),
+        kind=Bool(),
         env="DISPATCH_INSTANCE_FAIRNESS",
         seed_env=True,
         doc="Max-min fair release across instances (tenants) instead of task round-robin.",
     )
-    instance_fairness_quantum: int = _knob(
+    instance_fairness_quantum: int = knob(
         0,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="DISPATCH_INSTANCE_FAIRNESS_QUANTUM",
         seed_env=True,
         doc="Binds served to one instance before it is re-picked; 0 and 1 re-pick every "
         "call; capped at 1024.",
     )
-    max_collected_output_bytes: int = _knob(
+    max_collected_output_bytes: int = knob(
         0,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="MAX_COLLECTED_OUTPUT_BYTES",
         seed_env=True,
         doc="A task whose outputs exceed this stops with ``OUTPUT_BYTES_EXCEEDED`` (0 = no limit).",
     )
-    call_cache_max_entries: int = _knob(
+    call_cache_max_entries: int = knob(
         65_536,
-        kind=_NON_NEGATIVE,
+        kind=NON_NEGATIVE,
         env="CALL_CACHE_MAX_ENTRIES",
         doc="Results kept per task for call-cache hits (0 = no cache).",
     )
@@ -613,7 +316,7 @@ class DispatcherSettings:
     stall_timeout_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
-        _check_section(self, "dispatcher")
+        check_section(self, "dispatcher")
         if self.max_backoff_ms < self.base_backoff_ms:
             raise ConfigError(
                 [
@@ -634,84 +337,84 @@ class DispatcherSettings:
 class AdapterConfig:
     """The executor adapter: connections, outboxes, the heartbeat timeout."""
 
-    heartbeat_timeout_ms: int = _knob(
+    heartbeat_timeout_ms: int = knob(
         10_000,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="EXECUTOR_HEARTBEAT_TIMEOUT_MS",
         doc="No heartbeat for this long = transport lost; coupled: at least "
         "``stall_timeout_ms + 5000``.",
     )
-    outbox_depth: int = _knob(
+    outbox_depth: int = knob(
         256,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="EXECUTOR_OUTBOX_DEPTH",
         doc="Frames queued per executor connection before sends are refused (retryable).",
     )
-    frames_per_write: int = _knob(
+    frames_per_write: int = knob(
         64,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="EXECUTOR_FRAMES_PER_WRITE",
         doc="Frames coalesced into one socket write.",
     )
-    socket_dir: str | None = _knob(
+    socket_dir: str | None = knob(
         None,
-        kind=_OptionalText("a directory path"),
+        kind=OptionalText("a directory path"),
         env="EXECUTOR_SOCKET_DIR",
         default_text="system temp dir",
         doc="Parent of the private directory that holds the worker's Unix socket.",
     )
 
     def __post_init__(self) -> None:
-        _check_section(self, "adapter")
+        check_section(self, "adapter")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionConfig:
     """How many tasks run their executor phase at once."""
 
-    executor_task_slots: int = _knob(
+    executor_task_slots: int = knob(
         32,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="EXECUTOR_TASK_SLOTS",
         seed_env=True,
         doc="Tasks in the executor phase at once.",
     )
 
     def __post_init__(self) -> None:
-        _check_section(self, "admission")
+        check_section(self, "admission")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamBuildConfig:
     """Streamed call lists: the producer's window and the batch size."""
 
-    enabled: bool = _knob(
+    enabled: bool = knob(
         False,
-        kind=_Bool(),
+        kind=Bool(),
         env="STREAM_BUILD_ENABLED",
         doc="Build call lists as streams of batches.",
     )
-    max_outstanding_batches: int = _knob(
+    max_outstanding_batches: int = knob(
         2,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="STREAM_BUILD_MAX_OUTSTANDING_BATCHES",
         doc="Committed batches not yet settled (the producer's credit window).",
     )
-    batch_max_rows: int = _knob(
+    batch_max_rows: int = knob(
         8192,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="STREAM_BUILD_BATCH_MAX_ROWS",
         doc="Calls per streamed batch.",
     )
-    batch_max_args_bytes: int = _knob(
+    batch_max_args_bytes: int = knob(
         32 * 1024 * 1024,
-        kind=_POSITIVE,
+        kind=POSITIVE,
         env="STREAM_BUILD_BATCH_MAX_ARGS_BYTES",
         doc="Argument bytes per streamed batch (32 MiB).",
     )
 
     def __post_init__(self) -> None:
-        _check_section(self, "stream_build")
+        check_section(self, "stream_build")
 
 
 #: Section name -> section class, in table order.
@@ -931,8 +634,8 @@ def knob_table(*, markdown: bool = False) -> str:
             out.append("| " + " | ".join(cell.replace("``", "`") for cell in row) + " |")
         return "\n".join(out)
     lines: list[str] = []
-    for knob, env, default_text, doc in rows:
-        lines.append(knob)
+    for name, env, default_text, doc in rows:
+        lines.append(name)
         lines.append(f"    {env}; default {default_text}.")
         lines.extend(textwrap.wrap(doc, width=96, initial_indent="    ", subsequent_indent="    "))
     return "\n".join(lines)
