@@ -23,7 +23,14 @@ read, with no task or future per frame; each fact becomes one synchronous
 callback (:class:`~blockx.worker.adapters.callbacks.AdapterCallbacks`) that
 the orchestrator turns into an event for its actor. ``function_code`` waits
 never reach the orchestrator: the adapter answers them itself through the
-function-code resolver.
+function-code resolver. That half lives in :mod:`.handlers`
+(:class:`~blockx.worker.adapters.handlers.InboundHandlers`); the sends
+(``send_execute_call*``, ``send_resume_call``, ``send_cancel_call``, ``flush``)
+in :mod:`.outbound`; both are mixed into :class:`ExecutorAdapter`.
+
+An executor id is accepted only from the process the peer check allows
+(:meth:`ExecutorAdapter.set_peer_check`; the worker's pool: the slot's process
+or its descendant, by ``SO_PEERCRED``).
 
 An era ends — reservations taken, snapshot unhealthy, then
 ``on_executor_lost(executor_id, lost_calls, reason)`` — when:
@@ -54,17 +61,12 @@ import asyncio
 import logging
 import os
 import shutil
-import struct
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
-import orjson
-
-from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, ProtocolError, encode_frame, keys
-from blockx.wire import ExecuteCall as ExecuteCallPayload
-from blockx.wire import ResumeCall as ResumeCallPayload
+from blockx.wire import ProtocolError
 
 from .callbacks import AdapterCallbacks, FunctionCodeResolver, PeerCheck
 from .connection import (
@@ -75,12 +77,12 @@ from .connection import (
 )
 from .errors import (
     AdapterUsageError,
-    CallNotBoundError,
     ExecutorCapacityError,
     ExecutorUnavailableError,
 )
 from .executor_state import ExecutorState, build_snapshot
 from .handlers import InboundHandlers
+from .outbound import OutboundSends
 from .snapshot import ExecutorSnapshot
 
 __all__ = [
@@ -102,32 +104,8 @@ SOCKET_NAME: Final = "worker.sock"
 #: ``sun_path`` holds 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH_BYTES: Final = 107
 
-_dumps = orjson.dumps
-_pack_length = struct.Struct(">I").pack
 
-_MT_EXECUTE_CALL: Final = keys.MT_EXECUTE_CALL
-_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
-_MT_CANCEL_CALL: Final = keys.MT_CANCEL_CALL
-_F_MESSAGE_TYPE: Final = keys.F_MESSAGE_TYPE
-_F_CALL_ID: Final = keys.F_CALL_ID
-_F_REQUEST_ID: Final = keys.F_REQUEST_ID
-_F_PAYLOAD: Final = keys.F_PAYLOAD
-_F_TRACE: Final = keys.F_TRACE
-_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
-
-
-def _encode(envelope: dict[str, Any]) -> bytes:
-    """One plain frame: orjson on the fast path, the wire's strict encoder otherwise."""
-    try:
-        body = _dumps(envelope)
-    except TypeError:
-        return encode_frame(envelope)  # big ints via the stdlib, or a typed EncodeError
-    if len(body) > MAX_FRAME_BYTES:
-        raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
-    return _pack_length(len(body)) + body
-
-
-class ExecutorAdapter(InboundHandlers):
+class ExecutorAdapter(InboundHandlers, OutboundSends):
     """The UDS listener and every executor connection; see the module docstring.
 
     Build it, optionally set callbacks and the function-code resolver, then
@@ -367,182 +345,6 @@ class ExecutorAdapter(InboundHandlers):
         """Call ids holding a reservation on ``executor_id``, in bind order."""
         state = self._executors.get(executor_id)
         return () if state is None else state.reservations.call_ids()
-
-    # --- sending ------------------------------------------------------------------------------
-
-    def send_execute_call(
-        self,
-        executor_id: str,
-        call_id: str,
-        payload: Mapping[str, Any] | ExecuteCallPayload,
-        *,
-        trace: Mapping[str, str] | None = None,
-    ) -> None:
-        """Queue an ``ExecuteCall`` for a bound call; never blocks.
-
-        ``payload`` is the ExecuteCall payload dict (PROTOCOL.md keys; values
-        from user code may be ``orjson.Fragment``) or a typed
-        :class:`blockx.wire.ExecuteCall`. Raises :class:`ExecutorUnavailableError`,
-        :class:`OutboxFullError` (retryable), :class:`CallNotBoundError` (no
-        reservation in this era, retryable), :class:`CallDrainingError` (the
-        call was cancelled), or an :class:`~blockx.wire.EncodeError`.
-        """
-        # The hot path of dispatch: a few dict lookups, one orjson call, one list append.
-        state = self._executors.get(executor_id)
-        conn = None if state is None else state.connection
-        if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
-        reservations = state.reservations  # type: ignore[union-attr]
-        reservations.check_sendable(call_id)
-        if type(payload) is not dict:
-            payload = (
-                payload.to_wire() if isinstance(payload, ExecuteCallPayload) else dict(payload)
-            )
-        envelope: dict[str, Any] = {
-            _F_MESSAGE_TYPE: _MT_EXECUTE_CALL,
-            _F_CALL_ID: call_id,
-            _F_PAYLOAD: payload,
-        }
-        if trace is not None:
-            envelope[_F_TRACE] = dict(trace)
-        # _encode, inlined (once per call).
-        try:
-            body = _dumps(envelope)
-        except TypeError:
-            frame = encode_frame(envelope)  # big ints via the stdlib, or a typed EncodeError
-        else:
-            if len(body) > MAX_FRAME_BYTES:
-                raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
-            frame = _pack_length(len(body)) + body
-        conn.enqueue(frame, call_id)
-        attempt = payload.get(_FP_ATTEMPT_SEQ, 1)
-        reservations.note_dispatched(call_id, attempt if type(attempt) is int else 1)
-
-    def send_execute_call_encoded(
-        self, executor_id: str, call_id: str, attempt_seq: int, body: bytes
-    ) -> None:
-        """:meth:`send_execute_call` for an envelope encoded by the caller (the
-        orchestrator pre-encodes its ExecuteCalls: ``orchestrator_execute.py``).
-
-        ``body`` is the frame's JSON: a complete ``ExecuteCall`` envelope for
-        ``call_id`` whose payload's ``attemptSeq`` is ``attempt_seq``. Raises like
-        :meth:`send_execute_call` (a body over the frame limit:
-        :class:`~blockx.wire.PayloadTooLargeError`).
-        """
-        state = self._executors.get(executor_id)
-        conn = None if state is None else state.connection
-        if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
-        reservations = state.reservations  # type: ignore[union-attr]
-        reservations.check_sendable(call_id)
-        size = len(body)
-        if size > MAX_FRAME_BYTES:
-            raise PayloadTooLargeError(size, MAX_FRAME_BYTES)
-        conn.enqueue(_pack_length(size) + body, call_id)
-        reservations.note_dispatched(call_id, attempt_seq)
-
-    def send_resume_call(
-        self,
-        executor_id: str,
-        call_id: str,
-        request_id: str,
-        payload: Mapping[str, Any] | ResumeCallPayload,
-        *,
-        sidecar: bytes | None = None,
-        token: Any = None,
-    ) -> None:
-        """Queue a ``ResumeCall`` answering the wait ``request_id``.
-
-        It counts as sent only once handed to the transport: then
-        ``on_control_sent(ControlSend(..., token))`` follows, or
-        ``on_control_failed`` if the connection ends first — exactly one of the
-        two. Raises (nothing queued, no callback) :class:`ExecutorUnavailableError`,
-        :class:`CallNotBoundError`, :class:`OutboxFullError` or an
-        :class:`~blockx.wire.EncodeError`: fail the waiting call as
-        ``resume_send_failed`` (retryable) — or with the EncodeError's kind.
-        """
-        state = self._executors.get(executor_id)
-        conn = None if state is None else state.connection
-        if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
-        if call_id not in state.reservations:  # type: ignore[union-attr]
-            raise CallNotBoundError(executor_id, call_id=call_id)
-        if isinstance(payload, ResumeCallPayload):
-            payload = payload.to_wire()
-        envelope = {
-            _F_MESSAGE_TYPE: _MT_RESUME_CALL,
-            _F_CALL_ID: call_id,
-            _F_REQUEST_ID: request_id,
-            _F_PAYLOAD: payload,
-        }
-        if sidecar is None:
-            # _encode, inlined (once per IO wait).
-            try:
-                body = _dumps(envelope)
-            except TypeError:
-                frame = encode_frame(envelope)  # big ints via the stdlib, or an EncodeError
-            else:
-                if len(body) > MAX_FRAME_BYTES:
-                    raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
-                frame = _pack_length(len(body)) + body
-        else:
-            frame = encode_frame(envelope, sidecar)
-        conn.enqueue_control(
-            frame, ControlSend(executor_id, _MT_RESUME_CALL, call_id, request_id, token), call_id
-        )
-
-    def send_cancel_call(
-        self,
-        executor_id: str,
-        call_id: str,
-        *,
-        attempt_seq: int,
-        reason: str = keys.DEFAULT_CANCEL_REASON,
-        token: Any = None,
-    ) -> None:
-        """Queue a best-effort ``CancelCall``; reported like :meth:`send_resume_call`.
-
-        Pair it with :meth:`mark_draining`: the reservation then stays until
-        the executor's terminal frame. Sent whether or not the call is still
-        reserved (the executor drops a stale cancel). Raises
-        :class:`ExecutorUnavailableError` or :class:`OutboxFullError`.
-        """
-        state = self._executors.get(executor_id)
-        conn = None if state is None else state.connection
-        if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
-        envelope = {
-            _F_MESSAGE_TYPE: _MT_CANCEL_CALL,
-            _F_CALL_ID: call_id,
-            _F_PAYLOAD: {keys.FP_REASON: reason, _FP_ATTEMPT_SEQ: attempt_seq},
-        }
-        conn.enqueue_control(
-            _encode(envelope),
-            ControlSend(executor_id, _MT_CANCEL_CALL, call_id, None, token),
-            call_id,
-        )
-
-    def flush(self, executor_id: str | None = None) -> None:
-        """Write what is queued now instead of at the end of this loop turn (all executors
-        when ``executor_id`` is None). Optional: queued frames are flushed anyway."""
-        if executor_id is not None:
-            state = self._executors.get(executor_id)
-            if state is not None and state.connection is not None:
-                state.connection.flush()
-            return
-        for state in self._executors.values():
-            if state.connection is not None:
-                state.connection.flush()
-
-    async def wait_flushed(self, executor_id: str) -> None:
-        """Return once every frame queued so far for ``executor_id`` was handed to the
-        transport (one future for the whole batch). Raises :class:`ExecutorUnavailableError`
-        if the connection is gone or ends first."""
-        state = self._executors.get(executor_id)
-        conn = None if state is None else state.connection
-        if conn is None:
-            raise self._unavailable(state, executor_id, None)
-        await conn.wait_flushed()
 
     # --- views -----------------------------------------------------------------------------------
 
