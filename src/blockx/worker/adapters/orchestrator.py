@@ -78,7 +78,6 @@ from blockx.worker.core import (
     CallError,
     CancelCallCmd,
     CompleteCallFromCache,
-    CompletedCall,
     ConvergeTaskCalls,
     DispatchCallCmd,
     DispatchCommand,
@@ -89,11 +88,12 @@ from blockx.worker.core import (
     UnbindCall,
 )
 from blockx.worker.io import IOHandler, no_io_handler
-from blockx.worker.json_values import encode_output, encode_output_fast
+from blockx.worker.json_values import encode_output_fast
 
 from .callbacks import AdapterCallbacks, CallFrame
 from .connection import ControlSend
 from .errors import BindError, ExecutorUnavailableError, SendError
+from .orchestrator_attempts import AttemptEvents
 from .orchestrator_events import (
     ActorEvent,
     AttemptCompleted,
@@ -209,7 +209,7 @@ def core_snapshot(snap: Any) -> ExecutorSnapshot:
     )
 
 
-class Orchestrator(WaitHandling, TaskEvents, TickChecks):
+class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
     """The dispatch actor (see the module docstring).
 
     Build it, install :meth:`callbacks` on the adapter and :meth:`resolve_code`
@@ -604,149 +604,6 @@ class Orchestrator(WaitHandling, TaskEvents, TickChecks):
 
     def _execute_complete_from_cache(self, cmd: CompleteCallFromCache) -> None:
         return None  # recorded by the core; counted in ConvergeTaskCalls
-
-    # --- events: attempts ---------------------------------------------------------------------
-
-    def _apply_call_frames(self, event: CallFramesReceived) -> None:
-        """One read's call frames, in order: runs of completions go to the core as one
-        ``handle_calls_completed``, runs of waits as one ``handle_calls_waiting``.
-
-        Each frame is applied as its own event would be (an error is logged and
-        the rest still applied); only the core calls are batched.
-        """
-        executor_id = event.executor_id
-        completions: list[CompletedCall] = []
-        waits: list[CallFrame] = []
-        for frame in event.frames:
-            message_type = frame[0]
-            try:
-                if message_type == _MT_CALL_COMPLETED:
-                    if waits:
-                        self._apply_waits(executor_id, waits)
-                        waits = []
-                    payload = frame[2]
-                    attempt = payload.get(_FP_ATTEMPT_SEQ)
-                    budget = payload.get(_FP_BUDGET_USED_MS, 0)
-                    try:  # right-sized, big ints exact: see json_values
-                        output_json = _encode_output(payload.get(_FP_OUTPUT))
-                    except (TypeError, ValueError, OverflowError):
-                        output_json = encode_output(payload.get(_FP_OUTPUT))
-                    if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
-                        if completions:
-                            self._complete_calls(completions)
-                            completions = []
-                        self._complete_one(
-                            AttemptCompleted(executor_id, frame[1], payload), output_json
-                        )
-                        continue
-                    completions.append(
-                        (
-                            frame[1],
-                            attempt if type(attempt) is int else -1,
-                            output_json,
-                            budget if type(budget) is int else 0,
-                        )
-                    )
-                elif message_type == _MT_CALL_WAITING:
-                    if completions:
-                        self._complete_calls(completions)
-                        completions = []
-                    waits.append(frame)
-                else:  # CallFailed
-                    if completions:
-                        self._complete_calls(completions)
-                        completions = []
-                    if waits:
-                        self._apply_waits(executor_id, waits)
-                        waits = []
-                    self._apply_attempt_failed(AttemptFailed(executor_id, frame[1], frame[2]))
-            except Exception:
-                self.stats.handler_errors += 1
-                _log.exception("dispatch actor: applying %s for %s failed", message_type, frame[1])
-        try:
-            if completions:
-                self._complete_calls(completions)
-            if waits:
-                self._apply_waits(executor_id, waits)
-        except Exception:
-            self.stats.handler_errors += 1
-            _log.exception("dispatch actor: applying call frames of %s failed", executor_id)
-
-    def _complete_calls(self, completions: list[CompletedCall]) -> None:
-        self._run(self._core.handle_calls_completed(completions))
-
-    def _apply_attempt_completed(self, event: AttemptCompleted) -> None:
-        payload = event.payload
-        output_json = encode_output(payload.get(_FP_OUTPUT))
-        self._complete_one(event, output_json)
-
-    def _complete_one(self, event: AttemptCompleted, output_json: bytes) -> None:
-        payload = event.payload
-        attempt = payload.get(_FP_ATTEMPT_SEQ)
-        budget = payload.get(_FP_BUDGET_USED_MS, 0)
-        if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
-            if self._note_completion(event, output_json):
-                return
-        self._run(
-            self._core.handle_call_completed(
-                event.call_id,
-                attempt if type(attempt) is int else -1,
-                output_json,
-                budget_used_ms=budget if type(budget) is int else 0,
-            )
-        )
-
-    def _note_completion(self, event: AttemptCompleted, output_json: bytes) -> bool:
-        """Debug output and per-task output limits; True if the task was just stopped."""
-        payload = event.payload
-        run = self._tasks.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
-        if run is None:
-            return False
-        debug_output = payload.get(_FP_DEBUG_OUTPUT)
-        if isinstance(debug_output, str) and debug_output:
-            run.note_debug_output(event.call_id, debug_output)
-        limit = run.max_output_bytes
-        if limit is None or "/sub-" in event.call_id:
-            return False
-        run.output_bytes += len(output_json)
-        if run.output_bytes <= limit or run.output_limit_hit:
-            return False
-        run.output_limit_hit = True
-        _log.warning(
-            "task %s: outputs passed max_output_bytes=%d; stopping it", run.user_task_id, limit
-        )
-        self._run(
-            self._core.handle_task_cancelled(
-                run.task_id, f"outputs exceed max_output_bytes={limit}"
-            )
-        )
-        return True
-
-    def _apply_attempt_failed(self, event: AttemptFailed) -> None:
-        payload = event.payload
-        attempt = payload.get(_FP_ATTEMPT_SEQ)
-        budget = payload.get(_FP_BUDGET_USED_MS, 0)
-        kind = payload.get(keys.FP_ERROR_KIND)
-        message = payload.get(keys.FP_ERROR_MESSAGE)
-        stack = payload.get(keys.FP_ERROR_STACK)
-        error = CallError(
-            kind=kind if isinstance(kind, str) and kind else keys.ERR_INTERNAL_ERROR,
-            message=message if isinstance(message, str) else "",
-            retryable=payload.get(keys.FP_RETRYABLE) is True,
-            stack=stack if isinstance(stack, str) else None,
-        )
-        self._run(
-            self._core.handle_attempt_failure(
-                event.call_id,
-                attempt if type(attempt) is int else -1,
-                error,
-                self._now_ms,
-                budget_used_ms=budget if type(budget) is int else 0,
-            )
-        )
-
-    def _apply_retry_due(self, event: RetryDue) -> None:
-        self._run(self._core.handle_retry_ready(event.call_id))
 
     # --- events: executors --------------------------------------------------------------------
 
