@@ -611,7 +611,7 @@ def summary_text(spec: TaskFile, outcome: _Outcome, sink: _RowSink, executors: i
         lines.append(
             f"  io        {_count(totals['requests'])} requests: {_count(calls)} backend calls, "
             f"{_count(totals['cache_hits'])} cached, {_count(totals['singleflight_joins'])} "
-            f"joined, {_count(totals['errors'])} errors; mean {mean:,.2f} ms, "
+            f"joined, {_count(totals['errors'])} errors; backend calls mean {mean:,.2f} ms, "
             f"max {totals['max_ms']:,.2f} ms"
         )
         lines.append(_indent(io_stats.format_table(), "            "))
