@@ -52,6 +52,7 @@ from blockx.worker.config import (
     knob_table,
     load_config,
 )
+from blockx.worker.config_kinds import cpu_count
 from blockx.worker.io import config as io_config_module
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
 from blockx.worker.io.config import IOConfig, IOConfigError, load_io_config
@@ -303,6 +304,11 @@ def build_settings(
     overrides.update(worker_sets)
     if executors is not None:
         overrides["pool.executor_count"] = executors
+    cores_default = "pool.executor_count" not in overrides and not _env_set(
+        env, worker_env["pool.executor_count"]
+    )
+    if cores_default:  # the CLI's own default: one executor per core (the seed's is 8)
+        overrides["pool.executor_count"] = cpu_count()
     try:
         worker = load_config(env=env, overrides=overrides)
     except ConfigError as exc:
@@ -339,6 +345,8 @@ def build_settings(
             sources[knob] = f"env {variable}"
         elif knob in file_flat:
             sources[knob] = f"file {config_file}"
+        elif knob == "pool.executor_count" and cores_default:
+            sources[knob] = "default (one per core)"
         else:
             sources[knob] = "default"
     task_flat = _flatten_io(task_io or {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,17 @@ def test_config_shows_values_and_their_sources(tmp_path: Path) -> None:
     assert rows["dispatcher.stall_timeout_ms"]["value"] == "12000"
     assert rows["dispatcher.stall_timeout_ms"]["source"] == "derived"
     assert rows["pool.spawn_mode"]["source"] == "default"
+
+
+def test_the_cli_starts_one_executor_per_core_unless_told() -> None:
+    # The worker's own default is the seed's 8; `blockx run` / `config` use the cores.
+    rows = {r["knob"]: r for r in json.loads(blockx("config", "--json", env=clean_env()).stdout)}
+    assert rows["pool.executor_count"]["value"] == str(os.cpu_count() or 1)
+    assert rows["pool.executor_count"]["source"] == "default (one per core)"
+    told = blockx("config", "--json", "--set", "pool.executor_count=8", env=clean_env()).stdout
+    rows = {r["knob"]: r for r in json.loads(told)}
+    assert rows["pool.executor_count"]["value"] == "8"
+    assert rows["pool.executor_count"]["source"] == "--set"
 
 
 def test_config_applies_a_tasks_io_section() -> None:

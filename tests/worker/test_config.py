@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from blockx.worker.config import (
 
 def test_defaults_are_the_seeds() -> None:
     c = load_config(env={})
-    assert c.pool.executor_count == (os.cpu_count() or 1)
+    assert c.pool.executor_count == 8  # the seed's default (`blockx run`: one per core)
     assert c.pool.spawn_mode == "process"
     assert (c.pool.restart_delay_ms, c.pool.max_restarts) == (1000, 10)
     assert (c.pool.restart_window_ms, c.pool.backoff_ms) == (60_000, 30_000)
@@ -228,7 +227,7 @@ def test_replace_re_derives() -> None:
     shorter = c.replace(**{"dispatcher.call_deadline_ms": 1000, "pool.executor_count": 2})
     assert shorter.stall_timeout_ms == 6000 and shorter.heartbeat_timeout_ms == 11_000
     assert shorter.pool.executor_count == 2
-    assert c.pool.executor_count == (os.cpu_count() or 1)  # the original is unchanged
+    assert c.pool.executor_count == 8  # the seed's default (`blockx run`: one per core)  # the original is unchanged
     with pytest.raises(ConfigError):
         c.replace(**{"dispatcher.call_deadline_ms": -1})
 

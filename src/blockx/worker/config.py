@@ -72,7 +72,6 @@ from .config_kinds import (
     Int,
     OptionalText,
     check_section,
-    cpu_count,
     knob,
 )
 
@@ -111,12 +110,11 @@ class PoolConfig:
     """The executor pool: how many processes, how they start and restart."""
 
     executor_count: int = knob(
+        8,
         kind=POSITIVE,
         env="EXECUTOR_COUNT",
         seed_env=True,
-        default_factory=cpu_count,
-        default_text="os.cpu_count()",
-        doc="Executor processes (the seed's default is 8).",
+        doc="Executor processes. `blockx run` starts one per core unless told otherwise.",
     )
     spawn_mode: str = knob(
         "process",
@@ -231,7 +229,10 @@ class DispatcherSettings:
         kind=NON_NEGATIVE,
         env="EXECUTOR_SELECTION_SAMPLE_SIZE",
         seed_env=True,
-        doc="0 scores every eligible executor; N > 0 only the first N (power-of-d).",
+        doc=(
+            "0 scores every eligible executor; N > 0 only N of them (power-of-d), the scan "
+            "starting one executor further on each decision."
+        ),
     )
     executor_memory_high_watermark: int = knob(
         0,

@@ -5,11 +5,14 @@ A real adapter and core; the executor is a scripted peer. Both event loops.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from orchestrator_rig import OrchestratorRig, frame_payload, reply_completed
 
 from blockx.wire import keys
 from blockx.worker.adapters.errors import ExecutorCapacityError, OutboxFullError
+from blockx.worker.adapters.orchestrator_events import TaskCancelRequested
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import source_digest
 from blockx.worker.core import CallState, DispatcherConfig, call_key
@@ -208,5 +211,47 @@ def test_a_task_output_limit_stops_the_task(run) -> None:
             converged = await task.done
             assert not converged.success and task.output_limit_hit
             await peer.wait_frames(keys.MT_CANCEL_CALL)
+
+    run(scenario())
+
+
+def test_a_full_executor_whose_cancelled_call_drains_is_not_bound_in_a_loop(run) -> None:
+    """A cancelled call frees its slot in the core at once, but its context on the
+    executor only with its terminal frame. Until then a full executor must not be
+    picked again and again (each bind refused for capacity, each retry 1 ms later):
+    the refusal catches the core's view up, and the terminal frame frees the context."""
+
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer(availableContexts=1)
+            first_task = rig.submit({"adder": ADDER}, [Call("adder", {"x": 1})])
+            [first] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            rig.orchestrator.post(TaskCancelRequested(task_id=first_task.task_id, reason="user"))
+            await peer.wait_frames(keys.MT_CANCEL_CALL)
+            # The executor has not ended the cancelled attempt yet; a second task arrives.
+            second_task = rig.submit({"adder": ADDER}, [Call("adder", {"x": 2})])
+            await asyncio.sleep(0.3)
+            assert rig.orchestrator.stats.bind_failures <= 1
+            assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1
+            # The cancelled attempt ends: its context is free, the waiting call goes out.
+            payload = frame_payload(first)
+            peer.send(
+                {
+                    keys.F_MESSAGE_TYPE: keys.MT_CALL_FAILED,
+                    keys.F_CALL_ID: first.envelope[keys.F_CALL_ID],
+                    keys.F_PAYLOAD: {
+                        keys.FP_TASK_ID: payload[keys.FP_TASK_ID],
+                        keys.FP_ATTEMPT_SEQ: payload[keys.FP_ATTEMPT_SEQ],
+                        keys.FP_ERROR_KIND: keys.ERR_CANCELLED,
+                        keys.FP_ERROR_MESSAGE: "cancelled",
+                        keys.FP_RETRYABLE: False,
+                    },
+                }
+            )
+            frames = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2, timeout=2.0)
+            assert frame_payload(frames[1])[keys.FP_TASK_ID] == second_task.task_id
+            reply_completed(peer, frames[1], {"y": 3})
+            converged = await second_task.done
+            assert converged.success and second_task.rows == [{"y": 3}]
 
     run(scenario())

@@ -92,7 +92,7 @@ from blockx.worker.json_values import encode_output_fast
 
 from .callbacks import AdapterCallbacks, CallFrame
 from .connection import ControlSend
-from .errors import BindError, ExecutorUnavailableError, SendError
+from .errors import BindError, ExecutorCapacityError, ExecutorUnavailableError, SendError
 from .orchestrator_attempts import AttemptEvents
 from .orchestrator_events import (
     ActorEvent,
@@ -195,10 +195,17 @@ class OrchestratorStats:
 
 
 def core_snapshot(snap: Any) -> ExecutorSnapshot:
-    """The core's snapshot from the adapter's (same field names, a subset)."""
+    """The core's snapshot from the adapter's (same field names, a subset).
+
+    Draining reservations (cancelled calls whose terminal frame is pending) hold a
+    context on the executor but no slot in the core, which lets go of a call when
+    it cancels it: they come off the usable contexts, so the core's headroom
+    matches what the adapter will accept (seed: the capacity view is derived from
+    reservations *and* draining).
+    """
     return ExecutorSnapshot(
         executor_id=snap.executor_id,
-        usable_contexts=snap.usable_contexts,
+        usable_contexts=max(snap.usable_contexts - snap.draining, 0),
         healthy=snap.healthy,
         runnable_count=snap.runnable_count,
         inflight_count=snap.inflight_count,
@@ -250,6 +257,9 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._killed_eras: dict[str, int] = {}
         #: Tasks with a ``max_output_bytes`` of their own (counted on completion).
         self._output_limited = 0
+        #: Executors whose snapshot in the core counted draining reservations, and how
+        #: many: when their terminal frames release some, the snapshot is synced again.
+        self._drain_synced: dict[str, int] = {}
         self.stats = OrchestratorStats()
         self._appliers: dict[type[Any], Callable[[Any], None]] = {
             AttemptCompleted: self._apply_attempt_completed,
@@ -495,6 +505,10 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
                     self._dispatch_bound(accepted)
                     accepted = []
                 self.stats.bind_failures += 1
+                if isinstance(exc, ExecutorCapacityError):
+                    # The core's view is behind (a cancelled call still drains there):
+                    # catch it up first, or the retry would pick this executor again.
+                    self._sync_snapshots()
                 _log.debug("bind of %s on %s refused: %s", cmd.call_id, cmd.executor_id, exc)
                 self._run(
                     self._core.handle_bind_failed(
@@ -610,8 +624,15 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
     def _sync_snapshots(self) -> list[Any]:
         """Feed the adapter's snapshots to the core; returns them (the adapter's form)."""
         snaps = self._adapter.snapshots()
+        self._drain_synced = {s.executor_id: s.draining for s in snaps if s.draining}
         self._run(self._core.handle_executor_snapshot_updated([core_snapshot(s) for s in snaps]))
         return snaps
+
+    def _resync_if_drained(self, executor_id: str) -> None:
+        """Sync the snapshots if ``executor_id`` released a draining reservation since."""
+        snap = self._adapter.snapshot(executor_id)
+        if snap is None or snap.draining < self._drain_synced.get(executor_id, 0):
+            self._sync_snapshots()
 
     def _apply_executor_attached(self, event: ExecutorAttached) -> None:
         _log.debug("executor %s attached", event.executor_id)

@@ -54,14 +54,17 @@ class AttemptEvents:
     _tasks: dict[str, TaskRun]
     _now_ms: int
     _output_limited: int  # live tasks with an output limit
+    _drain_synced: dict[str, int]
     stats: OrchestratorStats
 
     def _run(self, commands: list[DispatchCommand]) -> None:
         raise NotImplementedError
 
-    if TYPE_CHECKING:  # WaitHandling's (a stub here would shadow it in the MRO)
+    if TYPE_CHECKING:  # WaitHandling's and Orchestrator's (a stub would shadow them)
 
         def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None: ...
+
+        def _resync_if_drained(self, executor_id: str) -> None: ...
 
     def _apply_call_frames(self, event: CallFramesReceived) -> None:
         """One read's call frames, in order: runs of completions go to the core as one
@@ -71,6 +74,8 @@ class AttemptEvents:
         the rest still applied); only the core calls are batched.
         """
         executor_id = event.executor_id
+        if self._drain_synced and executor_id in self._drain_synced:
+            self._resync_if_drained(executor_id)  # a cancelled call's context may be free
         completions: list[CompletedCall] = []
         waits: list[CallFrame] = []
         for frame in event.frames:

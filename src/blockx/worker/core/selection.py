@@ -46,6 +46,9 @@ With ``executor_selection_sample_size = N > 0`` only the first N eligible
 executors are scored (power-of-d sampling, the seed's cheap approximation),
 scanning from a start that rotates by one executor per decision so that
 samples spread over the pool instead of always favouring the lowest ids.
+(The seed's "first N eligible" come out of a Go map, whose iteration order is
+randomised per range: in effect a moving sample too. The rotation is that
+spread made deterministic, as the core takes no randomness of its own.)
 N >= the number of executors is the seed's literal full scan.
 
 Sub-calls never go through selection: they run where their parent runs
