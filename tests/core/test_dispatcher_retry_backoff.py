@@ -197,3 +197,22 @@ def test_retry_ready_for_a_stopping_task_leaves_the_call_to_the_drain() -> None:
     rt.fire_retry("t1/c0")
     assert rt.binds(rt.pump()) == []
     assert rt.converged["t1"].cancelled_count == 2
+
+
+def test_a_refused_bind_of_a_stopping_task_is_not_re_armed_and_the_call_is_cancelled() -> None:
+    # Seed: once the task stops dispatching, a bind that fails is not issued again.
+    rt = make_runtime(executors=1, defer_binds=True)
+    rt.register("t1", specs(2))  # fast-fail (the default)
+    rt.pump()
+    first, second = rt.pending_binds
+    rt.pending_binds.clear()
+    rt.answer_bind(first)  # dispatched
+    rt.fail(first.call_id, kind="user_error", retryable=False)  # the task stops
+    out = rt.answer_bind(second, fail=True)  # ... while the second bind is still out
+    out += rt.pump()
+    assert second.call_id not in rt.armed
+    assert rt.of_type(out, ArmCallRetry) == [] and rt.binds(out) == []
+    conv = rt.converged["t1"]
+    assert not conv.success and conv.failure is not None
+    assert conv.failure.kind == "CALL_FAILED" and conv.failure.call_id == first.call_id
+    assert conv.cancelled_count == 1 and conv.failed_count == 1

@@ -51,7 +51,8 @@ class DispatcherConfig:
     positive. Raises :class:`ConfigError` (naming the field) on construction.
     """
 
-    #: Root calls the core keeps bound to one executor at once (0 = no limit).
+    #: Calls (root calls and sub-calls) the core keeps bound to one executor at once
+    #: (0 = no limit).
     #: Also passed to the executor as ``--executor-max-inflight``.
     executor_max_inflight: int = 128
     #: An executor whose heartbeat runnable count, less the completions seen
