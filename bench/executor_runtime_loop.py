@@ -1,18 +1,23 @@
 """The runtime's own cost per trivial call, in process: no socket, no second process.
 
-``ExecutorRuntime`` without a session (frames collect in its outbox, encoded as
-a session would encode them). ExecuteCall envelopes are decoded up front, so
-what is measured is: ``handle_inbound_message`` → ``run_until_idle`` (admit,
-switch into a resident greenlet, load the entry, run, encode the terminal
-frame). Two shapes:
+``ExecutorRuntime`` over an in-memory session (``BenchSession``: the main-thread
+side of ``UDSSession``). ExecuteCall frames (every payload key, as the worker
+writes them, with its default ``callBudgetMs`` of 5000, so the budget and alarm
+paths run) are decoded up front, so what is measured is ``run_until_idle``:
+drain, admit, switch into a resident greenlet, load the entry, run, encode the
+terminal frame. Three shapes:
 
 * **one at a time** — feed one ExecuteCall, ``run_until_idle``, next one (the
   main loop's shape when calls arrive one per wake-up);
-* **batched** — feed 128 ExecuteCalls, then one ``run_until_idle``.
+* **batched** — feed 128 ExecuteCalls, then one ``run_until_idle``;
+* **IO wait** — batches of 128 calls doing 10 sequential reads, each answered
+  with a ResumeCall envelope as soon as the CallWaiting is out; the cost of one
+  CallWaiting → ResumeCall round trip is (t(10 reads) - t(0 reads)) / 10.
 
-``--profile`` prints a cProfile of the one-at-a-time loop instead.
+``--profile`` prints a cProfile of the one-at-a-time loop instead (``--profile
+--io``: of the IO loop).
 
-    .venv/bin/python bench/executor_runtime_loop.py [--calls 20000] [--repeats 5] [--profile]
+    .venv/bin/python bench/executor_runtime_loop.py [--calls 20000] [--repeats 5] [--profile [--io]]
 
 Times are the loop's own CPU time (``time.thread_time``), so other processes on a
 shared machine disturb them less; read the best run as the cost, the median as a check.
@@ -34,60 +39,169 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blockx.executor.module_registry import ModuleRegistry
 from blockx.executor.runtime import ExecutorRuntime
-from blockx.wire import keys
+from blockx.wire import Frame, encode_frame, keys
 
 TRIVIAL = 'def _(x):\n    return {"y": x + 1}\n'
 DIGEST = "sha256:" + hashlib.sha256(TRIVIAL.encode()).hexdigest()
+N_READS = """\
+from blockx.sdk import get_provider
+
+
+def _(n):
+    provider = get_provider()
+    total = 0
+    for i in range(n):
+        total += provider.read_req("blockdb", "get_row", {"i": i})["v"]
+    return {"total": total}
+"""
+N_READS_DIGEST = "sha256:" + hashlib.sha256(N_READS.encode()).hexdigest()
 BATCH = 128
+IO_READS = 10
 
 
 def make_runtime() -> ExecutorRuntime:
     registry = ModuleRegistry()
-    registry.compile_source("trivial", DIGEST, TRIVIAL)  # no code fetch round trip
-    return ExecutorRuntime("bench", registry=registry, max_inflight=0)
+    # No code fetch round trip.
+    registry.compile_source("trivial", DIGEST, TRIVIAL)
+    registry.compile_source("n_reads", N_READS_DIGEST, N_READS)
+    return ExecutorRuntime("bench", session=BenchSession(), registry=registry, max_inflight=0)
 
 
-def envelopes(count: int, task_id: str) -> list[dict[str, Any]]:
+def envelopes(count: int, task_id: str, reads: int | None = None) -> list[Frame]:
+    """ExecuteCalls of the trivial function, or (``reads`` set) of one doing ``reads`` reads."""
+    function_id, digest = ("trivial", DIGEST) if reads is None else ("n_reads", N_READS_DIGEST)
     return [
-        {
-            keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
-            keys.F_CALL_ID: f"{task_id}/c{i}",
-            keys.F_PAYLOAD: {
-                keys.FP_TASK_ID: task_id,
-                keys.FP_FUNCTION_ID: "trivial",
-                keys.FP_FUNCTION_CODE_DIGEST: DIGEST,
-                keys.FP_ARGS: i,
-                keys.FP_CALL_KEY: f"trivial:{i}",
-                keys.FP_ATTEMPT_SEQ: 1,
-            },
-        }
+        Frame(
+            {
+                keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
+                keys.F_CALL_ID: f"{task_id}/c{i}",
+                keys.F_PAYLOAD: {
+                    keys.FP_TASK_ID: task_id,
+                    keys.FP_FUNCTION_ID: function_id,
+                    keys.FP_FUNCTION_CODE_DIGEST: digest,
+                    keys.FP_ARGS: i if reads is None else reads,
+                    keys.FP_CALL_KEY: f"{function_id}:{i}",
+                    keys.FP_ATTEMPT_SEQ: 1,
+                    keys.FP_ENTRY_SELECTOR: "_",
+                    keys.FP_PARENT_CALL_ID: None,
+                    keys.FP_ANCESTRY: [],
+                    keys.FP_CALL_BUDGET_MS: 5000,  # the worker's default call_deadline_ms
+                    keys.FP_AUDIT: None,
+                    keys.FP_DEBUG: False,
+                },
+            }
+        )
         for i in range(count)
     ]
 
 
-def one_at_a_time(runtime: ExecutorRuntime, frames: list[dict[str, Any]]) -> float:
-    handle = runtime.handle_inbound_message
+class BenchSession:
+    """The main-thread side of ``UDSSession``, in memory: the bench queues decoded
+    frames (the reader thread's work is not measured), the runtime's frames are
+    encoded as the session would encode them and then dropped."""
+
+    def __init__(self) -> None:
+        self.incoming: list[Frame] = []
+        self.sent: list[bytes] = []
+
+    def send_message(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
+        if keys.F_EXECUTOR_ID not in envelope:
+            envelope[keys.F_EXECUTOR_ID] = "bench"
+        self.sent.append(encode_frame(envelope, sidecar))
+
+    def send_encoded(self, frame: bytes) -> None:
+        self.sent.append(frame)
+
+    def drain_incoming(self) -> list[Frame]:
+        frames, self.incoming = self.incoming, []
+        return frames
+
+    def has_incoming(self) -> bool:
+        return bool(self.incoming)
+
+    def is_connected(self) -> bool:
+        return True
+
+
+def one_at_a_time(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
+    session = runtime._session
+    assert isinstance(session, BenchSession)
+    sent = session.sent
     run = runtime.run_until_idle
-    outbox = runtime._outbox  # the encoded frames; a session would hand them to its writer
     t0 = time.thread_time()
-    for envelope in frames:
-        handle(envelope)
+    for frame in frames:
+        session.incoming.append(frame)
         run()
-        outbox.clear()
+        sent.clear()
     return time.thread_time() - t0
 
 
-def batched(runtime: ExecutorRuntime, frames: list[dict[str, Any]]) -> float:
-    handle = runtime.handle_inbound_message
+def batched(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
+    session = runtime._session
+    assert isinstance(session, BenchSession)
+    sent = session.sent
     run = runtime.run_until_idle
-    outbox = runtime._outbox
     t0 = time.thread_time()
     for start in range(0, len(frames), BATCH):
-        for envelope in frames[start : start + BATCH]:
-            handle(envelope)
+        session.incoming.extend(frames[start : start + BATCH])
         run()
-        outbox.clear()
+        sent.clear()
     return time.thread_time() - t0
+
+
+def io_waits(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
+    """Batches of calls; every wait is answered before the next run_until_idle."""
+    session = runtime._session
+    assert isinstance(session, BenchSession)
+    sent = session.sent
+    run = runtime.run_until_idle
+    get_context = runtime.get_context
+    t0 = time.thread_time()
+    for start in range(0, len(frames), BATCH):
+        batch = frames[start : start + BATCH]
+        session.incoming.extend(batch)
+        run()
+        sent.clear()
+        waiting = [frame.envelope[keys.F_CALL_ID] for frame in batch]
+        while waiting:
+            still = []
+            for call_id in waiting:
+                ctx = get_context(call_id)
+                if ctx is None:
+                    continue
+                still.append(call_id)
+                session.incoming.append(
+                    Frame(
+                        {
+                            keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
+                            keys.F_CALL_ID: call_id,
+                            keys.F_REQUEST_ID: ctx.pending_request_id,
+                            keys.F_PAYLOAD: {
+                                keys.FP_RESUME_KIND: keys.WAIT_IO,
+                                keys.FP_RESULT: {"v": 1},
+                                keys.FP_BUDGET_USED_MS: 0,
+                            },
+                        }
+                    )
+                )
+            run()
+            sent.clear()
+            waiting = still
+    return time.thread_time() - t0
+
+
+def measure_io(calls: int) -> float:
+    """µs per CallWaiting → ResumeCall round trip: (t(10 reads) - t(0 reads)) / 10."""
+    runtime = make_runtime()
+    try:
+        io_waits(runtime, envelopes(1000, "warm", IO_READS))
+        with_reads = io_waits(runtime, envelopes(calls, "io", IO_READS))
+        without = io_waits(runtime, envelopes(calls, "none", 0))
+        stats = runtime.stats()
+        assert stats["calls_completed"] == 2 * calls + 1000, stats
+        return (with_reads - without) / calls / IO_READS * 1e6
+    finally:
+        runtime.shutdown()
 
 
 def measure(shape: str, calls: int) -> float:
@@ -109,28 +223,40 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--io", action="store_true", help="with --profile: the IO loop")
     args = parser.parse_args()
 
     if args.profile:
         runtime = make_runtime()
-        one_at_a_time(runtime, envelopes(2000, "warm"))
-        frames = envelopes(args.calls, "run")
+        if args.io:
+            loop, reads = io_waits, IO_READS
+        else:
+            loop, reads = one_at_a_time, None
+        loop(runtime, envelopes(2000, "warm", reads))
+        frames = envelopes(args.calls, "run", reads)
         profiler = cProfile.Profile()
         profiler.enable()
-        one_at_a_time(runtime, frames)
+        loop(runtime, frames)
         profiler.disable()
         runtime.shutdown()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(70)
         return
 
-    results: dict[str, list[float]] = {"one": [], "batched": []}
-    for _ in range(args.repeats):  # interleaved, so drift hits both shapes alike
+    results: dict[str, list[float]] = {"one": [], "batched": [], "io": []}
+    for _ in range(args.repeats):  # interleaved, so drift hits every shape alike
         for shape in results:
-            results[shape].append(measure(shape, args.calls))
+            if shape == "io":
+                results[shape].append(measure_io(args.calls // 4))
+            else:
+                results[shape].append(measure(shape, args.calls))
     print(f"runtime loop, in process: {args.calls} trivial calls, {args.repeats} runs each")
     print(f"| {'shape':<32} | {'median µs/call':>14} | {'best µs/call':>12} |")
     print(f"| {'-' * 32} | {'-' * 14}:| {'-' * 12}:|")
-    labels = {"one": "one at a time", "batched": f"batched ({BATCH} per run_until_idle)"}
+    labels = {
+        "one": "one at a time",
+        "batched": f"batched ({BATCH} per run_until_idle)",
+        "io": "IO wait round trip (batched)",
+    }
     for shape, values in results.items():
         median, best = statistics.median(values), min(values)
         print(f"| {labels[shape]:<32} | {median:>14.2f} | {best:>12.2f} |")

@@ -48,6 +48,12 @@ def call_maker(digest: str, task_id: str = "bench") -> Callable[[int], bytes]:
                         keys.FP_ARGS: i,
                         keys.FP_CALL_KEY: f"trivial:{i}",
                         keys.FP_ATTEMPT_SEQ: 1,
+                        keys.FP_ENTRY_SELECTOR: "_",
+                        keys.FP_PARENT_CALL_ID: None,
+                        keys.FP_ANCESTRY: [],
+                        keys.FP_CALL_BUDGET_MS: 5000,  # the worker's default call_deadline_ms
+                        keys.FP_AUDIT: None,
+                        keys.FP_DEBUG: False,
                     },
                 }
             )

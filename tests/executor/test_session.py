@@ -23,6 +23,7 @@ from blockx.executor.uds_session import (
     SessionConnectError,
     UDSSession,
     _coalesce,
+    _WakeFlag,
 )
 from blockx.wire import (
     MAX_FRAME_BYTES,
@@ -639,3 +640,20 @@ def test_heartbeat_interval_must_be_positive(pair: tuple[UDSSession, Peer]) -> N
     session, _ = pair
     with pytest.raises(ValueError):
         HeartbeatThread(session, dict, executor_id="e", interval_s=0)
+
+
+def test_wake_flag_behaves_like_an_event() -> None:
+    flag = _WakeFlag()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.set()
+    flag.set()  # idempotent
+    assert flag.is_set() and flag.wait(None) is True and flag.wait(0.01) is True  # stays set
+    flag.clear()
+    flag.clear()  # idempotent
+    assert not flag.is_set() and flag.wait(0.01) is False
+    setter = threading.Timer(0.05, flag.set)
+    setter.start()
+    started = time.monotonic()
+    assert flag.wait(5.0) is True
+    assert time.monotonic() - started < 4.0
+    setter.join()

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import decimal
 import struct
+import uuid
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,13 +22,16 @@ from blockx.wire import (
     FrameJSONError,
     FrameTooLargeError,
     MissingMessageTypeError,
+    NotSerializableError,
     PayloadTooLargeError,
     ProtocolError,
     SidecarHeaderError,
     TruncatedFrameError,
     decode_frame,
+    dumps_wire,
     encode_frame,
 )
+from blockx.wire.frames import encode_frame_with_value
 
 json_scalars = (
     st.none()
@@ -251,3 +259,80 @@ def test_bytes_needed_hint():
     assert decoder.bytes_needed == len(frame) - 4
     decoder.feed(frame[4:10])
     assert decoder.bytes_needed == len(frame) - 10
+
+
+# --- encode_frame_with_value: one orjson pass, dumps_wire's rules ----------------------
+
+
+def _two_pass_frame(value, *, sidecar=None, cache_key=None):
+    """What the executor sent before: dumps_wire(value) as a Fragment, then the envelope."""
+    envelope = _waiting_envelope(orjson.Fragment(dumps_wire(value)), cache_key)
+    return encode_frame(envelope, sidecar)
+
+
+def _waiting_envelope(value, cache_key=None):
+    return {
+        "messageType": "CallWaiting",
+        "callId": "t/c1",
+        "requestId": "req-x-1",
+        "executorId": "e1",
+        "payload": {"taskId": "t", "params": value, "cacheKey": cache_key},
+    }
+
+
+def _one_pass_frame(value, *, sidecar=None, cache_key=None):
+    envelope = _waiting_envelope(value, cache_key)
+    nulls = 1 if cache_key is None else 0
+    return encode_frame_with_value(envelope, envelope["payload"], "params", nulls, sidecar)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.none() | st.text(max_size=8), sidecars)
+def test_one_pass_frames_are_byte_identical_to_two_passes(value, cache_key, sidecar):
+    expected = _two_pass_frame(value, sidecar=sidecar, cache_key=cache_key)
+    assert _one_pass_frame(value, sidecar=sidecar, cache_key=cache_key) == expected
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+    y: float
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"big": 2**70, "n": None},
+        [_Point(1, 2.5)],
+        {"when": datetime.datetime(2024, 1, 2, 3, 4, 5), "id": uuid.UUID(int=7)},
+        {"s": "null", "nested": [None, "nullable"]},
+    ],
+)
+def test_one_pass_frames_take_dumps_wire_paths_for_what_orjson_refuses(value):
+    assert _one_pass_frame(value) == _two_pass_frame(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        {"a": [1.0, float("inf")]},
+        {"a": None, "b": -float("inf")},
+        {1: "non-string key"},
+        {"d": decimal.Decimal("1.5")},
+    ],
+)
+def test_one_pass_frames_refuse_what_dumps_wire_refuses(value):
+    with pytest.raises(NotSerializableError):
+        dumps_wire(value)
+    with pytest.raises(NotSerializableError):
+        _one_pass_frame(value)
+    with pytest.raises(NotSerializableError):
+        _one_pass_frame(value, cache_key="k")  # no null outside the value
+
+
+def test_one_pass_frames_refuse_oversize_frames():
+    with pytest.raises(PayloadTooLargeError):
+        _one_pass_frame("x" * MAX_FRAME_BYTES)
+    with pytest.raises(PayloadTooLargeError):
+        _one_pass_frame({"k": 1}, sidecar=b"x" * MAX_FRAME_BYTES)

@@ -104,6 +104,11 @@ class ExecState(enum.Enum):
     WAITING_SLEEP = "WAITING_SLEEP"
     DONE = "DONE"
 
+    # Members are singletons compared by identity: hash them in C, not with Enum's
+    # Python-level __hash__ (one Python call per WAITING_STATES / RESUME_KIND_BY_STATE
+    # lookup, i.e. per ResumeCall).
+    __hash__ = object.__hash__
+
 
 WAITING_STATES: Final = frozenset(
     {
@@ -245,7 +250,30 @@ def current_context() -> ExecContext | None:
 
 
 def _is_str_list(value: Any) -> bool:
-    return type(value) is list and all(type(item) is str for item in value)
+    if type(value) is not list:
+        return False
+    for item in value:  # a loop, not all(<genexpr>): no generator per sub-call
+        if type(item) is not str:
+            return False
+    return True
+
+
+#: What an ExecuteCall payload key means when it is left out (None for the required
+#: ones: the type check refuses it).
+_EXECUTE_CALL_DEFAULTS: Final = {
+    FP_TASK_ID: None,
+    FP_FUNCTION_ID: None,
+    FP_FUNCTION_CODE_DIGEST: None,
+    FP_ENTRY_SELECTOR: "",
+    FP_ARGS: None,
+    FP_PARENT_CALL_ID: None,
+    FP_CALL_KEY: "",
+    FP_ANCESTRY: (),
+    FP_CALL_BUDGET_MS: 0,
+    FP_ATTEMPT_SEQ: 1,
+    FP_AUDIT: None,
+    FP_DEBUG: False,
+}
 
 
 class ExecContext:
@@ -357,19 +385,26 @@ class ExecContext:
         The common case is checked inline (no dataclass per frame); a failure
         is re-checked with :class:`blockx.wire.messages.ExecuteCall` for its message.
         """
-        if type(payload) is dict:
-            get = payload.get
-            task_id = get(FP_TASK_ID)
-            function_id = get(FP_FUNCTION_ID)
-            digest = get(FP_FUNCTION_CODE_DIGEST)
-            entry_selector = get(FP_ENTRY_SELECTOR, "")
-            parent_call_id = get(FP_PARENT_CALL_ID)
-            call_key = get(FP_CALL_KEY, "")
-            ancestry = get(FP_ANCESTRY, ())
-            budget_ms = get(FP_CALL_BUDGET_MS, 0)
-            attempt_seq = get(FP_ATTEMPT_SEQ, 1)
-            audit = get(FP_AUDIT)
-            debug = get(FP_DEBUG, False)
+        fields = payload
+        while type(fields) is dict:
+            # The worker writes every key: subscripts cost half of .get calls. A key
+            # left out sends us round again with the defaults filled in.
+            try:
+                task_id = fields[FP_TASK_ID]
+                function_id = fields[FP_FUNCTION_ID]
+                digest = fields[FP_FUNCTION_CODE_DIGEST]
+                entry_selector = fields[FP_ENTRY_SELECTOR]
+                args = fields[FP_ARGS]
+                parent_call_id = fields[FP_PARENT_CALL_ID]
+                call_key = fields[FP_CALL_KEY]
+                ancestry = fields[FP_ANCESTRY]
+                budget_ms = fields[FP_CALL_BUDGET_MS]
+                attempt_seq = fields[FP_ATTEMPT_SEQ]
+                audit = fields[FP_AUDIT]
+                debug = fields[FP_DEBUG]
+            except KeyError:
+                fields = {**_EXECUTE_CALL_DEFAULTS, **fields}
+                continue
             if (
                 type(task_id) is str
                 and type(function_id) is str
@@ -377,7 +412,7 @@ class ExecContext:
                 and type(entry_selector) is str
                 and (parent_call_id is None or type(parent_call_id) is str)
                 and type(call_key) is str
-                and (ancestry == () or _is_str_list(ancestry))
+                and (ancestry == () or ancestry == [] or _is_str_list(ancestry))
                 and type(budget_ms) is int
                 and budget_ms >= 0
                 and type(attempt_seq) is int
@@ -392,7 +427,7 @@ class ExecContext:
                     digest,
                     clock,
                     entry_selector,
-                    get(FP_ARGS),
+                    args,
                     parent_call_id,
                     call_key,
                     ancestry,
@@ -401,6 +436,7 @@ class ExecContext:
                     audit,
                     debug,
                 )
+            break
         task_id, attempt_seq = "", 1
         if type(payload) is dict:
             if type(payload.get(FP_TASK_ID)) is str:
@@ -424,13 +460,16 @@ class ExecContext:
             used += (self.clock() if now is None else now) - self.slice_started
         return used * 1000.0 + self.wait_ms
 
-    def remaining_s(self) -> float | None:
-        """Seconds left before expiry (budget or deadline, whichever is first); None = unlimited."""
+    def remaining_s(self, now: float | None = None) -> float | None:
+        """Seconds left before expiry (budget or deadline, whichever is first); None = unlimited.
+
+        ``now`` saves a clock read when the caller has one.
+        """
         remaining: float | None = None
         if self.budget_ms:
-            remaining = (self.budget_ms - self.budget_used_ms()) / 1000.0
+            remaining = (self.budget_ms - self.budget_used_ms(now)) / 1000.0
         if self.deadline_at is not None:
-            until_deadline = self.deadline_at - self.clock()
+            until_deadline = self.deadline_at - (self.clock() if now is None else now)
             if remaining is None or until_deadline < remaining:
                 remaining = until_deadline
         return remaining

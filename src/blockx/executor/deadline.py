@@ -94,11 +94,19 @@ class DeadlineAlarm:
 
         ``value`` is what the scheduler is about to switch in: a ``ResumePayload``
         whose ``budgetUsedMs`` is charged on the far side of the switch counts
-        already. Call only when :attr:`ready`.
+        already. ``now`` is the start of that slice (``ctx.slice_started``). Call
+        only when :attr:`ready`.
         """
-        remaining = ctx.remaining_s()
-        if remaining is None:
-            return
+        budget = ctx.budget_ms
+        remaining: float | None
+        if budget and ctx.deadline_at is None:
+            # remaining_s() inline for the common case (two Python calls per slice): the
+            # slice starts at ``now``, so only the finished slices, sleeps and waits count.
+            remaining = (budget - (ctx.cpu_s + ctx.sleep_s) * 1000.0 - ctx.wait_ms) / 1000.0
+        else:
+            remaining = ctx.remaining_s(now)
+            if remaining is None:
+                return
         if type(value) is ResumePayload and ctx.budget_ms:
             remaining -= value.charged_ms() / 1000.0
         remaining = max(remaining, 0.001)

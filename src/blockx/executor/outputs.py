@@ -1,11 +1,14 @@
 """Terminal frames: ``CallCompleted`` / ``CallFailed`` envelopes and failure reports.
 
+* ``CallCompleted`` frames are encoded with the output inline in one orjson
+  pass (``blockx.wire.frames.encode_frame_with_value``, with exactly
+  ``dumps_wire``'s rules: ``NotSerializableError`` →
+  ``output_not_serializable``). The frame size is checked exactly, so an
+  output over 16 MiB fails that call as ``payload_too_large`` instead of
+  reaching the session (PROTOCOL.md: never the connection).
 * :func:`encode_output` runs a return value through ``dumps_wire`` once; the
   bytes are embedded with ``orjson.Fragment`` so the frame encoder does not
-  walk the value again. ``NotSerializableError`` → ``output_not_serializable``.
-* :func:`ensure_frame_fits` checks a near-limit frame exactly, so an output
-  over 16 MiB fails that call as ``payload_too_large`` instead of reaching the
-  session (PROTOCOL.md: never the connection).
+  walk the value again.
 * :func:`describe_failure` classifies an exception that ended a call into
   ``(errorKind, retryable, errorMessage, errorStack, localVars)``. The stack
   shows the user's frames only (``<blockx:functionId>`` with their source
@@ -142,7 +145,7 @@ def _truncate_tail(text: str, limit: int) -> str:
 def call_completed_envelope(
     ctx: ExecContext,
     executor_id: str,
-    output: orjson.Fragment,
+    output: Any,
     *,
     budget_used_ms: int,
     effective_us: int,

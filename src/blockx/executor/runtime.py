@@ -47,7 +47,7 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   (:meth:`build_heartbeat`) and the thread that sends it;
 * :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
   suspend → ``ResumeCall``); this module is its host (``next_request_id``,
-  ``send_frame``, ``schedule_sleep``, ``wake_context``);
+  ``send_encoded``, ``schedule_sleep``, ``wake_context``);
 * :mod:`.module_registry` — code by digest, namespaces by task (acquired on
   admission, released with the terminal frame).
 
@@ -124,8 +124,6 @@ _log = logging.getLogger("blockx.executor")
 
 #: Sleep-ready contexts stepped in a row before one runnable context gets a turn.
 SLEEP_READY_STREAK: Final = 64
-#: How many ended calls' attempt numbers are remembered to drop late duplicates.
-FINISHED_ATTEMPTS_REMEMBERED: Final = 16384
 #: Bound on the outer passes of one run_until_idle (a call looping on sleep(0)
 #: must not keep the main loop from checking its connection).
 _MAX_PASSES: Final = 64
@@ -145,7 +143,9 @@ class SessionLike(Protocol):
     def is_connected(self) -> bool: ...
 
     # Optional: ``has_incoming() -> bool`` (frames waiting to be drained) lets
-    # run_until_idle skip a pass that would drain nothing.
+    # run_until_idle skip a pass that would drain nothing; ``send_encoded(frame:
+    # bytes)`` queues a frame the runtime already encoded (without it such a frame
+    # is decoded again for ``send_message``).
 
 
 def _running_call_fields() -> dict[str, Any] | None:
@@ -213,6 +213,7 @@ class ExecutorRuntime(CallRunner):
         )
         self._session = session
         self._session_has_incoming = getattr(session, "has_incoming", None)  # optional
+        self._session_send_encoded = getattr(session, "send_encoded", None)  # optional
         self._metrics = metrics
         self._clock_ms = clock_ms or _wall_clock_ms
         self._monotonic = monotonic or time.perf_counter
@@ -291,6 +292,10 @@ class ExecutorRuntime(CallRunner):
         """
         if current_context() is not None:
             raise RuntimeError("handle_inbound_message called from inside a call")
+        self._handle_inbound(envelope, sidecar)
+
+    def _handle_inbound(self, envelope: dict[str, Any], sidecar: bytes | None) -> None:
+        """:meth:`handle_inbound_message` once the caller is known to be the scheduler."""
         try:
             message_type = envelope.get(F_MESSAGE_TYPE) if type(envelope) is dict else None
             if message_type == MT_RESUME_CALL:
@@ -420,15 +425,6 @@ class ExecutorRuntime(CallRunner):
         self._runnable.append(ctx)
         return True
 
-    def _remember_finished_attempt(self, call_id: str, attempt_seq: int) -> None:
-        finished = self._finished_attempts
-        if attempt_seq > finished.get(call_id, 0):
-            finished[call_id] = attempt_seq
-            if len(finished) > FINISHED_ATTEMPTS_REMEMBERED:
-                # OrderedDict: O(1). ``del d[next(iter(d))]`` on a plain dict walks the
-                # deleted slots at its front: 14 µs a call at this size (py-spy found it).
-                finished.popitem(last=False)
-
     def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool:
         """Deliver a ResumeCall; True when it matched the pending wait and was queued.
 
@@ -508,11 +504,14 @@ class ExecutorRuntime(CallRunner):
             session = self._session
             has_incoming = self._session_has_incoming
             timers = self._timers
+            handle_inbound = self._handle_inbound  # run_until_idle checked it is not in a call
             for _ in range(_MAX_PASSES):
-                self._refresh_transport_state()
+                # Inline test first: the method call only when the transport is in doubt.
+                if self._transport_lost or (session is not None and not session.is_connected()):
+                    self._refresh_transport_state()
                 if session is not None:
                     for frame in session.drain_incoming():
-                        self.handle_inbound_message(frame.envelope, frame.sidecar)
+                        handle_inbound(frame.envelope, frame.sidecar)
                 if timers.sleepers or timers.timeouts:
                     now = self._monotonic()
                     if timers.sleepers:
@@ -584,6 +583,22 @@ class ExecutorRuntime(CallRunner):
         if self._transport_lost:
             raise ConnectionError("executor transport is gone")
         self._outbox.append(encode_frame(envelope, sidecar))
+
+    def send_encoded(self, frame: bytes) -> None:
+        """Send one frame already encoded (``encode_frame``); ``ConnectionError`` once the
+        transport is gone."""
+        send = self._session_send_encoded
+        if send is not None:
+            send(frame)
+            return
+        session = self._session
+        if session is not None:  # a session without send_encoded (test doubles)
+            decoded = decode_frame(frame)
+            session.send_message(decoded.envelope, decoded.sidecar)
+            return
+        if self._transport_lost:
+            raise ConnectionError("executor transport is gone")
+        self._outbox.append(frame)
 
     def note_transport_lost(self) -> None:
         """A send found the transport gone; every context converges at the next pass."""

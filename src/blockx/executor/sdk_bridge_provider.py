@@ -4,13 +4,16 @@ The runtime builds one per process and installs it (``blockx.sdk.runtime.
 set_provider``) in the ``contextvars.Context`` each call runs in, so
 ``blockx.sdk.get_provider()`` returns it inside a call and raises outside.
 Each method forwards to the :class:`~blockx.executor.sdk_bridge.SdkBridge`,
-which finds the running call itself (:func:`~blockx.executor.context.current_context`).
+which finds the running call itself (:func:`~blockx.executor.context.current_context`);
+IO goes straight to ``SdkBridge.io_wait``, the body of its ``do_*_req`` methods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from blockx.wire.keys import IO_CAPABILITY, IO_READ, IO_WRITE
 
 from .sdk_bridge import SdkBridge
 
@@ -36,10 +39,10 @@ class SdkBridgeProvider:
         *,
         cache_key: str | None = None,
     ) -> Any:
-        return self._bridge.do_read_req(backend, operation, params, cache_key=cache_key)
+        return self._bridge.io_wait(IO_READ, backend, operation, params, cache_key)
 
     def write_req(self, backend: str, operation: str, params: Mapping[str, Any]) -> Any:
-        return self._bridge.do_write_req(backend, operation, params)
+        return self._bridge.io_wait(IO_WRITE, backend, operation, params, None)
 
     def capability_req(
         self,
@@ -49,7 +52,7 @@ class SdkBridgeProvider:
         *,
         cache_key: str = "",
     ) -> Any:
-        return self._bridge.do_capability_req(backend, operation, params, cache_key=cache_key)
+        return self._bridge.io_wait(IO_CAPABILITY, backend, operation, params, cache_key or None)
 
     def subcall(self, function_id: str, args: Any) -> Any:
         return self._bridge.do_subcall(function_id, args)

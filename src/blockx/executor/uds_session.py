@@ -9,7 +9,8 @@ directions and never touch the runtime:
 * the **reader** ``recv``s into one :class:`~blockx.wire.FrameDecoder`, appends
   every frame a read completed to ``_incoming`` and sets ``_wake`` once per
   read, not once per frame — a burst of 64 ``ResumeCall`` frames costs the main
-  thread one wake-up;
+  thread one wake-up (``_wake`` is a :class:`_WakeFlag`: an Event on plain locks,
+  a quarter of ``threading.Event``'s cost per wake-up);
 * the **writer** sends what :meth:`UDSSession.send_message` queued. Frames are
   encoded in the *caller's* thread (so an encoding error reaches the caller and
   nothing is half-queued) and the writer joins everything queued since its last
@@ -85,6 +86,49 @@ _RECV_BYTES: Final = 256 * 1024
 _RETRY_CONNECT_ERRNOS: Final = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN})
 
 
+class _WakeFlag:
+    """``threading.Event``'s ``set`` / ``clear`` / ``is_set`` / ``wait`` on two plain locks.
+
+    ``Event.wait`` goes through a ``Condition`` that allocates a lock per wait:
+    a set → wait → clear cycle costs ~3 µs of Python, once per main-loop wake-up.
+    Here ``_signal`` is released exactly while the flag is set (``_guard`` keeps
+    the two in step), so a wait is one ``acquire``. One thread waits at a time.
+    """
+
+    __slots__ = ("_guard", "_signal", "flag")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._signal = threading.Lock()
+        self._signal.acquire()  # held while the flag is clear
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def set(self) -> None:
+        with self._guard:
+            if not self.flag:
+                self.flag = True
+                self._signal.release()
+
+    def clear(self) -> None:
+        with self._guard:
+            if self.flag:
+                self.flag = False
+                self._signal.acquire()  # released while set: does not block (or only
+                # for the instant a wait() holds it before handing it back)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until set or ``timeout`` passed (None: no limit); the flag stays set."""
+        if self.flag:
+            return True
+        if self._signal.acquire(timeout=-1 if timeout is None else timeout):
+            self._signal.release()
+            return True
+        return self.flag
+
+
 class SessionConnectError(ConnectionError):
     """The worker's socket could not be reached within the connect timeout."""
 
@@ -134,7 +178,7 @@ class UDSSession:
         self._disconnect_reason: str | None = None
         # Inbound: reader appends, main thread drains. deque append/popleft are atomic.
         self._incoming: deque[Frame] = deque()
-        self._wake = threading.Event()
+        self._wake = _WakeFlag()
         # Outbound: encoded frames, guarded by _out_lock; the writer sleeps on _writer_wakeup
         # (a lock used as a binary semaphore: released exactly once per sleep).
         self._out_lock = threading.Lock()
@@ -198,7 +242,14 @@ class UDSSession:
             raise ConnectionError(f"executor transport is gone: {self._disconnect_reason}")
         if keys.F_EXECUTOR_ID not in envelope:
             envelope[keys.F_EXECUTOR_ID] = self._executor_id
-        frame = encode_frame(envelope, sidecar)
+        self.send_encoded(encode_frame(envelope, sidecar))
+
+    def send_encoded(self, frame: bytes) -> None:
+        """Queue one frame already encoded with ``encode_frame`` (its envelope carries
+        ``executorId``). Thread-safe; raises :class:`ConnectionError` once the
+        transport is gone."""
+        if not self._connected:
+            raise ConnectionError(f"executor transport is gone: {self._disconnect_reason}")
         is_owner = self._owner == threading.get_ident()
         with self._out_lock:
             outgoing = self._outgoing
@@ -227,7 +278,7 @@ class UDSSession:
     def drain_incoming(self) -> list[Frame]:
         """Take every frame received so far, in arrival order (main thread only)."""
         wake = self._wake
-        if wake.is_set():  # clear() takes the Event's lock: not when there is nothing to clear
+        if wake.flag:  # clear() takes a lock: not when there is nothing to clear
             wake.clear()
         incoming = self._incoming
         count = len(incoming)
@@ -339,7 +390,7 @@ class UDSSession:
                 if frames:
                     incoming.extend(frames)
                     self.frames_received += len(frames)
-                    if not wake.is_set():
+                    if not wake.flag:
                         self.wakeups += 1
                         wake.set()
         except BaseException as exc:  # pragma: no cover - a bug here must not hang the executor

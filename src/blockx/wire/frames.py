@@ -50,6 +50,7 @@ __all__ = [
     "decode_frame",
     "encode_envelope",
     "encode_frame",
+    "encode_frame_with_value",
 ]
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
@@ -60,6 +61,10 @@ _MAGIC_FIRST: Final = SIDECAR_MAGIC[0]
 
 _U32 = struct.Struct(">I")
 _U32_PAIR = struct.Struct(">4sI")
+# The decoder behind loads_wire, called directly on FrameDecoder's fast path.
+_json_decode = msgspec.json.Decoder().decode
+# Frame(...) runs namedtuple's Python-level __new__; this is the same tuple, built in C.
+_new_frame = tuple.__new__
 
 
 class Frame(NamedTuple):
@@ -121,6 +126,37 @@ def encode_frame(
     if size > limit:
         raise PayloadTooLargeError(size, limit)
     return b"".join((_U32.pack(size), _U32_PAIR.pack(SIDECAR_MAGIC, len(body)), body, sidecar))
+
+
+def encode_frame_with_value(
+    envelope: dict[str, Any],
+    holder: dict[str, Any],
+    key: str,
+    skeleton_nulls: int,
+    sidecar: bytes | bytearray | memoryview | None = None,
+) -> bytes:
+    """:func:`encode_frame` for an envelope where ``holder[key]`` is a raw user value.
+
+    One ``orjson.dumps`` of the whole envelope instead of ``dumps_wire(value)``
+    plus a second pass over its ``Fragment`` (about 1.7 µs a frame), and the
+    same bytes: orjson is ``dumps_wire``'s own fast path. ``skeleton_nulls`` is
+    how many ``null`` the envelope writes outside the value; more than that and
+    the value may hold a NaN or an infinity (orjson writes them as ``null``), so
+    ``dumps_wire`` checks it. What orjson refuses (a big int, a dataclass, a
+    non-string key) is encoded by ``dumps_wire`` into ``holder[key]`` as a
+    ``Fragment``. Raises what ``dumps_wire`` and :func:`encode_frame` raise.
+    """
+    try:
+        body = orjson.dumps(envelope, option=orjson.OPT_PASSTHROUGH_DATACLASS)
+    except TypeError:
+        holder[key] = orjson.Fragment(dumps_wire(holder[key]))
+        return encode_frame(envelope, sidecar)
+    if body.count(b"null") > skeleton_nulls:
+        dumps_wire(holder[key])  # raises for a NaN or an infinity
+    size = len(body)
+    if sidecar is None and size <= MAX_FRAME_BYTES:
+        return _U32.pack(size) + body  # encode_frame's common case, one call fewer
+    return encode_frame(body, sidecar)
 
 
 # --- decoding ------------------------------------------------------------------
@@ -229,11 +265,25 @@ class FrameDecoder:
                 (size,) = _U32.unpack_from(view, offset)
                 if size > limit:
                     raise FrameTooLargeError(size, limit)
-                end = offset + HEADER_SIZE + size
+                start = offset + HEADER_SIZE
+                end = start + size
                 if end > total:
                     self._need = HEADER_SIZE + size
                     break
-                frames.append(decode_body(view[offset + HEADER_SIZE : end]))
+                body = view[start:end]
+                # Fast path, inline: a plain JSON envelope that decodes to an object with a
+                # messageType. Anything else goes through decode_body, which raises the
+                # precise ProtocolError. Saves four Python calls per frame.
+                envelope: Any = None
+                if size and view[start] != _MAGIC_FIRST:
+                    try:
+                        envelope = _json_decode(body)
+                    except msgspec.DecodeError:
+                        pass
+                if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
+                    frames.append(_new_frame(Frame, (envelope, None)))
+                else:
+                    frames.append(decode_body(body))
                 offset = end
         except ProtocolError as exc:
             self._error = exc
