@@ -33,6 +33,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples
+	$(PY) -m ruff format --check src tests bench examples
 	$(PY) -m mypy src/blockx/wire
 
 bench: $(STAMP)

@@ -144,7 +144,12 @@ def main() -> None:
         payload = env["payload"]
         cases: list[tuple[str, Callable[[], object], Callable[[], object], int]] = [
             ("orjson", lambda env=env: orjson.dumps(env), lambda body=body: orjson.loads(body), 1),
-            ("msgspec", lambda env=env: ms_encoder.encode(env), lambda body=body: ms_decoder.decode(body), 1),
+            (
+                "msgspec",
+                lambda env=env: ms_encoder.encode(env),
+                lambda body=body: ms_decoder.decode(body),
+                1,
+            ),
             (
                 "stdlib json",
                 lambda env=env: json.dumps(env, separators=(",", ":")).encode(),

@@ -156,9 +156,7 @@ class ChainState:
 
     def get_address_balance(self, address: str) -> int:
         """The balance of ``address`` in wei (``eth_getBalance``)."""
-        return self._quantity_result(
-            "eth_getBalance", [self._address(address), self._block_param]
-        )
+        return self._quantity_result("eth_getBalance", [self._address(address), self._block_param])
 
     def get_address_nonce(self, address: str) -> int:
         """The transaction count of ``address`` (``eth_getTransactionCount``)."""

@@ -134,8 +134,9 @@ class Table:
         )
 
     def _check_keys(self, keys: Any) -> list[Any]:
-        if isinstance(keys, (str, bytes, dict)) or not isinstance(keys, (Sequence, set,
-                                                                          frozenset, Iterator)):
+        if isinstance(keys, (str, bytes, dict)) or not isinstance(
+            keys, (Sequence, set, frozenset, Iterator)
+        ):
             raise self._error(f"keys must be a list of keys, got {_type_name(keys)}")
         checked = [self._check_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
         if len(checked) > MAX_BATCH:
@@ -236,8 +237,10 @@ class Table:
             raise self._error(f"at most {MAX_BATCH} rows per upsert, got {len(rows)}")
         if type(key_field) is str:
             fields: list[str] | None = None
-        elif isinstance(key_field, (list, tuple)) and 1 <= len(key_field) <= _MAX_PARTS and all(
-            type(f) is str for f in key_field
+        elif (
+            isinstance(key_field, (list, tuple))
+            and 1 <= len(key_field) <= _MAX_PARTS
+            and all(type(f) is str for f in key_field)
         ):
             fields = list(key_field)
         else:

@@ -198,8 +198,7 @@ def test_a_settled_batch_is_freed_by_reference_counting() -> None:
         return [
             o
             for o in gc.get_objects()
-            if (type(o) is DispatchCallContext and o.call_id in call_ids)
-            or type(o) is StreamBatch
+            if (type(o) is DispatchCallContext and o.call_id in call_ids) or type(o) is StreamBatch
         ]
 
     gc.collect()

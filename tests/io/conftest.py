@@ -47,8 +47,12 @@ def engine_config(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, An
     if request.param == "sqlite":
         return {"engine": "sqlite", "sqlite_path": str(tmp_path / "data" / "blockdb.sqlite3")}
     dsn = request.getfixturevalue("pg_dsn")
-    return {"engine": "postgres", "postgres_dsn": dsn, "table_prefix": f"t{next(_prefixes)}_",
-            "postgres_pool_size": 4}
+    return {
+        "engine": "postgres",
+        "postgres_dsn": dsn,
+        "table_prefix": f"t{next(_prefixes)}_",
+        "postgres_pool_size": 4,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -16,15 +16,22 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-async def call_backend(backend: IOBackend, io_kind: str, operation: str, params: Any,
-                       sidecar: bytes | None = None) -> Reply:
+async def call_backend(
+    backend: IOBackend, io_kind: str, operation: str, params: Any, sidecar: bytes | None = None
+) -> Reply:
     """prepare + execute one request (raises IORequestError when refused)."""
     prepared = backend.prepare(io_kind, operation, params, sidecar)
     return await backend.execute(prepared)
 
 
-def payload(backend: str, operation: str, params: Any = None, *, io_kind: str = keys.IO_READ,
-            cache_key: str | None = None) -> dict[str, Any]:
+def payload(
+    backend: str,
+    operation: str,
+    params: Any = None,
+    *,
+    io_kind: str = keys.IO_READ,
+    cache_key: str | None = None,
+) -> dict[str, Any]:
     """A CallWaiting(io) payload as the worker receives it."""
     return {
         keys.FP_TASK_ID: "t",

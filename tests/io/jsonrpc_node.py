@@ -153,12 +153,17 @@ class FakeNode:
         if fault == "hang":
             await asyncio.sleep(self.hang_s)
         if fault == "bad_json":
-            return web.Response(status=200, text="<html>oops</html>",
-                                content_type="application/json")
+            return web.Response(
+                status=200, text="<html>oops</html>", content_type="application/json"
+            )
         if fault == "batch_error":
             return web.json_response(
-                {"jsonrpc": "2.0", "id": None,
-                 "error": {"code": -32600, "message": "batch too large"}})
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": "batch too large"},
+                }
+            )
         answers = [self._answer(item) for item in items]
         if fault == "drop_ids":
             answers = [a for a in answers if not (isinstance(a.get("id"), int) and a["id"] % 2)]
@@ -170,8 +175,11 @@ class FakeNode:
         try:
             result = self._dispatch(item.get("method"), item.get("params") or [])
         except RpcFault as fault:
-            return {"jsonrpc": "2.0", "id": rid,
-                    "error": {"code": fault.code, "message": fault.message}}
+            return {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "error": {"code": fault.code, "message": fault.message},
+            }
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 
     # --- the chain ---------------------------------------------------------------------------
@@ -231,10 +239,14 @@ class FakeNode:
                 return None
             txs = [f"0x{n:062x}{i:02x}" for i in range(2)]
             if params[1]:
-                txs = [{"hash": h, "blockNumber": hex(n), "from": ALICE, "to": BOB}
-                       for h in txs]
-            return {"number": hex(n), "hash": block_hash(n), "parentHash": block_hash(n - 1),
-                    "timestamp": hex(1_700_000_000 + 12 * n), "transactions": txs}
+                txs = [{"hash": h, "blockNumber": hex(n), "from": ALICE, "to": BOB} for h in txs]
+            return {
+                "number": hex(n),
+                "hash": block_hash(n),
+                "parentHash": block_hash(n - 1),
+                "timestamp": hex(1_700_000_000 + 12 * n),
+                "transactions": txs,
+            }
         if method == "eth_getLogs":
             query = params[0]
             if "blockHash" in query:
@@ -250,7 +262,14 @@ class FakeNode:
                 for i, address in enumerate((CONTRACT, OTHER)):
                     if wanted and address not in [w.lower() for w in wanted]:
                         continue
-                    logs.append({"address": address, "blockNumber": hex(n),
-                                 "logIndex": hex(i), "topics": [word(n)], "data": word(i)})
+                    logs.append(
+                        {
+                            "address": address,
+                            "blockNumber": hex(n),
+                            "logIndex": hex(i),
+                            "topics": [word(n)],
+                            "data": word(i),
+                        }
+                    )
             return logs
         raise RpcFault(-32601, f"the method {method} does not exist/is not available")

@@ -76,21 +76,37 @@ class PgCluster:
         if self.user is not None:
             command = ["runuser", "-u", self.user, "--", *command]
         return subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, cwd=self.root,
+            command,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
             env={**os.environ, "LC_ALL": "C", "LANG": "C"},
         )
 
     def start(self) -> PgCluster:
-        done = self._run("initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
-                         "-E", "UTF8", "--locale=C", "--no-sync")
+        done = self._run(
+            "initdb",
+            "-D",
+            self.data,
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed:\n{done.stdout}\n{done.stderr}")
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data} -F "
             "-c max_connections=60 -c shared_buffers=16MB"
         )
-        done = self._run("pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w",
-                         "-t", "60", "start")
+        done = self._run(
+            "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "-t", "60", "start"
+        )
         if done.returncode != 0:
             log = ""
             if os.path.exists(self.log):

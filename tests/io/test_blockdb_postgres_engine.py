@@ -57,11 +57,14 @@ def test_concurrent_first_writes_create_the_table_once(pg_dsn: str) -> None:
 
     async def main() -> None:
         try:
-            replies = await asyncio.gather(*(
-                call_backend(backends[i % 3], W, "upsert_rows",
-                             {"table": "fresh", "rows": [{"key": i}]})
-                for i in range(30)
-            ))
+            replies = await asyncio.gather(
+                *(
+                    call_backend(
+                        backends[i % 3], W, "upsert_rows", {"table": "fresh", "rows": [{"key": i}]}
+                    )
+                    for i in range(30)
+                )
+            )
             assert all(r.error is None for r in replies), [r.error for r in replies if r.error]
             scan = await call_backend(backends[0], R, "scan", {"table": "fresh"})
             assert [k for k, _ in scan.result] == list(range(30))
@@ -81,10 +84,12 @@ def test_two_workers_share_one_store(pg_dsn: str) -> None:
             await call_backend(first, W, "upsert_rows", {"table": "t", "rows": [{"key": "a"}]})
             reply = await call_backend(second, R, "get_row", {"table": "t", "key": "a"})
             assert reply.result == {"key": "a"}
-            assert (await call_backend(second, W, "delete_rows",
-                                       {"table": "t", "keys": ["a"]})).result == 1
-            assert (await call_backend(first, R, "get_row",
-                                       {"table": "t", "key": "a"})).result is None
+            assert (
+                await call_backend(second, W, "delete_rows", {"table": "t", "keys": ["a"]})
+            ).result == 1
+            assert (
+                await call_backend(first, R, "get_row", {"table": "t", "key": "a"})
+            ).result is None
         finally:
             await first.close()
             await second.close()

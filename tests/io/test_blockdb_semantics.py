@@ -64,7 +64,11 @@ def test_upsert_then_read_back(engine_config: dict[str, Any]) -> None:
         assert await op("upsert_rows", table="prices", rows=rows) == 2
         assert await op("get_row", table="prices", key="eth") == rows[0]
         assert await op("get_rows", table="prices", keys=["btc", "doge", "eth", "btc"]) == [
-            rows[1], None, rows[0], rows[1]]
+            rows[1],
+            None,
+            rows[0],
+            rows[1],
+        ]
         # replace
         assert await op("upsert_rows", table="prices", rows=[{"key": "eth", "usd": 1}]) == 1
         assert await op("get_row", table="prices", key="eth") == {"key": "eth", "usd": 1}
@@ -83,20 +87,31 @@ def test_upsert_duplicate_keys_last_wins_and_counts_distinct(engine_config: dict
 
 def test_custom_and_composite_key_fields(engine_config: dict[str, Any]) -> None:
     async def body(op: Op) -> None:
-        await op("upsert_rows", table="tokens", key_field="symbol",
-                 rows=[{"symbol": "USDC", "decimals": 6}])
+        await op(
+            "upsert_rows",
+            table="tokens",
+            key_field="symbol",
+            rows=[{"symbol": "USDC", "decimals": 6}],
+        )
         assert await op("get_row", table="tokens", key="USDC") == {"symbol": "USDC", "decimals": 6}
-        rows = [{"chain": "eth", "block": 19, "h": "x"}, {"chain": "eth", "block": 20, "h": "y"},
-                {"chain": "arb", "block": 5, "h": "z"}]
+        rows = [
+            {"chain": "eth", "block": 19, "h": "x"},
+            {"chain": "eth", "block": 20, "h": "y"},
+            {"chain": "arb", "block": 5, "h": "z"},
+        ]
         assert await op("upsert_rows", table="heads", rows=rows, key_field=["chain", "block"]) == 3
         assert await op("get_row", table="heads", key=["eth", 20]) == rows[1]
         assert await op("scan", table="heads", prefix=["eth"]) == [
-            [["eth", 19], rows[0]], [["eth", 20], rows[1]]]
+            [["eth", 19], rows[0]],
+            [["eth", 20], rows[1]],
+        ]
 
     scenario(engine_config, body)
 
 
-def test_key_order_ints_before_strings_numeric_and_code_point(engine_config: dict[str, Any]) -> None:
+def test_key_order_ints_before_strings_numeric_and_code_point(
+    engine_config: dict[str, Any],
+) -> None:
     keys_ = [10, -5, 2**63 - 1, -(2**63), 0, 9, "b", "a", "B", "é", "z", "😀", "a b", "ab"]
 
     async def body(op: Op) -> None:
@@ -158,8 +173,16 @@ def test_delete_rows_counts_existing(engine_config: dict[str, Any]) -> None:
 
 
 def test_rows_round_trip_exactly(engine_config: dict[str, Any]) -> None:
-    row = {"key": "r", "big": 2**200, "neg": -(2**70), "f": 0.1, "s": "ü\u0000\n\"", "n": None,
-           "nested": {"z": 1, "a": [1, {"b": True}]}, "empty": {}}
+    row = {
+        "key": "r",
+        "big": 2**200,
+        "neg": -(2**70),
+        "f": 0.1,
+        "s": 'ü\u0000\n"',
+        "n": None,
+        "nested": {"z": 1, "a": [1, {"b": True}]},
+        "empty": {},
+    }
 
     async def body(op: Op) -> None:
         await op("upsert_rows", table="exact", rows=[row])
@@ -207,8 +230,12 @@ def test_params_may_travel_as_a_sidecar(engine_config: dict[str, Any]) -> None:
         (R, "get_row", {"table": "a-b", "key": "a"}, "bad table name 'a-b'"),
         (R, "get_row", {"table": "x" * 48, "key": "a"}, "bad table name"),
         (R, "get_row", {"table": 5, "key": "a"}, "'table' must be a table name (str), got int"),
-        (R, "get_row", {"table": "t", "key": {"a": 1}},
-         "table 't': key must be str, int or a list of them (composite key), got dict"),
+        (
+            R,
+            "get_row",
+            {"table": "t", "key": {"a": 1}},
+            "table 't': key must be str, int or a list of them (composite key), got dict",
+        ),
         (R, "get_row", {"table": "t", "key": True}, "got bool"),
         (R, "get_row", {"table": "t", "key": 2**63}, "outside the signed 64-bit range"),
         (R, "get_row", {"table": "t", "key": "a\nb"}, "control characters"),
@@ -225,9 +252,24 @@ def test_params_may_travel_as_a_sidecar(engine_config: dict[str, Any]) -> None:
         (R, "scan", {"table": "t", "prefix": 5}, "prefix must be a str or a list of key parts"),
         (W, "upsert_rows", {"table": "t", "rows": {"key": 1}}, "rows must be a list of objects"),
         (W, "upsert_rows", {"table": "t", "rows": [{"id": 1}]}, "rows[0] has no key field 'key'"),
-        (W, "upsert_rows", {"table": "t", "rows": [[1]]}, "rows[0] must be an object (dict), got list"),
-        (W, "upsert_rows", {"table": "t", "rows": [{"key": 1.5}]}, "rows[0]['key'] must be str, int or a list of them (composite key), got float"),
-        (W, "upsert_rows", {"table": "t", "rows": [], "key_field": 3}, "key_field must be a field name"),
+        (
+            W,
+            "upsert_rows",
+            {"table": "t", "rows": [[1]]},
+            "rows[0] must be an object (dict), got list",
+        ),
+        (
+            W,
+            "upsert_rows",
+            {"table": "t", "rows": [{"key": 1.5}]},
+            "rows[0]['key'] must be str, int or a list of them (composite key), got float",
+        ),
+        (
+            W,
+            "upsert_rows",
+            {"table": "t", "rows": [], "key_field": 3},
+            "key_field must be a field name",
+        ),
         (R, "upsert_rows", {"table": "t", "rows": []}, "is a write: send it with ioKind 'write'"),
         (W, "get_row", {"table": "t", "key": 1}, "is a read: send it with ioKind 'read'"),
         (R, "drop_table", {"table": "t"}, "blockdb has no operation 'drop_table'"),

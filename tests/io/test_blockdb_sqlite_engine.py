@@ -39,7 +39,8 @@ def test_the_file_and_its_directory_appear_on_first_use_in_wal_mode(tmp_path: An
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute('SELECT key, row FROM "bx_t"').fetchall() == [
-            ("\x1e09223372036854775809", '{"key":1}')]
+            ("\x1e09223372036854775809", '{"key":1}')
+        ]
 
 
 def test_concurrent_writes_share_transactions_and_reads_see_earlier_writes(tmp_path: Any) -> None:
@@ -52,8 +53,11 @@ def test_concurrent_writes_share_transactions_and_reads_see_earlier_writes(tmp_p
             before = engine.batches
             ops = []
             for i in range(200):
-                ops.append(call_backend(backend, W, "upsert_rows",
-                                        {"table": "t", "rows": [{"key": i, "v": i}]}))
+                ops.append(
+                    call_backend(
+                        backend, W, "upsert_rows", {"table": "t", "rows": [{"key": i, "v": i}]}
+                    )
+                )
                 ops.append(call_backend(backend, R, "get_row", {"table": "t", "key": i}))
             replies = await asyncio.gather(*ops)
             assert all(r.error is None for r in replies)
@@ -98,16 +102,18 @@ def test_a_busy_database_is_a_retryable_error(tmp_path: Any) -> None:
             other = sqlite3.connect(path, isolation_level=None)
             other.execute("BEGIN EXCLUSIVE")
             try:
-                reply = await call_backend(backend, W, "upsert_rows",
-                                           {"table": "t", "rows": [{"key": 2}]})
+                reply = await call_backend(
+                    backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 2}]}
+                )
                 assert reply.error is not None and reply.error.retryable
                 assert reply.error.kind == "io_error"
                 assert "locked" in reply.error.message and "transient" in reply.error.message
             finally:
                 other.execute("ROLLBACK")
                 other.close()
-            reply = await call_backend(backend, W, "upsert_rows",
-                                       {"table": "t", "rows": [{"key": 2}]})
+            reply = await call_backend(
+                backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 2}]}
+            )
             assert reply.error is None and reply.result == 1
         finally:
             await backend.close()
@@ -140,8 +146,10 @@ def test_a_failed_write_does_not_undo_its_batch_neighbours(tmp_path: Any) -> Non
             await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 0}]})
             # A table made behind the engine's back with a conflicting schema: its writes fail.
             conn = sqlite3.connect(path)
-            conn.execute('CREATE TABLE "bx_odd" (key TEXT PRIMARY KEY, row TEXT NOT NULL, '
-                         'extra TEXT NOT NULL)')
+            conn.execute(
+                'CREATE TABLE "bx_odd" (key TEXT PRIMARY KEY, row TEXT NOT NULL, '
+                "extra TEXT NOT NULL)"
+            )
             conn.commit()
             conn.close()
             replies = await asyncio.gather(
@@ -171,8 +179,9 @@ def test_close_is_idempotent_and_later_requests_fail_retryably(tmp_path: Any) ->
         assert reply.error is not None and reply.error.retryable
 
     run(main())
-    assert not any(t.name == "blockx-blockdb-sqlite" and t.is_alive()
-                   for t in threading.enumerate())
+    assert not any(
+        t.name == "blockx-blockdb-sqlite" and t.is_alive() for t in threading.enumerate()
+    )
 
 
 def test_another_process_sees_committed_rows(tmp_path: Any) -> None:
@@ -181,8 +190,9 @@ def test_another_process_sees_committed_rows(tmp_path: Any) -> None:
 
     async def main() -> None:
         try:
-            await call_backend(backend, W, "upsert_rows",
-                               {"table": "prices", "rows": [{"key": "eth", "usd": 1}]})
+            await call_backend(
+                backend, W, "upsert_rows", {"table": "prices", "rows": [{"key": "eth", "usd": 1}]}
+            )
         finally:
             await backend.close()
 
@@ -194,6 +204,11 @@ def test_another_process_sees_committed_rows(tmp_path: Any) -> None:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
-                         check=True, env={**os.environ})
+    out = subprocess.run(
+        [sys.executable, "-c", code, path],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
+    )
     assert out.stdout.strip() == '{"key":"eth","usd":1}'

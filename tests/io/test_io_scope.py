@@ -34,13 +34,15 @@ class GateBackend:
         self.calls = 0
         self.closed = False
 
-    def prepare(self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
-                ) -> PreparedRequest:
+    def prepare(
+        self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
+    ) -> PreparedRequest:
         if operation == "refuse":
             raise IORequestError("gate refuse: not today")
         params = params or {}
-        return PreparedRequest(operation, params, domain=params.get("table"),
-                               cacheable=params.get("cacheable", True))
+        return PreparedRequest(
+            operation, params, domain=params.get("table"), cacheable=params.get("cacheable", True)
+        )
 
     def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
         self.calls += 1
@@ -52,8 +54,11 @@ class GateBackend:
         """Answer every open call."""
         calls, self.open = self.open, []
         for operation, body, future in calls:
-            reply = error if error is not None else Reply({"op": operation, "body": body,
-                                                           "result": result})
+            reply = (
+                error
+                if error is not None
+                else Reply({"op": operation, "body": body, "result": result})
+            )
             future.set_result(reply)
 
     async def close(self) -> None:
@@ -73,22 +78,28 @@ def test_identical_concurrent_reads_make_one_backend_call() -> None:
         io = subsystem(gate)
         scope = io.task_scope("t1")
         params = {"table": "prices", "k": 1}
-        pending = [scope.handle_io("t1", f"c{i}", payload("gate", "get", params), None)
-                   for i in range(50)]
+        pending = [
+            scope.handle_io("t1", f"c{i}", payload("gate", "get", params), None) for i in range(50)
+        ]
         assert gate.calls == 1
         assert all(p is pending[0] for p in pending)  # one future, one done callback each
         gate.release("v")
         results = [await answer(p) for p in pending]
         assert {ok(r)["result"] for r in results} == {"v"}
         # later: a cache hit, answered at once
-        hit = scope.handle_io("t1", "c99", payload("gate", "get", {"k": 1, "table": "prices"}),
-                              None)
+        hit = scope.handle_io(
+            "t1", "c99", payload("gate", "get", {"k": 1, "table": "prices"}), None
+        )
         assert type(hit) is IOResult and hit.budget_used_ms == 0
         assert ok(hit)["result"] == "v"
         assert gate.calls == 1
         op = scope.stats.operation("gate", "get")
         assert (op.requests, op.backend_calls, op.singleflight_joins, op.cache_hits) == (
-            51, 1, 49, 1)
+            51,
+            1,
+            49,
+            1,
+        )
         await io.close()
         assert gate.closed
 
@@ -158,8 +169,9 @@ def test_a_write_invalidates_the_tasks_reads_of_that_table_only() -> None:
             gate.release("old")
             await answer(pending)
         assert len(scope.cache) == 2
-        write = scope.handle_io("t", "w", payload("gate", "put", {"table": "prices"},
-                                                  io_kind=W), None)
+        write = scope.handle_io(
+            "t", "w", payload("gate", "put", {"table": "prices"}, io_kind=W), None
+        )
         assert len(scope.cache) == 1  # prices dropped at the write's start
         gate.release()
         await answer(write)
@@ -180,12 +192,13 @@ def test_reads_overlapping_a_write_are_not_cached_nor_joined() -> None:
         io = subsystem(gate)
         scope = io.task_scope("t")
         read = payload("gate", "get", {"table": "prices"})
-        before = scope.handle_io("t", "r1", read, None)           # in flight when the write starts
-        write = scope.handle_io("t", "w", payload("gate", "put", {"table": "prices"},
-                                                  io_kind=W), None)
-        after = scope.handle_io("t", "r2", read, None)            # must not join r1
+        before = scope.handle_io("t", "r1", read, None)  # in flight when the write starts
+        write = scope.handle_io(
+            "t", "w", payload("gate", "put", {"table": "prices"}, io_kind=W), None
+        )
+        after = scope.handle_io("t", "r2", read, None)  # must not join r1
         assert after is not before and gate.calls == 3
-        during = scope.handle_io("t", "r3", read, None)           # joins r2 (same generation)
+        during = scope.handle_io("t", "r3", read, None)  # joins r2 (same generation)
         assert during is after
         gate.release()
         for p in (before, write, after):
@@ -390,7 +403,8 @@ def test_request_keys_are_canonical() -> None:
     b = request_key("b", "op", {"y": [1, 2], "x": 1}, None, None)
     assert a == b
     assert request_key("b", "op", {"v": 2**100}, None, None) != request_key(
-        "b", "op", {"v": 2**100 + 1}, None, None)
+        "b", "op", {"v": 2**100 + 1}, None, None
+    )
     assert request_key("b", "op", None, "k", None) != request_key("b", "op", "k", None, None)
 
 
@@ -418,13 +432,19 @@ def test_sqlite_reads_through_a_scope_are_cached_and_writes_invalidate(tmp_path:
         async with IOSubsystem(config) as io:
             scope = io.task_scope("t")
             get = payload("blockdb", "get_row", {"table": "prices", "key": "eth"})
-            put = payload("blockdb", "upsert_rows",
-                          {"table": "prices", "rows": [{"key": "eth", "usd": 2}]}, io_kind=W)
+            put = payload(
+                "blockdb",
+                "upsert_rows",
+                {"table": "prices", "rows": [{"key": "eth", "usd": 2}]},
+                io_kind=W,
+            )
             assert ok(await answer(scope.handle_io("t", "a", get, None))) is None
             assert type(scope.handle_io("t", "a", get, None)) is IOResult  # cached None
             assert ok(await answer(scope.handle_io("t", "w", put, None))) == 1
-            assert ok(await answer(scope.handle_io("t", "a", get, None))) == {"key": "eth",
-                                                                              "usd": 2}
+            assert ok(await answer(scope.handle_io("t", "a", get, None))) == {
+                "key": "eth",
+                "usd": 2,
+            }
             stats = scope.stats.operation("blockdb", "get_row")
             assert (stats.backend_calls, stats.cache_hits) == (2, 1)
 
@@ -433,17 +453,29 @@ def test_sqlite_reads_through_a_scope_are_cached_and_writes_invalidate(tmp_path:
 
 def test_config_errors_name_the_knob() -> None:
     with pytest.raises(IOConfigError) as caught:
-        load_io_config({"cache_max_entries": -1, "blockdb": {"engine": "mysql"},
-                        "rpc": {"endpoints": {"eth": ["ftp://x"]}}, "nope": 1}, env={})
+        load_io_config(
+            {
+                "cache_max_entries": -1,
+                "blockdb": {"engine": "mysql"},
+                "rpc": {"endpoints": {"eth": ["ftp://x"]}},
+                "nope": 1,
+            },
+            env={},
+        )
     text = str(caught.value)
     assert "io.nope: unknown knob" in text
     with pytest.raises(IOConfigError, match=r"engine='postgres' needs io\.blockdb\.postgres_dsn"):
         load_io_config({"blockdb": {"engine": "postgres"}}, env={})
     with pytest.raises(IOConfigError, match="not an http"):
         load_io_config({"rpc": {"endpoints": {"eth": ["ftp://x"]}}}, env={})
-    config = load_io_config({}, env={"RPC_ENDPOINTS": "eth=http://a:1,http://b:2;arb=http://c",
-                                     "IO_CACHE_MAX_BYTES": "1000",
-                                     "BLOCKDB_POSTGRES_DSN": "postgresql://x@y/z"})
+    config = load_io_config(
+        {},
+        env={
+            "RPC_ENDPOINTS": "eth=http://a:1,http://b:2;arb=http://c",
+            "IO_CACHE_MAX_BYTES": "1000",
+            "BLOCKDB_POSTGRES_DSN": "postgresql://x@y/z",
+        },
+    )
     assert config.rpc.endpoints == {"eth": ("http://a:1", "http://b:2"), "arb": ("http://c",)}
     assert config.cache_max_bytes == 1000
     assert config.blockdb.effective_engine == "postgres"

@@ -61,10 +61,15 @@ def session() -> Iterator[WorkerSession]:
 
 
 def _io(tmp_path: Any, node: FakeNode) -> IOSubsystem:
-    return IOSubsystem(load_io_config({
-        "blockdb": {"sqlite_path": str(tmp_path / "e2e.sqlite3")},
-        "rpc": {"endpoints": {"eth": [node.url]}},
-    }, env={}))
+    return IOSubsystem(
+        load_io_config(
+            {
+                "blockdb": {"sqlite_path": str(tmp_path / "e2e.sqlite3")},
+                "rpc": {"endpoints": {"eth": [node.url]}},
+            },
+            env={},
+        )
+    )
 
 
 def test_tables_and_chain_state_from_user_functions(
@@ -75,14 +80,26 @@ def test_tables_and_chain_state_from_user_functions(
 
     async def scenario() -> Any:
         try:
-            write = Task(functions={"write": WRITER},
-                         calls=[Call("write", {"token": t, "usd": u}) for t, u in tokens])
+            write = Task(
+                functions={"write": WRITER},
+                calls=[Call("write", {"token": t, "usd": u}) for t, u in tokens],
+            )
             scope_w = io.task_scope(write.task_id)
             write.io_handler = scope_w
             written = await session.worker.run_task(write)
             assert written.success, written.errors
-            calls = [Call("read", {"token": t, "block": 100 + i % 11, "addr": ALICE if i % 2 else BOB,
-                                   "contract": CONTRACT}) for i, (t, _) in enumerate(tokens * 10)]
+            calls = [
+                Call(
+                    "read",
+                    {
+                        "token": t,
+                        "block": 100 + i % 11,
+                        "addr": ALICE if i % 2 else BOB,
+                        "contract": CONTRACT,
+                    },
+                )
+                for i, (t, _) in enumerate(tokens * 10)
+            ]
             read = Task(functions={"read": READER, "double": DOUBLE}, calls=calls)
             scope = io.task_scope(read.task_id)
             read.io_handler = scope
@@ -98,9 +115,14 @@ def test_tables_and_chain_state_from_user_functions(
     for i, row in enumerate(result.outputs):
         token, usd = tokens[i % 3]
         addr = ALICE if i % 2 else BOB
-        assert row == {"token": token, "usd2": usd * 2, "wei": balance(addr, 100 + i % 11),
-                       "nonce": i % 11, "code": "0x6080604052348015600f57600080fd5b50",
-                       "missing": None}
+        assert row == {
+            "token": token,
+            "usd2": usd * 2,
+            "wei": balance(addr, 100 + i % 11),
+            "nonce": i % 11,
+            "code": "0x6080604052348015600f57600080fd5b50",
+            "missing": None,
+        }
     get_row = scope.stats.operation("blockdb", "get_row")
     assert get_row.requests == 60
     # 3 tokens + "nope": at most 4 reads reached SQLite, the rest were cached or joined
@@ -119,9 +141,11 @@ def test_user_errors_and_io_errors_reach_the_task_result(
 
     async def scenario() -> Any:
         try:
-            task = Task(functions={"bad": BAD_TABLE, "reverts": REVERTS},
-                        calls=[Call("bad", {}), Call("reverts", {"to": CONTRACT})],
-                        policy=TaskPolicy(failure="continue", max_attempts=2))
+            task = Task(
+                functions={"bad": BAD_TABLE, "reverts": REVERTS},
+                calls=[Call("bad", {}), Call("reverts", {"to": CONTRACT})],
+                policy=TaskPolicy(failure="continue", max_attempts=2),
+            )
             task.io_handler = io.task_scope(task.task_id)
             return await session.worker.run_task(task)
         finally:

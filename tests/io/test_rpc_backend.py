@@ -57,12 +57,15 @@ def test_concurrent_requests_are_coalesced_into_batches(node: FakeNode) -> None:
 
     async def main() -> None:
         try:
-            replies = await asyncio.gather(*(
-                call_backend(rpc, R, "eth_getBalance", params(ALICE, hex(100 + i % 11)))
-                for i in range(100)
-            ))
+            replies = await asyncio.gather(
+                *(
+                    call_backend(rpc, R, "eth_getBalance", params(ALICE, hex(100 + i % 11)))
+                    for i in range(100)
+                )
+            )
             assert [int(r.result, 16) for r in replies] == [
-                balance(ALICE, 100 + i % 11) for i in range(100)]
+                balance(ALICE, 100 + i % 11) for i in range(100)
+            ]
         finally:
             await rpc.close()
 
@@ -94,8 +97,7 @@ def test_batching_can_be_turned_off(node: FakeNode) -> None:
 
     async def main() -> None:
         try:
-            await asyncio.gather(*(call_backend(rpc, R, "eth_chainId", params())
-                                   for _ in range(4)))
+            await asyncio.gather(*(call_backend(rpc, R, "eth_chainId", params()) for _ in range(4)))
         finally:
             await rpc.close()
 
@@ -110,10 +112,9 @@ def test_transient_failures_are_retried(node: FakeNode, fault: str) -> None:
 
     async def main() -> None:
         try:
-            replies = await asyncio.gather(*(
-                call_backend(rpc, R, "eth_getCode", params(CONTRACT, "latest"))
-                for _ in range(3)
-            ))
+            replies = await asyncio.gather(
+                *(call_backend(rpc, R, "eth_getCode", params(CONTRACT, "latest")) for _ in range(3))
+            )
             assert all(r.error is None for r in replies), replies
         finally:
             await rpc.close()
@@ -132,7 +133,9 @@ def test_retries_give_up_with_a_retryable_error(node: FakeNode) -> None:
             reply = await call_backend(rpc, R, "eth_chainId", params())
             assert reply.error is not None and reply.error.retryable
             assert reply.error.kind == "io_error"
-            assert "HTTP 503" in reply.error.message and "gave up after 3 tries" in reply.error.message
+            assert (
+                "HTTP 503" in reply.error.message and "gave up after 3 tries" in reply.error.message
+            )
         finally:
             await rpc.close()
 
@@ -195,15 +198,24 @@ def test_json_rpc_errors_answer_their_own_request_only(node: FakeNode) -> None:
     async def main() -> None:
         try:
             ok_, reverted, missing = await asyncio.gather(
-                call_backend(rpc, R, "eth_call", params(
-                    {"to": CONTRACT, "data": "0x70a08231" + ALICE[2:].rjust(64, "0")}, "latest")),
-                call_backend(rpc, R, "eth_call", params({"to": CONTRACT, "data": "0xdeadbeef"},
-                                                        "latest")),
+                call_backend(
+                    rpc,
+                    R,
+                    "eth_call",
+                    params(
+                        {"to": CONTRACT, "data": "0x70a08231" + ALICE[2:].rjust(64, "0")}, "latest"
+                    ),
+                ),
+                call_backend(
+                    rpc, R, "eth_call", params({"to": CONTRACT, "data": "0xdeadbeef"}, "latest")
+                ),
                 call_backend(rpc, R, "eth_nosuchmethod", params()),
             )
             assert int(ok_.result, 16) == balance(ALICE, LATEST_BLOCK)
             assert reverted.error is not None and not reverted.error.retryable
-            assert reverted.error.message == "rpc eth eth_call: JSON-RPC error 3: execution reverted"
+            assert (
+                reverted.error.message == "rpc eth eth_call: JSON-RPC error 3: execution reverted"
+            )
             assert missing.error is not None and "-32601" in missing.error.message
         finally:
             await rpc.close()
@@ -218,10 +230,12 @@ def test_missing_responses_are_sent_again(node: FakeNode) -> None:
 
     async def main() -> None:
         try:
-            replies = await asyncio.gather(*(
-                call_backend(rpc, R, "eth_getStorageAt", params(CONTRACT, hex(i), "latest"))
-                for i in range(6)
-            ))
+            replies = await asyncio.gather(
+                *(
+                    call_backend(rpc, R, "eth_getStorageAt", params(CONTRACT, hex(i), "latest"))
+                    for i in range(6)
+                )
+            )
             assert [int(r.result, 16) for r in replies] == [i + LATEST_BLOCK for i in range(6)]
         finally:
             await rpc.close()
@@ -236,8 +250,9 @@ def test_an_error_for_the_whole_batch_fails_each_request(node: FakeNode) -> None
 
     async def main() -> None:
         try:
-            replies = await asyncio.gather(*(call_backend(rpc, R, "eth_chainId", params())
-                                             for _ in range(2)))
+            replies = await asyncio.gather(
+                *(call_backend(rpc, R, "eth_chainId", params()) for _ in range(2))
+            )
             for reply in replies:
                 assert reply.error is not None and not reply.error.retryable
                 assert "-32600: batch too large" in reply.error.message
@@ -266,8 +281,11 @@ def test_a_client_error_status_is_not_retried(node: FakeNode) -> None:
 @pytest.mark.parametrize(
     ("operation", "body", "message"),
     [
-        ("eth_getBalance", {"chain": "base", "params": []},
-         "no endpoints are configured for chain 'base' (configured: eth"),
+        (
+            "eth_getBalance",
+            {"chain": "base", "params": []},
+            "no endpoints are configured for chain 'base' (configured: eth",
+        ),
         ("eth_getBalance", {"chain": "eth", "params": "x"}, "'params' must be a list"),
         ("eth_getBalance", ["eth"], "params must be {'chain': str, 'params': list}"),
         ("eth_getBalance", {"chain": "eth", "foo": 1}, "unknown parameter 'foo'"),
@@ -290,8 +308,9 @@ def test_through_a_task_scope_identical_reads_share_one_request_and_are_cached(
             scope = io.task_scope("t")
             read = payload("rpc", "eth_getBalance", params(BOB, hex(101)))
             pending = [scope.handle_io("t", f"c{i}", read, None) for i in range(20)]
-            other = scope.handle_io("t", "x", payload("rpc", "eth_getBalance",
-                                                      params(ALICE, hex(101))), None)
+            other = scope.handle_io(
+                "t", "x", payload("rpc", "eth_getBalance", params(ALICE, hex(101))), None
+            )
             results = [ok(await answer(p)) for p in pending]
             assert set(results) == {hex(balance(BOB, 101))}
             await answer(other)

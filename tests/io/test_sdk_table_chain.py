@@ -44,8 +44,14 @@ class RecordingProvider:
         self.requests: list[tuple[str, str, str, Any, str | None]] = []
         self.answers = dict(answers or {})
 
-    def read_req(self, backend: str, operation: str, params: Mapping[str, Any], *,
-                 cache_key: str | None = None) -> Any:
+    def read_req(
+        self,
+        backend: str,
+        operation: str,
+        params: Mapping[str, Any],
+        *,
+        cache_key: str | None = None,
+    ) -> Any:
         self.requests.append(("read", backend, operation, params, cache_key))
         return self.answers.get(operation)
 
@@ -53,8 +59,9 @@ class RecordingProvider:
         self.requests.append(("write", backend, operation, params, None))
         return self.answers.get(operation)
 
-    def capability_req(self, backend: str, operation: str, params: Mapping[str, Any], *,
-                       cache_key: str = "") -> Any:
+    def capability_req(
+        self, backend: str, operation: str, params: Mapping[str, Any], *, cache_key: str = ""
+    ) -> Any:
         raise AssertionError("not used by the SDK classes")
 
     def subcall(self, function_id: str, args: Any) -> Any:
@@ -75,8 +82,9 @@ class LoopProvider(RecordingProvider):
         self.io = IOSubsystem(io_config)
         self.scope = self.io.task_scope("sdk-task")
 
-    def _io(self, io_kind: str, backend: str, operation: str, params: Any,
-            cache_key: str | None) -> Any:
+    def _io(
+        self, io_kind: str, backend: str, operation: str, params: Any, cache_key: str | None
+    ) -> Any:
         # the wire: params travel as JSON
         sent = orjson.loads(orjson.dumps(params))
         body = payload(backend, operation, sent, io_kind=io_kind, cache_key=cache_key)
@@ -91,8 +99,14 @@ class LoopProvider(RecordingProvider):
             raise io_error_class(error.kind)(error.kind, error.message, error.retryable)
         return orjson.loads(orjson.dumps(result.result))
 
-    def read_req(self, backend: str, operation: str, params: Mapping[str, Any], *,
-                 cache_key: str | None = None) -> Any:
+    def read_req(
+        self,
+        backend: str,
+        operation: str,
+        params: Mapping[str, Any],
+        *,
+        cache_key: str | None = None,
+    ) -> Any:
         self.requests.append(("read", backend, operation, params, cache_key))
         return self._io(keys.IO_READ, backend, operation, params, cache_key)
 
@@ -122,10 +136,13 @@ def recording() -> Iterator[RecordingProvider]:
 
 @pytest.fixture
 def live(tmp_path: Any, node: FakeNode) -> Iterator[LoopProvider]:
-    config = load_io_config({
-        "blockdb": {"sqlite_path": str(tmp_path / "sdk.sqlite3")},
-        "rpc": {"endpoints": {"eth": [node.url]}},
-    }, env={})
+    config = load_io_config(
+        {
+            "blockdb": {"sqlite_path": str(tmp_path / "sdk.sqlite3")},
+            "rpc": {"endpoints": {"eth": [node.url]}},
+        },
+        env={},
+    )
     provider = LoopProvider(config)
     try:
         yield from installed(provider)  # type: ignore[misc]
@@ -143,8 +160,11 @@ def test_table_reads_carry_canonical_cache_keys(recording: RecordingProvider) ->
     t.get_rows(["eth", ["a", 1]])
     assert t.scan(prefix="e", limit=10) == [(1, {"key": 1})]
     kinds = [(r[0], r[1], r[2]) for r in recording.requests]
-    assert kinds == [("read", "blockdb", "get_row"), ("read", "blockdb", "get_rows"),
-                     ("read", "blockdb", "scan")]
+    assert kinds == [
+        ("read", "blockdb", "get_row"),
+        ("read", "blockdb", "get_rows"),
+        ("read", "blockdb", "scan"),
+    ]
     _, _, _, params, cache_key = recording.requests[0]
     assert params == {"table": "prices", "key": "eth"}
     assert cache_key == '{"key":"eth","table":"prices"}'
@@ -158,7 +178,10 @@ def test_table_writes_are_writes(recording: RecordingProvider) -> None:
     assert t.upsert_rows([{"sym": "a", "n": 1}], key_field=["sym", "n"]) == 2
     assert t.delete_rows(["a"]) == 1
     assert [(r[0], r[2]) for r in recording.requests] == [
-        ("write", "upsert_rows"), ("write", "upsert_rows"), ("write", "delete_rows")]
+        ("write", "upsert_rows"),
+        ("write", "upsert_rows"),
+        ("write", "delete_rows"),
+    ]
     assert recording.requests[1][3]["key_field"] == ["sym", "n"]
     assert "key_field" not in recording.requests[0][3]
     # nothing to do: no request
@@ -171,10 +194,15 @@ def test_table_writes_are_writes(recording: RecordingProvider) -> None:
     [
         (lambda: Table("Prices"), "bad table name 'Prices' (use 'prices')"),
         (lambda: Table(3), "bad table name of type int"),
-        (lambda: Table("prices").get_row({"a": 1}),
-         "table 'prices': key must be str, int or a list of them (composite key), got dict"),
+        (
+            lambda: Table("prices").get_row({"a": 1}),
+            "table 'prices': key must be str, int or a list of them (composite key), got dict",
+        ),
         (lambda: Table("prices").get_row(1.5), "got float"),
-        (lambda: Table("prices").get_row(True), "key must be str, int or a list of them (composite key), got bool"),
+        (
+            lambda: Table("prices").get_row(True),
+            "key must be str, int or a list of them (composite key), got bool",
+        ),
         (lambda: Table("prices").get_row(""), "key must not be an empty string"),
         (lambda: Table("prices").get_row(2**64), "outside the signed 64-bit range"),
         (lambda: Table("prices").get_rows("abc"), "keys must be a list of keys, got str"),
@@ -182,8 +210,10 @@ def test_table_writes_are_writes(recording: RecordingProvider) -> None:
         (lambda: Table("prices").scan(order="up"), "order must be 'asc' or 'desc'"),
         (lambda: Table("prices").upsert_rows({"key": 1}), "rows must be a list of dicts"),
         (lambda: Table("prices").upsert_rows([{"id": 1}]), "rows[0] has no key field 'key'"),
-        (lambda: Table("prices").upsert_rows([{"key": [1, {}]}]),
-         "rows[0]['key'] part 1 must be str or int, got dict"),
+        (
+            lambda: Table("prices").upsert_rows([{"key": [1, {}]}]),
+            "rows[0]['key'] part 1 must be str or int, got dict",
+        ),
     ],
 )
 def test_table_misuse_raises_table_error_before_any_request(
@@ -240,8 +270,10 @@ def test_chain_state_methods_and_conversions(recording: RecordingProvider) -> No
         (lambda: ChainState("", 1), "chain must be a chain name"),
         (lambda: ChainState("eth", -1), "block number must not be negative"),
         (lambda: ChainState("eth", "newest"), "block must be a number, a tag"),
-        (lambda: ChainState("eth").get_address_balance("0x12"),
-         "address must be a 0x-prefixed 20-byte hex address, got '0x12'"),
+        (
+            lambda: ChainState("eth").get_address_balance("0x12"),
+            "address must be a 0x-prefixed 20-byte hex address, got '0x12'",
+        ),
         (lambda: ChainState("eth").get_storage_at(CONTRACT, -1), "slot must be a non-negative"),
         (lambda: ChainState("eth").call(CONTRACT, "0x1"), "data must be 0x-prefixed hex bytes"),
         (lambda: ChainState("eth").get_logs({"topic": []}), "unknown log filter field 'topic'"),
@@ -268,13 +300,23 @@ def test_hex_quantity() -> None:
 def test_table_against_a_real_sqlite_store(live: LoopProvider) -> None:
     prices = Table("prices")
     assert prices.get_row("eth") is None
-    assert prices.upsert_rows([{"key": "eth", "usd": 3000}, {"key": "btc", "usd": 60000},
-                               {"key": 7, "usd": 1}]) == 3
+    assert (
+        prices.upsert_rows(
+            [{"key": "eth", "usd": 3000}, {"key": "btc", "usd": 60000}, {"key": 7, "usd": 1}]
+        )
+        == 3
+    )
     assert prices.get_row("eth") == {"key": "eth", "usd": 3000}  # the write invalidated
-    assert prices.get_rows(["btc", "nope", 7]) == [{"key": "btc", "usd": 60000}, None,
-                                                  {"key": 7, "usd": 1}]
-    assert prices.scan() == [(7, {"key": 7, "usd": 1}), ("btc", {"key": "btc", "usd": 60000}),
-                             ("eth", {"key": "eth", "usd": 3000})]
+    assert prices.get_rows(["btc", "nope", 7]) == [
+        {"key": "btc", "usd": 60000},
+        None,
+        {"key": 7, "usd": 1},
+    ]
+    assert prices.scan() == [
+        (7, {"key": 7, "usd": 1}),
+        ("btc", {"key": "btc", "usd": 60000}),
+        ("eth", {"key": "eth", "usd": 3000}),
+    ]
     assert [k for k, _ in prices.iter_scan(page_size=2)] == [7, "btc", "eth"]
     assert prices.delete_rows(["btc", "zzz"]) == 1
     assert prices.get_row("btc") is None

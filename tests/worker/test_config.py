@@ -227,7 +227,7 @@ def test_replace_re_derives() -> None:
     shorter = c.replace(**{"dispatcher.call_deadline_ms": 1000, "pool.executor_count": 2})
     assert shorter.stall_timeout_ms == 6000 and shorter.heartbeat_timeout_ms == 11_000
     assert shorter.pool.executor_count == 2
-    assert c.pool.executor_count == 8  # the seed's default (`blockx run`: one per core)  # the original is unchanged
+    assert c.pool.executor_count == 8  # the original is unchanged
     with pytest.raises(ConfigError):
         c.replace(**{"dispatcher.call_deadline_ms": -1})
 

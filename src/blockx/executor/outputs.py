@@ -6,9 +6,6 @@
   ``output_not_serializable``). The frame size is checked exactly, so an
   output over 16 MiB fails that call as ``payload_too_large`` instead of
   reaching the session (PROTOCOL.md: never the connection).
-* :func:`encode_output` runs a return value through ``dumps_wire`` once; the
-  bytes are embedded with ``orjson.Fragment`` so the frame encoder does not
-  walk the value again.
 * :func:`describe_failure` classifies an exception that ended a call into
   ``(errorKind, retryable, errorMessage, errorStack, localVars)``. The stack
   shows the user's frames only (``<blockx:functionId>`` with their source
@@ -29,11 +26,9 @@ import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
 import blockx.function
 import blockx.sdk
-from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, dumps_wire, encode_frame
+from blockx.wire import PayloadTooLargeError
 from blockx.wire.errors import EncodeError
 from blockx.wire.keys import (
     ERR_USER_ERROR,
@@ -78,8 +73,6 @@ __all__ = [
     "call_completed_envelope",
     "call_failed_envelope",
     "describe_failure",
-    "encode_output",
-    "ensure_frame_fits",
     "format_user_stack",
     "innermost_user_locals",
 ]
@@ -89,8 +82,6 @@ MAX_ERROR_STACK_CHARS: Final = 64 * 1024
 MAX_LOCAL_VARS: Final = 32
 MAX_LOCAL_VAR_REPR_CHARS: Final = 256
 _MAX_CHAINED_EXCEPTIONS: Final = 5
-# Frames whose variable part is smaller than this cannot exceed the limit.
-_ENVELOPE_MARGIN: Final = 64 * 1024
 
 _USER_FILE_PREFIX: Final = "<blockx:"
 _INTERNAL_DIRS: Final = (
@@ -113,21 +104,6 @@ _repr.maxlevel = 3
 
 
 # --- outputs -------------------------------------------------------------------------
-
-
-def encode_output(output: Any) -> orjson.Fragment:
-    """The output as pre-encoded JSON; raises ``NotSerializableError``."""
-    return orjson.Fragment(dumps_wire(output))
-
-
-def ensure_frame_fits(envelope: dict[str, Any], variable_bytes: int) -> None:
-    """Raise ``PayloadTooLargeError`` when ``envelope`` would not fit in one frame.
-
-    ``variable_bytes`` estimates the large parts (output, debug text); below the
-    limit minus a margin nothing is encoded here.
-    """
-    if variable_bytes + _ENVELOPE_MARGIN > MAX_FRAME_BYTES:
-        encode_frame(envelope)
 
 
 def _truncate_head(text: str, limit: int) -> str:

@@ -177,7 +177,6 @@ class TestResumeMatching:
         assert h.rt.stats()["stale_resume_dropped"] == 1
 
 
-
 def test_a_late_redelivery_of_an_attempt_that_already_ended_is_a_duplicate(h: Harness) -> None:
     source = "def _(x):\n    return {'x': x}\n"
     h.execute("c0", source, 1, attempt_seq=2)
