@@ -34,7 +34,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples
 	$(PY) -m ruff format --check src tests bench examples
-	$(PY) -m mypy src/blockx/wire
+	$(PY) -m mypy src/blockx
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -120,11 +120,12 @@ def _type_name(value: Any) -> str:
 def _encode_part(part: Any, what: str) -> str:
     kind = type(part)
     if kind is str:
-        if not part:
+        text: str = part
+        if not text:
             raise _Invalid(f"{what} must not be an empty string")
-        if _CONTROL_RE.search(part):
+        if _CONTROL_RE.search(text):
             raise _Invalid(f"{what} must not contain control characters (U+0000-U+001F)")
-        return part
+        return text
     if kind is int:
         if not _INT_MIN <= part <= _INT_MAX:
             raise _Invalid(f"{what} {part} is outside the signed 64-bit range")

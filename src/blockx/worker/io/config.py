@@ -102,10 +102,10 @@ def _float(value: Any, *, allow_zero: bool = False) -> float:
             raise ValueError("a number") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("a number")
-    value = float(value)
-    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+    number = float(value)
+    if not (number >= 0 if allow_zero else number > 0) or number == float("inf"):
         raise ValueError("a non-negative number" if allow_zero else "a positive number")
-    return value
+    return number
 
 
 def _text(value: Any) -> str:
@@ -140,17 +140,16 @@ def parse_endpoints(value: Any) -> dict[str, tuple[str, ...]]:
     if not isinstance(value, Mapping):
         raise ValueError('a mapping {"chain": ["http://...", ...]}')
     endpoints: dict[str, tuple[str, ...]] = {}
-    for chain, urls in value.items():
+    for chain, given in value.items():
         if not isinstance(chain, str) or not chain:
             raise ValueError(f"chain names must be non-empty strings, not {chain!r}")
-        if isinstance(urls, str):
-            urls = [urls]
-        if not isinstance(urls, (list, tuple)) or not urls:
+        chain_urls = (given,) if isinstance(given, str) else given
+        if not isinstance(chain_urls, (list, tuple)) or not chain_urls:
             raise ValueError(f"chain {chain!r}: a list of http(s) URLs")
-        for url in urls:
+        for url in chain_urls:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ValueError(f"chain {chain!r}: {url!r} is not an http(s) URL")
-        endpoints[chain] = tuple(urls)
+        endpoints[chain] = tuple(chain_urls)
     return endpoints
 
 

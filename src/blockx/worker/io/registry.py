@@ -108,7 +108,7 @@ class BackendRegistry:
         backend = value(config)
         if not isinstance(backend, IOBackend):
             raise TypeError(f"backend {name!r}: the factory returned {backend!r}")
-        return backend  # type: ignore[no-any-return]
+        return backend
 
     def copy(self) -> BackendRegistry:
         clone = BackendRegistry()

@@ -382,7 +382,7 @@ class RpcBackend:
     def backoff_s(self, attempt: int) -> float:
         config = self.config
         delay_ms = min(config.backoff_max_ms, config.backoff_base_ms * (2 ** (attempt - 1)))
-        return delay_ms * self._rng.uniform(0.75, 1.25) / 1000.0
+        return float(delay_ms * self._rng.uniform(0.75, 1.25) / 1000.0)
 
     def prepare(
         self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
