@@ -57,6 +57,8 @@ from typing import Any, Final
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
 
+from .execute_frames import decode_execute_call
+
 __all__ = [
     "MAX_BYTES_PER_WRITE",
     "MAX_FRAMES_PER_WRITE",
@@ -350,7 +352,7 @@ class UDSSession:
     # --- reader thread ----------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+        decoder = FrameDecoder(typed=decode_execute_call)
         buffer = bytearray(_RECV_BYTES)
         view = memoryview(buffer)
         recv_into = self._sock.recv_into

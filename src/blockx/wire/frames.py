@@ -21,6 +21,7 @@ owner closes the connection.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -217,12 +218,25 @@ class FrameDecoder:
 
     One per connection, reused for its whole life. Not thread-safe: the owner
     (a reader thread or an asyncio protocol) is its only caller.
+
+    ``typed``, when given, sees each plain frame body first and may return an
+    object standing for the whole envelope (e.g. a ``msgspec.Struct`` decoded
+    and validated in one C pass); that object is the frame's ``envelope``. It
+    returns None for anything it does not take — a frame it does not know or a
+    value it does not accept — and the frame is decoded as usual, so every
+    error is still the generic path's. The executor uses it for ExecuteCall.
     """
 
-    __slots__ = ("_buffer", "_error", "_limit", "_need")
+    __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed")
 
-    def __init__(self, *, limit: int = MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        limit: int = MAX_FRAME_BYTES,
+        typed: Callable[[memoryview], Any] | None = None,
+    ) -> None:
         self._buffer = bytearray()
+        self._typed = typed
         self._limit = limit
         self._error: ProtocolError | None = None
         # Bytes needed before the next frame can complete (a hint for readers).
@@ -258,6 +272,7 @@ class FrameDecoder:
         total = len(view)
         offset = 0
         limit = self._limit
+        typed = self._typed
         frames: list[Frame] = []
         self._need = HEADER_SIZE
         try:
@@ -276,6 +291,12 @@ class FrameDecoder:
                 # precise ProtocolError. Saves four Python calls per frame.
                 envelope: Any = None
                 if size and view[start] != _MAGIC_FIRST:
+                    if typed is not None:
+                        envelope = typed(body)
+                        if envelope is not None:
+                            frames.append(_new_frame(Frame, (envelope, None)))
+                            offset = end
+                            continue
                     try:
                         envelope = _json_decode(body)
                     except msgspec.DecodeError:

@@ -1,0 +1,146 @@
+"""The typed ExecuteCall path: the reader decodes the worker's ExecuteCall straight into a
+struct, and the runtime builds the same context it builds from the dict envelope; anything
+the typed path does not accept goes the generic way, with the generic path's answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from blockx.executor.context import ExecContext, InvalidExecuteCall
+from blockx.executor.execute_frames import ExecuteCallFrame, decode_execute_call
+from blockx.wire import FrameDecoder, encode_frame, keys, loads_wire
+from blockx.worker.adapters.orchestrator_execute import execute_body, execute_prefix
+from blockx.worker.core import DispatchCallCmd, PreparedCall
+
+DIGEST = "sha256:" + "ab" * 32
+FIELDS = (
+    "task_id",
+    "function_id",
+    "function_code_digest",
+    "entry_selector",
+    "args",
+    "parent_call_id",
+    "call_key",
+    "ancestry",
+    "budget_ms",
+    "attempt_seq",
+    "audit",
+)
+
+
+def worker_body(
+    *,
+    args: bytes = b'{"x":1}',
+    parent: str | None = None,
+    ancestry: tuple[str, ...] = (),
+    audit: dict[str, str] | None = None,
+) -> bytes:
+    """An ExecuteCall exactly as the worker's orchestrator encodes it."""
+    prefix = execute_prefix("task-1#1", "adder", DIGEST, "_", audit, False)
+    call = PreparedCall("adder", DIGEST, args, "cd" * 32)
+    cmd = DispatchCallCmd("task-1#1/c7", "task-1#1", "exec-0", call, parent, ancestry, 5000, 2, 0)
+    return execute_body(prefix, cmd)
+
+
+def via_dict(body: bytes) -> ExecContext:
+    envelope = loads_wire(body)  # the generic path's decoder (big ints exact)
+    return ExecContext.from_execute_call(
+        envelope[keys.F_CALL_ID], envelope[keys.F_PAYLOAD], clock=lambda: 0.0
+    )
+
+
+def via_struct(frame: ExecuteCallFrame) -> ExecContext:
+    p = frame.payload
+    return ExecContext(
+        frame.callId,
+        p.taskId,
+        p.functionId,
+        p.functionCodeDigest,
+        lambda: 0.0,
+        p.entrySelector,
+        p.args,
+        p.parentCallId,
+        p.callKey,
+        p.ancestry,
+        p.callBudgetMs,
+        p.attemptSeq,
+        p.audit,
+        p.debug,
+    )
+
+
+def same_context(a: ExecContext, b: ExecContext) -> None:
+    assert a.call_id == b.call_id
+    for name in FIELDS:
+        left, right = getattr(a, name), getattr(b, name)
+        assert (left == right and type(left) is type(right)) or (
+            name == "ancestry" and list(left) == list(right)
+        ), name
+    assert (a.debug_capture is None) == (b.debug_capture is None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        worker_body(),
+        worker_body(args=b'{"big":123456789012345678901234567890,"s":"\\u00e9"}'),
+        worker_body(parent="task-1#1/c1", ancestry=("k1", "k2")),
+        worker_body(audit={"verdict": "accepted", "policy": "v1"}),
+    ],
+)
+def test_the_workers_execute_call_decodes_typed_to_the_same_context(body: bytes) -> None:
+    frame = decode_execute_call(memoryview(body))
+    assert isinstance(frame, ExecuteCallFrame)
+    same_context(via_struct(frame), via_dict(body))
+
+
+def _variant(**payload: Any) -> bytes:
+    envelope = orjson.loads(worker_body())
+    envelope[keys.F_PAYLOAD].update(payload)
+    return orjson.dumps(envelope)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _variant(callBudgetMs=-1),
+        _variant(callBudgetMs=True),
+        _variant(callBudgetMs=1.5),
+        _variant(attemptSeq=0),
+        _variant(ancestry=["a", 1]),
+        _variant(functionId=None),
+        _variant(audit=[]),
+        _variant(debug="yes"),
+    ],
+)
+def test_what_the_typed_path_refuses_is_refused_by_the_generic_one(body: bytes) -> None:
+    assert decode_execute_call(memoryview(body)) is None
+    with pytest.raises(InvalidExecuteCall):
+        via_dict(body)
+
+
+def test_other_frames_and_other_key_orders_go_the_generic_way() -> None:
+    reordered = orjson.loads(worker_body())
+    reordered = {keys.F_CALL_ID: reordered[keys.F_CALL_ID], **reordered}
+    assert decode_execute_call(memoryview(orjson.dumps(reordered))) is None
+    resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
+    assert decode_execute_call(memoryview(orjson.dumps(resume))) is None
+    missing = orjson.loads(worker_body())
+    del missing[keys.F_PAYLOAD][keys.FP_TASK_ID]
+    assert decode_execute_call(memoryview(orjson.dumps(missing))) is None
+    assert decode_execute_call(memoryview(b'{"messageType":"ExecuteCall", oops')) is None
+
+
+def test_a_frame_decoder_with_the_hook_yields_structs_and_dicts_in_order() -> None:
+    execute = worker_body()
+    resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
+    stream = len(execute).to_bytes(4, "big") + execute + encode_frame(resume) + encode_frame(resume)
+    whole = FrameDecoder(typed=decode_execute_call).feed(stream)
+    decoder = FrameDecoder(typed=decode_execute_call)
+    by_byte = [f for i in range(len(stream)) for f in decoder.feed(stream[i : i + 1])]
+    for frames in (whole, by_byte):
+        assert [type(f.envelope) for f in frames] == [ExecuteCallFrame, dict, dict]
+        assert frames[1].envelope == resume
