@@ -15,6 +15,7 @@ from executor_peer import ExecutorPeer, Recorder, attached, eventually, heartbea
 
 from blockx.wire import encode_frame, keys
 from blockx.worker.adapters.callbacks import AdapterCallbacks
+from blockx.worker.adapters.completed_frames import CompletedPayload
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
 
 pytestmark = pytest.mark.timeout(30)
@@ -112,7 +113,10 @@ def test_a_read_of_call_frames_is_one_list_in_frame_order(run) -> None:
             ]
             frames = [f for _e, batch in rec.named("call_frames") for f in batch]
             assert frames[1][3:] == ("req-1", b"\x07") and frames[3][3:] == ("req-2", None)
-            assert frames[0][2][keys.FP_OUTPUT] == {"c": "c1"}
+            # A CallCompleted is decoded typed: its output stays the executor's JSON.
+            assert isinstance(frames[0][2], CompletedPayload)
+            assert bytes(frames[0][2].output) == b'{"c":"c1"}'
+            assert frames[0][2].to_wire()[keys.FP_OUTPUT] == {"c": "c1"}
             # Terminal frames released their reservations before delivery; waits did not.
             assert adapter.reserved_calls("exec-0") == ("c2",)
             # The per-frame callbacks are not used.

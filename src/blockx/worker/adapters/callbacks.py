@@ -58,8 +58,11 @@ __all__ = [
 #: ``(message_type, call_id, payload, request_id, sidecar)`` -- ``message_type``
 #: is ``CallCompleted``, ``CallFailed`` or ``CallWaiting``; ``request_id`` and
 #: ``sidecar`` are ``None`` except for ``CallWaiting``. For terminal frames the
-#: reservation is already released, as for ``on_call_completed``.
-CallFrame = tuple[str, str, dict[str, Any], "str | None", "bytes | None"]
+#: reservation is already released, as for ``on_call_completed``. The payload is
+#: the dict envelope's, or for a ``CallCompleted`` decoded typed its
+#: :class:`~blockx.worker.adapters.completed_frames.CompletedPayload` (output kept
+#: as JSON; ``to_wire()`` gives the dict).
+CallFrame = tuple[str, str, Any, "str | None", "bytes | None"]
 
 
 def _ignore(*_args: Any) -> None:

@@ -45,6 +45,7 @@ from blockx.wire import (
 )
 
 from .callbacks import AdapterCallbacks, CallFrame, FunctionCodeResolver, PeerCheck
+from .completed_frames import CompletedFrame
 from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
@@ -109,6 +110,11 @@ class InboundHandlers:
             while start < count:
                 envelope = frames[start][0]
                 start += 1
+                if isinstance(envelope, CompletedFrame):
+                    self._protocol_error(
+                        conn, f"{_MT_CALL_COMPLETED} before the attaching Heartbeat"
+                    )
+                    return
                 message_type = envelope[_F_MESSAGE_TYPE]
                 if message_type == _MT_HEARTBEAT:
                     state = self._attach(conn, envelope)
@@ -134,6 +140,22 @@ class InboundHandlers:
         for index in range(start, count):
             frame = frames[index]
             envelope = frame[0]
+            if isinstance(envelope, CompletedFrame):  # decoded typed (completed_frames.py)
+                done_id = envelope.callId
+                typed = envelope.payload
+                if not reservations.release_on_terminal(done_id, typed.attemptSeq):
+                    self.stale_terminal_frames += 1
+                state.completions_since_heartbeat += 1
+                if call_frames is not None:
+                    call_frames.append((_MT_CALL_COMPLETED, done_id, typed, None, None))
+                    continue
+                try:
+                    on_completed(executor_id, done_id, typed.to_wire())
+                except Exception:
+                    _log.exception(
+                        "%s callback failed for %s on %s", _MT_CALL_COMPLETED, done_id, executor_id
+                    )
+                continue
             message_type = envelope[_F_MESSAGE_TYPE]
             if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
                 call_id = envelope.get(_F_CALL_ID)

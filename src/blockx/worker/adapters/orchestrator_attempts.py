@@ -25,6 +25,7 @@ from blockx.worker.core import CallError, CompletedCall, DispatchCommand, Dispat
 from blockx.worker.json_values import encode_output, encode_output_fast
 
 from .callbacks import CallFrame
+from .completed_frames import CompletedPayload
 from .orchestrator_events import AttemptCompleted, AttemptFailed, CallFramesReceived, RetryDue
 
 if TYPE_CHECKING:
@@ -86,6 +87,25 @@ class AttemptEvents:
                         self._apply_waits(executor_id, waits)
                         waits = []
                     payload = frame[2]
+                    if isinstance(payload, CompletedPayload):  # typed: the output stays JSON
+                        if self._output_limited or payload.debugOutput is not None:
+                            if completions:
+                                self._complete_calls(completions)
+                                completions = []
+                            self._complete_one(
+                                AttemptCompleted(executor_id, frame[1], payload.to_wire()),
+                                bytes(payload.output),  # a right-sized copy
+                            )
+                            continue
+                        completions.append(
+                            (
+                                frame[1],
+                                payload.attemptSeq,
+                                bytes(payload.output),  # a right-sized copy
+                                payload.budgetUsedMs,
+                            )
+                        )
+                        continue
                     attempt = payload.get(_FP_ATTEMPT_SEQ)
                     budget = payload.get(_FP_BUDGET_USED_MS, 0)
                     try:  # right-sized, big ints exact: see json_values
