@@ -57,7 +57,12 @@ def on_deadline_signal(signum: int, frame: Any) -> None:
         return
     reason = ctx.deadline_expired_reason()
     if reason is None:
-        return  # armed early (or the budget moved): the interval timer re-checks
+        # Armed for an earlier call of this pass (or the budget moved): aim at this
+        # call's own expiry rather than waiting for the next interval tick.
+        remaining = ctx.remaining_s()
+        if remaining is not None:
+            signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001), ALARM_INTERVAL_S)
+        return
     raise DeadlineSignalExpired(reason, used_ms=ctx.budget_used_ms(), budget_ms=ctx.budget_ms)
 
 
@@ -111,7 +116,9 @@ class DeadlineAlarm:
             remaining -= value.charged_ms() / 1000.0
         remaining = max(remaining, 0.001)
         due = now + remaining
-        if due < self.due:
+        # Earlier than the armed expiry, or that one already fired (the timer is then
+        # only ticking every ALARM_INTERVAL_S): aim at this call's expiry.
+        if due < self.due or self.due <= now:
             signal.setitimer(signal.ITIMER_REAL, remaining, ALARM_INTERVAL_S)
             self.due = due
 

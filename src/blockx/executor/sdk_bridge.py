@@ -484,12 +484,20 @@ class SdkBridge:
             outcome = _FetchFailed(exc)
             raise
         finally:
-            if fetches.get(digest) is fetch:
-                del fetches[digest]
-            wake = self._host.wake_context
-            for follower in fetch.followers:
-                wake(follower, outcome)
-            fetch.followers.clear()
+            # Not preemptible while it hands the outcome on: a SIGALRM raising here would
+            # strand the followers not yet woken (the handler acts on RUNNING calls only;
+            # the interval timer re-fires once the state is back).
+            state = ctx.state
+            ctx.state = ExecState.WAITING_FUNCTION_CODE
+            try:
+                if fetches.get(digest) is fetch:
+                    del fetches[digest]
+                wake = self._host.wake_context
+                for follower in fetch.followers:
+                    wake(follower, outcome)
+                fetch.followers.clear()
+            finally:
+                ctx.state = state
 
     def _follow_code_fetch(self, ctx: ExecContext, fetch: _CodeFetch) -> Any:
         ctx.check_safe_point()

@@ -41,15 +41,19 @@ __all__ = ["dumps_wire", "loads_wire"]
 _log = logging.getLogger("blockx.wire")
 
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS
-_warned_dataclasses: set[type] = set()
+# Names, not classes: a class would keep its module alive (in the executor, a task's
+# whole namespace, re-created per task). Bounded: past the cap nothing is remembered.
+_warned_dataclasses: set[str] = set()
+_WARNED_DATACLASSES_MAX = 1024
 _decoder = msgspec.json.Decoder()
 
 
 def _orjson_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         cls = type(value)
-        if cls not in _warned_dataclasses:
-            _warned_dataclasses.add(cls)
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name not in _warned_dataclasses and len(_warned_dataclasses) < _WARNED_DATACLASSES_MAX:
+            _warned_dataclasses.add(name)
             _log.warning(
                 "dataclass %s.%s serialised with dataclasses.asdict; return a dict instead",
                 cls.__module__,

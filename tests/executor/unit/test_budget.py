@@ -201,6 +201,36 @@ class TestPreemption:
         h.run()
         assert h.output("c2") == 2
 
+    def test_every_cpu_bound_call_of_one_pass_is_preempted_at_its_own_budget(
+        self,
+        make_harness,  # type: ignore[no-untyped-def]
+    ) -> None:
+        # The first preemption leaves the armed expiry in the past: the next calls must be
+        # aimed at their own budgets, not at the 0.1 s interval tick.
+        h = make_harness(real_clock=True)
+        for i in range(4):
+            h.execute(f"c{i}", "def _(p):\n    while True:\n        pass\n", i, call_budget_ms=30)
+        h.run()
+        for i in range(4):
+            failure = h.failure(f"c{i}")
+            assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+            assert failure[keys.FP_BUDGET_USED_MS] < 95, (i, failure[keys.FP_BUDGET_USED_MS])
+
+    def test_a_call_after_one_that_ended_early_is_preempted_at_its_own_budget(
+        self,
+        make_harness,  # type: ignore[no-untyped-def]
+    ) -> None:
+        # The timer is still armed for c1 (budget 20 ms) when c1 returns; c2 (60 ms) is due
+        # later. When it fires early the handler must aim at c2's expiry.
+        h = make_harness(real_clock=True)
+        h.execute("c1", "def _(p):\n    return p\n", 1, call_budget_ms=20)
+        h.execute("c2", "def _(p):\n    while True:\n        pass\n", 2, call_budget_ms=60)
+        h.run()
+        assert h.output("c1") == 1
+        failure = h.failure("c2")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert 60 <= failure[keys.FP_BUDGET_USED_MS] < 115, failure[keys.FP_BUDGET_USED_MS]
+
     def test_while_true_pass_is_preempted(self, make_harness) -> None:  # type: ignore[no-untyped-def]
         h = make_harness(real_clock=True)
         h.execute("c1", "def _(p):\n    while True:\n        pass\n", None, call_budget_ms=30)

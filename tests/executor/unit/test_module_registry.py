@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import linecache
 import logging
+import signal
 from textwrap import dedent
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from executor_harness import Harness, digest_of
 
 from blockx.executor import module_registry
+from blockx.executor.deadline import on_deadline_signal
 from blockx.executor.module_registry import (
     RELEASED_NAMESPACE_CACHE_ENV,
     ModuleRegistry,
@@ -334,6 +336,38 @@ class TestCodeFetch:
         h.run()
         assert [h.output(f"c{i}") for i in range(3)] == [0, 2, 4]
         assert h.rt.registry.stats()["compiles"] == 1
+
+    def test_a_preemption_signal_while_the_leader_wakes_followers_strands_none(
+        self,
+        make_harness,  # type: ignore[no-untyped-def]
+    ) -> None:
+        # SIGALRM may land while the leader, resumed, wakes its followers. Simulate it
+        # arriving at the first wake with the leader over budget: every follower must still
+        # be woken (the leader is not preemptible there), and all three calls complete.
+        h = make_harness(auto_code=False)
+        source = "def _(p):\n    return p\n"
+        digest = h.add_source(source)
+        for i in range(3):
+            h.execute(f"c{i}", digest=digest, args=i)
+        h.run()
+        (fetch,) = h.code_waits
+        real_wake = h.rt.wake_context
+        fired: list[bool] = []
+
+        def wake_with_a_signal(ctx, outcome):  # type: ignore[no-untyped-def]
+            if not fired:
+                fired.append(True)
+                leader = h.rt._contexts["c0"]
+                leader.budget_ms, leader.cpu_s = 1, 1.0  # over budget from here on
+                on_deadline_signal(signal.SIGALRM, None)
+                leader.budget_ms, leader.cpu_s = 0, 0.0
+            real_wake(ctx, outcome)
+
+        h.rt.wake_context = wake_with_a_signal
+        h.resume(fetch, {keys.FP_SOURCE: source, keys.FP_FUNCTION_CODE_DIGEST: digest})
+        h.run()
+        assert fired
+        assert [h.output(f"c{i}") for i in range(3)] == [0, 1, 2]
 
     def test_a_cancelled_leader_hands_the_fetch_to_a_follower(self, make_harness) -> None:  # type: ignore[no-untyped-def]
         h = make_harness(auto_code=False)

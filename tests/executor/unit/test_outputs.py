@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from textwrap import dedent
 from typing import Any
 
@@ -62,6 +63,36 @@ class TestOutputs:
         _run(h, source)
         assert h.output("c1") == {"a": 1, "b": "x"}
 
+    def test_dataclass_outputs_do_not_keep_ended_tasks_namespaces_alive(
+        self, make_harness: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # Each task execs the module anew; the "asdict" warning once per class name must not
+        # pin the class (and through it the task's namespace with its globals).
+        source = dedent(
+            """
+            import dataclasses
+
+            PINNED = bytearray(1_000_003)
+
+            @dataclasses.dataclass
+            class Row:
+                a: int
+
+            def _(p):
+                return Row(p)
+            """
+        )
+        h = make_harness(released_namespaces=0)
+        with caplog.at_level("WARNING", logger="blockx.wire"):
+            for i in range(5):
+                h.execute(f"c{i}", source, i, task_id=f"task-{i}")
+                h.run()
+                assert h.output(f"c{i}") == {"a": i}
+        gc.collect()
+        alive = [o for o in gc.get_objects() if type(o) is bytearray and len(o) == 1_000_003]
+        assert alive == []
+        assert sum("dataclasses.asdict" in r.getMessage() for r in caplog.records) <= 1  # once
+
     @pytest.mark.parametrize(
         ("expression", "text"),
         [
@@ -82,6 +113,16 @@ class TestOutputs:
         assert failure[keys.FP_ERROR_KIND] == keys.ERR_OUTPUT_NOT_SERIALIZABLE
         assert failure[keys.FP_RETRYABLE] is False
         assert text in failure[keys.FP_ERROR_MESSAGE]
+
+    def test_a_nan_in_a_debug_calls_output_is_refused_too(self, h: Harness) -> None:
+        # With debug output the frame has no null of its own: the NaN check must still run.
+        h.execute(
+            "c1", "def _(p):\n    print('hi')\n    return {'x': float('nan')}\n", None, debug=True
+        )
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_OUTPUT_NOT_SERIALIZABLE
+        assert "NaN" in failure[keys.FP_ERROR_MESSAGE]
 
     def test_an_output_too_large_for_a_frame_fails_only_that_call(self, h: Harness) -> None:
         _run(h, f"def _(p):\n    return 'x' * {MAX_FRAME_BYTES}\n")

@@ -151,6 +151,14 @@ class TestIoWaits:
             ("sdk.get_provider().read_req(1, 'op', {})", "TypeError"),
             ("sdk.get_provider().read_req('b', 'op', {}, cache_key=5)", "TypeError"),
             ("db.read('scan', {'x': float('nan')})", "NotSerializableError"),
+            # the frame's other nulls differ with a cache key and for sub-calls (the
+            # one-pass encoder counts them to spot a NaN orjson wrote as null)
+            (
+                "sdk.get_provider().read_req('b', 'op', {'x': float('nan')}, cache_key='k')",
+                "NotSerializableError",
+            ),
+            ("sdk.get_provider().read_req('b', 'op', [float('inf')])", "NotSerializableError"),
+            ("sdk.call_subfunc('child', {'x': float('nan')})", "NotSerializableError"),
         ],
     )
     def test_bad_requests_fail_at_the_call_site(self, h: Harness, call: str, text: str) -> None:
