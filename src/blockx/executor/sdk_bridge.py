@@ -532,15 +532,18 @@ class SdkBridge:
         host = self._host
         started = ctx.clock()
         host.schedule_sleep(ctx, duration)
+        # Charged up front (waking late is queueing, never charged): the budget alarm is
+        # armed for the slice after the wake before this frame runs again, and must count
+        # it; so must a signal landing as the call resumes.
+        ctx.sleep_s += duration
         greenlet = ctx.greenlet
         assert greenlet is not None and greenlet.parent is not None
         try:
             greenlet.parent.switch(SUSPENDED)
         except BaseException:
-            # Ended mid-sleep: charge what actually elapsed.
-            ctx.sleep_s += min(max(ctx.clock() - started, 0.0), duration)
+            # Ended mid-sleep: charge only what actually elapsed.
+            ctx.sleep_s -= duration - min(max(ctx.clock() - started, 0.0), duration)
             raise
-        ctx.sleep_s += duration  # waking late is queueing, never charged
         ctx.check_safe_point()
 
     # --- the one suspend path ---------------------------------------------------------

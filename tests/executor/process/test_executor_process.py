@@ -136,7 +136,8 @@ def test_a_call_through_code_fetch_two_io_waits_and_a_sub_call(start_worker: Sta
     assert sub[keys.FP_FUNCTION_ID] == "adder"
     assert sub[keys.FP_ARGS] == {"left": 3000, "right": 7}
     assert sub[keys.FP_ANCESTRY] == ["pricer:root"]
-    assert 0 < sub[keys.FP_GRANTED_BUDGET_MS] <= 30_000
+    # the 30 s budget less the 8 ms of IO the worker charged and the little CPU used so far
+    assert 28_000 < sub[keys.FP_GRANTED_BUDGET_MS] <= 29_992
     worker.execute_call(
         "t1/child",
         source=ADDER,
@@ -163,7 +164,7 @@ def test_a_call_through_code_fetch_two_io_waits_and_a_sub_call(start_worker: Sta
     assert done[keys.FP_TASK_ID] == "t1"
     assert done[keys.FP_ATTEMPT_SEQ] == 1
     assert done[keys.FP_BUDGET_USED_MS] >= 8  # the IO time the worker charged
-    assert done[keys.FP_EFFECTIVE_EXECUTION_DURATION_US] >= 0
+    assert done[keys.FP_EFFECTIVE_EXECUTION_DURATION_US] > 0
     assert worker.drain_frames() == []
 
 

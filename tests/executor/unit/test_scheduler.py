@@ -194,7 +194,7 @@ class TestRunUntilIdle:
     def test_a_call_looping_on_sleep_zero_does_not_pin_run_until_idle(self, h: Harness) -> None:
         h.execute("c1", "import time\ndef _(p):\n    while True:\n        time.sleep(0)\n", None)
         h.run()  # returns although the call never finishes
-        assert h.state("c1") in {"WAITING_SLEEP", "RUNNING"}
+        assert h.state("c1") == "WAITING_SLEEP"  # between passes a call never runs
         assert h.rt.next_scheduler_delay(None) == 0.0
         h.cancel("c1")
         h.run()
