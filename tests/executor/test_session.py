@@ -3,6 +3,7 @@ EOF and protocol errors, close/flush, connect, and the heartbeat thread on top o
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import socket
@@ -248,6 +249,34 @@ def test_no_wake_up_is_lost_between_drain_and_wait(pair: tuple[UDSSession, Peer]
     _wait_until(lambda: session.frames_received == 300)
     received += len(session.drain_incoming())
     assert received == 300
+
+
+def test_a_frame_arriving_while_the_loop_drains_is_never_lost(
+    pair: tuple[UDSSession, Peer],
+) -> None:
+    # Deterministic form of the race above: the reader appends a frame and sets the flag
+    # at the worst moment, while drain_incoming takes what is queued. Either the frame is
+    # drained now, or the flag stays set so the next wait returns at once.
+    session, _ = pair
+    late = Frame(_envelope(keys.MT_RESUME_CALL, "late"), None)
+
+    class RacingDeque(collections.deque):  # type: ignore[type-arg]
+        raced = False
+
+        def __len__(self) -> int:
+            n = super().__len__()
+            if not self.raced:
+                self.raced = True
+                self.append(late)  # the reader thread, just now
+                session._wake.set()
+            return n
+
+    session._incoming = RacingDeque([Frame(_envelope(keys.MT_RESUME_CALL, "first"), None)])
+    drained = session.drain_incoming()
+    if late not in drained:
+        assert session.wait_for_message(0.05), "the late frame's wake-up was lost"
+        drained += session.drain_incoming()
+    assert [f.envelope[keys.F_CALL_ID] for f in drained] == ["first", "late"]
 
 
 # --- coalesced writes ---------------------------------------------------------------------
