@@ -29,6 +29,7 @@ from typing import Any, Final
 import msgspec
 
 from blockx.wire import keys
+from blockx.wire.frames import typed_hook
 
 __all__ = ["ExecuteCallFrame", "ExecutePayload", "decode_execute_call"]
 
@@ -57,23 +58,10 @@ class ExecuteCallFrame(msgspec.Struct, tag=keys.MT_EXECUTE_CALL, tag_field=keys.
     payload: ExecutePayload
 
 
-#: How the worker's ExecuteCall bodies begin (orchestrator_execute.py writes them).
-_PREFIX: Final = (
-    b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + keys.MT_EXECUTE_CALL.encode() + b'",'
-)
-_PREFIX_LEN: Final = len(_PREFIX)
-_decode = msgspec.json.Decoder(ExecuteCallFrame).decode
-
-
-def decode_execute_call(body: memoryview) -> ExecuteCallFrame | None:
-    """The frame as an :class:`ExecuteCallFrame`, or None to decode it the generic way."""
-    if body[:_PREFIX_LEN] != _PREFIX:
-        return None
-    try:
-        frame = _decode(body)
-    except msgspec.DecodeError:  # also msgspec.ValidationError
-        return None
+def _acceptable(frame: ExecuteCallFrame) -> bool:
     payload = frame.payload
-    if not frame.callId or payload.callBudgetMs < 0 or payload.attemptSeq < 1:
-        return None
-    return frame
+    return bool(frame.callId) and payload.callBudgetMs >= 0 and payload.attemptSeq >= 1
+
+
+#: The frame as an :class:`ExecuteCallFrame`, or None to decode it the generic way.
+decode_execute_call: Final = typed_hook(keys.MT_EXECUTE_CALL, ExecuteCallFrame, _acceptable)

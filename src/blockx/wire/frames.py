@@ -52,6 +52,7 @@ __all__ = [
     "encode_envelope",
     "encode_frame",
     "encode_frame_with_value",
+    "typed_hook",
 ]
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
@@ -161,6 +162,33 @@ def encode_frame_with_value(
 
 
 # --- decoding ------------------------------------------------------------------
+
+
+def typed_hook(
+    message_type: str, struct: type[Any], accept: Callable[[Any], bool]
+) -> Callable[[memoryview], Any]:
+    """A :class:`FrameDecoder` ``typed`` hook for one message type.
+
+    It takes a plain body that starts the way our own encoders write that type
+    (``{"messageType":"<type>",``), decodes it into ``struct`` (a tagged
+    ``msgspec.Struct``, which checks every member's type) and keeps it when
+    ``accept(decoded)`` (the range checks msgspec cannot express). Anything else
+    returns None: the frame is then decoded the generic way, with its errors.
+    """
+    prefix = b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
+    size = len(prefix)
+    decode = msgspec.json.Decoder(struct).decode
+
+    def hook(body: memoryview) -> Any:
+        if body[:size] != prefix:
+            return None
+        try:
+            decoded = decode(body)
+        except msgspec.DecodeError:  # also msgspec.ValidationError
+            return None
+        return decoded if accept(decoded) else None
+
+    return hook
 
 
 def _decode_json(data: bytes | memoryview) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from blockx.wire import keys, loads_wire
+from blockx.wire.frames import typed_hook
 
 __all__ = ["CompletedFrame", "CompletedPayload", "decode_call_completed"]
 
@@ -60,20 +61,9 @@ class CompletedFrame(msgspec.Struct, tag=keys.MT_CALL_COMPLETED, tag_field=keys.
     payload: CompletedPayload
 
 
-#: How the executor's CallCompleted bodies begin (executor/outputs.py builds them).
-_PREFIX: Final = (
-    b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + keys.MT_CALL_COMPLETED.encode() + b'",'
-)
-_PREFIX_LEN: Final = len(_PREFIX)
-_decode = msgspec.json.Decoder(CompletedFrame).decode
+def _acceptable(frame: CompletedFrame) -> bool:
+    return bool(frame.callId)
 
 
-def decode_call_completed(body: memoryview) -> CompletedFrame | None:
-    """The frame as a :class:`CompletedFrame`, or None to decode it the generic way."""
-    if body[:_PREFIX_LEN] != _PREFIX:
-        return None
-    try:
-        frame = _decode(body)
-    except msgspec.DecodeError:  # also msgspec.ValidationError
-        return None
-    return frame if frame.callId else None
+#: The frame as a :class:`CompletedFrame`, or None to decode it the generic way.
+decode_call_completed: Final = typed_hook(keys.MT_CALL_COMPLETED, CompletedFrame, _acceptable)
