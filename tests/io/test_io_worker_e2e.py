@@ -159,3 +159,35 @@ def test_user_errors_and_io_errors_reach_the_task_result(
     reverts = errors["reverts"]
     assert reverts.kind == "io_error" and not reverts.retryable
     assert "JSON-RPC error 3: execution reverted" in reverts.message
+
+
+def test_each_run_reads_through_its_own_cache_even_under_one_task_id(
+    session: WorkerSession, tmp_path: Any
+) -> None:
+    # A run caches what it read; a later run of the same task id must not see that cache
+    # after another task wrote the table (nor may concurrent runs share one).
+    io = IOSubsystem(
+        load_io_config({"blockdb": {"sqlite_path": str(tmp_path / "runs.sqlite3")}}, env={})
+    )
+    reader = "def _(p):\n    return Table('prices').get_row('eth')\n"
+
+    def write(usd: int) -> None:
+        task = Task(functions={"w": WRITER}, calls=[Call("w", {"token": "eth", "usd": usd})])
+        task.io_handler = io
+        assert session.run(session.worker.run_task(task)).success
+
+    def read() -> Any:
+        task = Task(functions={"r": reader}, calls=[Call("r", None)], task_id="demo")
+        task.io_handler = io
+        result = session.run(session.worker.run_task(task))
+        assert result.success, result.errors
+        return result.outputs
+
+    try:
+        write(1)
+        assert read() == [{"key": "eth", "usd": 1}]
+        write(2)
+        assert read() == [{"key": "eth", "usd": 2}]
+        assert io.scope_of("demo") is None  # nothing routed by the user's id is kept
+    finally:
+        session.run(io.close())

@@ -400,11 +400,19 @@ class Worker:
             prepared = self._core.prepare_call_phase_with_digests(
                 internal_id, specs, code.digests(), instance=task.instance, policy=core_policy
             )
+        io_handler = task.io_handler if task.io_handler is not None else self._default_io
+        own_scope: Any = None
+        # An IO subsystem (the task's or the worker's) gives each run a scope of its own
+        # (its read cache and singleflight), closed when the run ends: runs never see each
+        # other's cached reads, even under one task id, and a finished run's cache is freed.
+        new_scope = getattr(io_handler, "task_scope", None)
+        if callable(new_scope):
+            io_handler = own_scope = new_scope(task.task_id)
         run = TaskRun(
             task_id=internal_id,
             user_task_id=task.task_id,
             code=code,
-            io_handler=task.io_handler if task.io_handler is not None else self._default_io,
+            io_handler=io_handler,
             policy=core_policy,
             instance=task.instance,
             mode=TaskMode.STREAM if stream else TaskMode.ONE_SHOT,
@@ -425,6 +433,8 @@ class Worker:
         handle_box.append(handle)
         self._handles.add(handle)
         driver.add_done_callback(lambda _d: self._handles.discard(handle))
+        if own_scope is not None:
+            driver.add_done_callback(lambda _d: own_scope.close())
         return handle
 
     @classmethod

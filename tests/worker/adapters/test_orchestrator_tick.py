@@ -13,6 +13,7 @@ import pytest
 from orchestrator_rig import OrchestratorRig
 
 from blockx.wire import keys
+from blockx.worker.adapters.orchestrator_events import TickElapsed
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.core import DispatcherConfig
 
@@ -97,5 +98,21 @@ def test_a_silent_executor_is_lost_at_the_heartbeat_timeout(run) -> None:
             converged = await task.done
             [failed] = converged.failed_calls
             assert failed.error.kind == "transport_lost" and failed.error.retryable
+
+    run(scenario())
+
+
+def test_late_ticks_defer_the_heartbeat_check_only_once_in_a_row(run) -> None:
+    # Under sustained overload every tick is late: a silent executor must still be lost.
+    async def scenario() -> None:
+        async with OrchestratorRig(tick_interval_ms=10_000, heartbeat_timeout_ms=150) as rig:
+            peer = await rig.peer()
+            await asyncio.sleep(0.3)  # its heartbeat is now older than the timeout
+            rig.orchestrator.post(TickElapsed(late_ms=50_000))
+            await asyncio.sleep(0.05)
+            assert rig.adapter.is_attached("exec-0")  # deferred once
+            rig.orchestrator.post(TickElapsed(late_ms=50_000))
+            await peer.wait_closed(timeout=5)
+            assert not rig.adapter.is_attached("exec-0")
 
     run(scenario())

@@ -101,12 +101,21 @@ class TickChecks:
 
     # --- the checks ---------------------------------------------------------------------------
 
+    #: The last tick deferred its heartbeat check (the loop had stalled).
+    _heartbeat_check_deferred = False
+
     def _apply_tick(self, event: TickElapsed) -> None:
         snaps = self._sync_snapshots()
         self._check_wedged(snaps)
-        if event.late_ms > self._tick_interval_s * 1000:
+        if event.late_ms > self._tick_interval_s * 1000 and not self._heartbeat_check_deferred:
+            # Heartbeats that arrived during the stall may still be unread (timers run
+            # before the sockets are polled): judge silence at the next tick. Only once in
+            # a row: by then the sockets have had their turn, and a loop that stays
+            # overloaded must not stop noticing silent executors.
+            self._heartbeat_check_deferred = True
             _log.warning("event loop stalled %d ms; heartbeat check deferred", event.late_ms)
             return
+        self._heartbeat_check_deferred = False
         for executor_id in self._adapter.check_heartbeat_timeouts():
             # The era ended (its calls are reported lost through the adapter's callback);
             # a process whose heartbeat thread is stuck will not exit by itself.
