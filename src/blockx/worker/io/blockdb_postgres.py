@@ -158,8 +158,11 @@ class PostgresEngine:
                 f"CREATE TABLE IF NOT EXISTS {op.sql_table} "
                 '(key TEXT COLLATE "C" PRIMARY KEY NOT NULL, row TEXT NOT NULL)'
             )
-        except (pg.UniqueViolationError, pg.DuplicateTableError):
-            pass  # created concurrently by another connection or worker
+        except (pg.UniqueViolationError, pg.DuplicateTableError, pg.DuplicateObjectError):
+            # Created concurrently by another connection or worker: IF NOT EXISTS does not
+            # cover the race on the catalog ('duplicate key ... pg_type', 'type ... already
+            # exists').
+            pass
         self._known.add(op.raw_table)
 
     async def _statement(self, conn: Any, op: TableOp) -> Any:
