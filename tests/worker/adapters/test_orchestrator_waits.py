@@ -135,6 +135,11 @@ def test_a_resume_that_cannot_be_sent_fails_the_call_as_resume_send_failed(run) 
             assert failed.error.kind == "resume_send_failed" and failed.error.retryable
             assert "attempt 1" in failed.error.message and failed.attempts == 1
             assert rig.orchestrator.stats.resume_send_failures == 1
+            # The executor still holds the suspended attempt: it is cancelled there.
+            [cancel] = await peer.wait_frames(keys.MT_CANCEL_CALL)
+            assert cancel.envelope[keys.F_CALL_ID] == "t1/c0"
+            assert frame_payload(cancel)[keys.FP_ATTEMPT_SEQ] == 1
+            assert frame_payload(cancel)[keys.FP_REASON] == "resume_send_failed"
 
     run(scenario())
 

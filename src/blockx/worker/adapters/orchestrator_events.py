@@ -129,6 +129,8 @@ class ResumeNotQueued(NamedTuple):
     call_id: str
     attempt_seq: int
     error: AdapterError | Exception
+    #: Where the waiting attempt runs (its context is cancelled there, best effort).
+    executor_id: str | None = None
 
 
 # --- everything else (frozen dataclasses) -------------------------------------------------

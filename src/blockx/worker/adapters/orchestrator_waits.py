@@ -246,7 +246,7 @@ class WaitHandling:
                 executor_id, call_id, request_id, payload, sidecar=answer.sidecar, token=attempt
             )
         except (SendError, EncodeError) as exc:
-            self.post(ResumeNotQueued(call_id, attempt, exc))
+            self.post(ResumeNotQueued(call_id, attempt, exc, executor_id))
 
     # --- subcall ------------------------------------------------------------------------------
 
@@ -341,7 +341,7 @@ class WaitHandling:
         try:
             self._adapter.send_resume_call(executor_id, call_id, request_id, payload, token=attempt)
         except (SendError, EncodeError) as exc:
-            self._resume_failed(call_id, attempt, exc)
+            self._resume_failed(call_id, attempt, exc, executor_id)
 
     # --- delivery -----------------------------------------------------------------------------
 
@@ -365,12 +365,15 @@ class WaitHandling:
                 note.call_id,
                 note.token,
                 SendError(event.reason, executor_id=note.executor_id, call_id=note.call_id),
+                note.executor_id,
             )
 
     def _apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
-        self._resume_failed(event.call_id, event.attempt_seq, event.error)
+        self._resume_failed(event.call_id, event.attempt_seq, event.error, event.executor_id)
 
-    def _resume_failed(self, call_id: str, attempt: int, exc: BaseException) -> None:
+    def _resume_failed(
+        self, call_id: str, attempt: int, exc: BaseException, executor_id: str | None = None
+    ) -> None:
         self.stats.resume_send_failures += 1
         if isinstance(exc, EncodeError):
             kind, retryable = exc.error_kind, False
@@ -382,6 +385,16 @@ class WaitHandling:
             retryable=retryable,
         )
         self._run(self._core.handle_attempt_failure(call_id, attempt, error, self._now_ms))
+        if executor_id is not None:
+            # The executor still holds that attempt suspended (no answer will come): cancel it
+            # there, best effort, or it keeps a context until its budget runs out (forever
+            # without one). A later attempt replaces it anyway; a gone connection ended it.
+            try:
+                self._adapter.send_cancel_call(
+                    executor_id, call_id, attempt_seq=attempt, reason=keys.ERR_RESUME_SEND_FAILED
+                )
+            except SendError:
+                pass
 
 
 def _handler_failed(exc: BaseException) -> IOResult:
