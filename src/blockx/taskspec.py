@@ -80,6 +80,7 @@ POLICY_FIELDS: Final = (
     "base_backoff_ms",
     "max_output_bytes",
     "debug",
+    "deadline_ms",
 )
 CALL_FIELDS: Final = ("function", "args")
 FAILURE_POLICIES: Final = ("fast_fail", "continue")
@@ -523,6 +524,7 @@ def _check_policy(check: _Checker, policy: Any) -> dict[str, Any]:
         "call_budget_ms": (0, "a non-negative integer (ms; 0 = unlimited)"),
         "base_backoff_ms": (0, "a non-negative integer (ms)"),
         "max_output_bytes": (1, "a positive integer (bytes)"),
+        "deadline_ms": (1, "a positive integer (ms, the whole task's wall-clock limit)"),
     }
     for name, (minimum, expected) in ints.items():
         if name not in policy or policy[name] is None:

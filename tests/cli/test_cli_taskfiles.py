@@ -49,6 +49,7 @@ def test_wrong_types_name_the_field_the_value_and_the_line(tmp_path: Path) -> No
             "  failure: keep_going\n"
             "  call_budget_ms: 1.5\n"
             "  debug: maybe\n"
+            "  deadline_ms: 0\n"
             "audit: 1\n"
             "instance: 7\n"
         ),
@@ -60,10 +61,12 @@ def test_wrong_types_name_the_field_the_value_and_the_line(tmp_path: Path) -> No
         "task.yaml: policy.failure: expected fast_fail or continue, got 'keep_going' (line 7)",
         "task.yaml: policy.call_budget_ms: expected a non-negative integer",
         "task.yaml: policy.debug: expected true or false, got 'maybe' (line 9)",
-        "task.yaml: audit: expected true or false, got 1 (line 10)",
-        "task.yaml: instance: expected a non-empty string, got 7 (line 11)",
+        "task.yaml: policy.deadline_ms: expected a positive integer (ms, the whole task's "
+        "wall-clock limit), got 0 (line 10)",
+        "task.yaml: audit: expected true or false, got 1 (line 11)",
+        "task.yaml: instance: expected a non-empty string, got 7 (line 12)",
     )
-    assert err.count("blockx: error:") == 6  # every problem at once
+    assert err.count("blockx: error:") == 7  # every problem at once
 
 
 def test_an_unknown_function_in_a_call(tmp_path: Path) -> None:

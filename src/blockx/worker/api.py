@@ -89,6 +89,10 @@ class TaskPolicy:
     max_output_bytes: int | None = None
     #: Capture each call's stdout/stderr (``TaskResult.debug_output``).
     debug: bool = False
+    #: Wall-clock limit of the whole task in ms, from its admission (``None``: none). When
+    #: it passes, the task is cancelled (``CANCELLED``, "task deadline ... passed"): the
+    #: outer guard over calls that wait without spending budget (seed 000).
+    deadline_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.failure not in ("fast_fail", "continue"):
@@ -99,6 +103,10 @@ class TaskPolicy:
             type(self.max_output_bytes) is not int or self.max_output_bytes < 1
         ):
             raise TaskSpecError("policy.max_output_bytes must be a positive int or None")
+        if self.deadline_ms is not None and (
+            type(self.deadline_ms) is not int or self.deadline_ms < 1
+        ):
+            raise TaskSpecError("policy.deadline_ms must be a positive int or None")
         try:
             self.core_policy()
         except ValueError as exc:

@@ -419,6 +419,7 @@ class Worker:
             calls=calls,
             debug=policy.debug,
             max_output_bytes=policy.max_output_bytes,
+            deadline_ms=policy.deadline_ms,
             collect=collect,
             window=self.config.stream_build.max_outstanding_batches,
             started_at=loop.time(),
@@ -473,6 +474,15 @@ class Worker:
         handle = handle_box[0]
         self._orchestrator_post(first_event)
         handle.registered = True
+        deadline: asyncio.TimerHandle | None = None
+        if run.deadline_ms is not None:
+            deadline = asyncio.get_running_loop().call_later(
+                run.deadline_ms / 1000.0,
+                self._orchestrator_post,
+                TaskCancelRequested(
+                    task_id=run.task_id, reason=f"task deadline of {run.deadline_ms} ms passed"
+                ),
+            )
         try:
             await asyncio.shield(run.done)
         except asyncio.CancelledError:
@@ -487,6 +497,9 @@ class Worker:
                 except BaseException:
                     pass
             raise
+        finally:
+            if deadline is not None:
+                deadline.cancel()
 
     async def _drive_one_shot(
         self, run: TaskRun, prepared: Any, handle_box: list[TaskHandle]

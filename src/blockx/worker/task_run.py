@@ -59,6 +59,7 @@ class TaskRun:
         "collect",
         "committed_batches",
         "converged_with",
+        "deadline_ms",
         "debug",
         "debug_output",
         "done",
@@ -100,6 +101,7 @@ class TaskRun:
         collect: bool,
         window: int,
         started_at: float,
+        deadline_ms: int | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.task_id = task_id
@@ -117,6 +119,8 @@ class TaskRun:
         self.collect = collect
         self.window = window
         self.started_at = started_at
+        #: Wall-clock limit from admission (``TaskPolicy.deadline_ms``), None: none.
+        self.deadline_ms = deadline_ms
         #: Set once, by ``converged``.
         self.done: asyncio.Future[ConvergeTaskCalls] = loop.create_future()
         self.converged_with: ConvergeTaskCalls | None = None

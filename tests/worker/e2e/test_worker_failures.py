@@ -11,7 +11,9 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from e2e_support import (
@@ -215,3 +217,36 @@ def test_closing_the_worker_with_calls_in_flight_leaves_no_process() -> None:
     session.run(scenario())
     session.close()  # asserts: no orphan executor, socket directory removed
     assert handle is not None and handle.done()
+
+
+class _NeverAnswers:
+    """An IO handler whose answers never come."""
+
+    def handle_io(self, task_id: str, call_id: str, payload: Any, sidecar: Any) -> Any:
+        return asyncio.get_running_loop().create_future()
+
+
+@pytest.mark.slow
+def test_the_task_deadline_ends_a_task_whose_calls_wait_forever() -> None:
+    # budget 0 (unlimited) and an IO backend that never answers: only the task's
+    # wall-clock deadline ends it; the worker carries on.
+    waiter = "from blockx.sdk import db\n\ndef _(p):\n    return db.get('t', p)\n"
+    with WorkerSession(e2e_config()) as session:
+        task = Task(
+            functions={"w": waiter},
+            calls=[Call("w", i) for i in range(3)],
+            policy=TaskPolicy(call_budget_ms=0, deadline_ms=300),
+            io_handler=_NeverAnswers(),
+        )
+        started = time.monotonic()
+        result = session.run(session.worker.run_task(task), timeout=30)
+        assert time.monotonic() - started < 10
+        assert not result.success
+        assert result.failure is not None and result.failure.kind == "CANCELLED"
+        assert "task deadline of 300 ms passed" in result.failure.message
+        after = session.run(
+            session.worker.run_task(
+                Task(functions={"a": SLEEPER}, calls=[Call("a", {"s": 0, "i": 1})])
+            )
+        )
+        assert after.success and after.outputs == [{"i": 1}]
