@@ -253,3 +253,71 @@ def test_a_subcall_request_from_a_replaced_attempt_is_dropped(run) -> None:
             assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1
 
     run(scenario())
+
+
+def test_a_subcall_result_that_cannot_be_sent_fails_the_parent_as_resume_send_failed(
+    run,
+) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            task = rig.submit(
+                {"parent": PARENT, "child": CHILD},
+                [Call("parent", {"v": 1})],
+                policy=TaskPolicy(call_budget_ms=5000, max_attempts=1),
+            )
+            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            reply_waiting(
+                peer,
+                parent,
+                "req-1",
+                waitKind="subcall",
+                functionId="child",
+                args={"v": 2},
+                ancestry=[],
+                grantedBudgetMs=4000,
+            )
+            [_, child] = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+            rig.adapter.fail_resume.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
+            reply_completed(peer, child, {"child": {"v": 2}})
+            converged = await task.done
+            [failed] = converged.failed_calls
+            assert failed.call_id == "t1/c0"
+            assert failed.error.kind == "resume_send_failed" and failed.error.retryable
+            assert "attempt 1" in failed.error.message
+            [cancel] = await peer.wait_frames(keys.MT_CANCEL_CALL)  # the suspended parent
+            assert cancel.envelope[keys.F_CALL_ID] == "t1/c0"
+
+    run(scenario())
+
+
+def test_the_snapshot_is_refreshed_before_a_lost_executors_calls_fail(run) -> None:
+    # Seed: on executor loss, refresh the snapshot first, then fail its calls (retryable).
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            order: list[str] = []
+            core = rig.core
+
+            class Recording:
+                def __getattr__(self, name: str) -> Any:
+                    attr = getattr(core, name)
+                    if name not in ("handle_executor_snapshot_updated", "handle_executor_lost"):
+                        return attr
+
+                    def recording(*args: Any) -> Any:
+                        order.append(name)
+                        return attr(*args)
+
+                    return recording
+
+            rig.orchestrator._core = Recording()  # type: ignore[assignment]
+            peer = await rig.peer()
+            rig.submit({"child": CHILD}, [Call("child", 1)], policy=TaskPolicy(max_attempts=1))
+            await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            order.clear()
+            peer.close()
+            await rig.until(lambda: "handle_executor_lost" in order)
+            lost_at = order.index("handle_executor_lost")
+            assert "handle_executor_snapshot_updated" in order[:lost_at]
+
+    run(scenario())
