@@ -415,10 +415,14 @@ def _parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
     """(data, line finder) of a task file's text; SpecError on a parse error."""
     if is_json:
         try:
-            return json.loads(text), _NoLines()
+            return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
         except json.JSONDecodeError as exc:
             raise SpecError(
                 [f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"]
+            ) from None
+        except _DuplicateKey as exc:
+            raise SpecError(
+                [f"{label}: duplicate key {exc.key!r} (the last one would win)"]
             ) from None
     import yaml  # type: ignore[import-untyped,unused-ignore]
 
@@ -439,7 +443,51 @@ def _parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
         raise SpecError([f"{label}: not valid YAML: {exc}"]) from None
     finally:
         loader.dispose()
+    if node is not None:
+        _check_duplicate_keys(node, label)
     return data, _Lines(node)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _check_duplicate_keys(root: Any, label: str) -> None:
+    """A mapping that names a key twice is an error: YAML would keep the last silently."""
+    import yaml  # type: ignore[import-untyped,unused-ignore]
+
+    problems: list[str] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                stack.append(value)
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    first = seen.get((key.tag, key.value))
+                    if first is None:
+                        seen[(key.tag, key.value)] = line
+                    else:
+                        problems.append(
+                            f"{label}: line {line}: duplicate key {key.value!r} (first at line "
+                            f"{first}; the last one would win)"
+                        )
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    if problems:
+        raise SpecError(sorted(problems, key=lambda p: int(p.split("line ")[1].split(":")[0])))
 
 
 class _Checker:

@@ -215,3 +215,29 @@ def test_an_output_file_in_a_missing_directory(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "-o " in proc.stderr and "no such directory" in proc.stderr
     assert not (tmp_path / "RAN").exists()
+
+
+def test_a_key_given_twice_is_an_error_not_a_silent_overwrite(tmp_path: Path) -> None:
+    write(tmp_path / "f.py", _marker_function(tmp_path))
+    task = write(
+        tmp_path / "task.yaml",
+        (
+            "functions:\n"
+            "  f: {path: f.py}\n"
+            "calls:\n"
+            "  - {function: f, args: {x: 1, x: 2}}\n"
+            "policy: {failure: continue}\n"
+            "policy: {max_attempts: 1}\n"
+        ),
+    )
+    _expect_usage_error(
+        tmp_path,
+        task,
+        "task.yaml: line 4: duplicate key 'x' (first at line 4",
+        "task.yaml: line 6: duplicate key 'policy' (first at line 5; the last one would win)",
+    )
+    as_json = write(
+        tmp_path / "task.json",
+        '{"functions": {"f": {"path": "f.py"}}, "calls": [], "calls": [{"function": "f"}]}',
+    )
+    _expect_usage_error(tmp_path, as_json, "task.json: duplicate key 'calls'")

@@ -33,8 +33,9 @@ with a null id answering a whole batch fails every request of it that way.
 **Caching.** Answers are cacheable per task except for methods whose answer
 moves while a task runs (``eth_blockNumber``, ``eth_gasPrice``, filters, ...)
 and requests naming the ``pending`` block; singleflight applies to all reads.
-A read at ``latest`` is cached: within one task, ``latest`` means the block
-the task first saw (pass a block number for an explicit snapshot).
+A read at ``latest`` is cached per request (an identical read sees the same
+answer; different reads may see different heads): pass a block number for a
+consistent snapshot.
 
 The HTTP client is one ``aiohttp.ClientSession`` (keep-alive, at most
 ``max_connections`` connections per endpoint host), created on first use.
