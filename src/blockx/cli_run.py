@@ -464,11 +464,20 @@ async def _settle(handle: Any) -> Any:
 # --- reports -----------------------------------------------------------------------------------
 
 
-def _args_text(args: Any) -> str:
+def _json_text(value: Any) -> str:
     try:
-        text = json.dumps(args, ensure_ascii=False, separators=(",", ":"), default=repr)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr)
     except (TypeError, ValueError):
-        text = repr(args)
+        return repr(value)
+
+
+def _args_text(args: Any) -> str:
+    """The arguments as the function received them: a list is positional (``f(1, "x")``,
+    no arguments ``f()``), anything else the one argument."""
+    if type(args) is list:
+        text = ", ".join(_json_text(arg) for arg in args)
+    else:
+        text = _json_text(args)
     if len(text) > MAX_ARGS_TEXT:
         text = text[: MAX_ARGS_TEXT - 1] + "…"
     return text

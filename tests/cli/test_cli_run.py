@@ -197,6 +197,8 @@ def test_a_syntax_error_in_one_function_under_continue(tmp_path: Path) -> None:
             "  - {function: good, args: 2}\n"
             "  - {function: bad, args: 2}\n"
             "  - {function: good, args: 3}\n"
+            "  - {function: bad}\n"
+            "  - {function: bad, args: [1, x]}\n"
             "policy: {failure: continue}\n"
         ),
     )
@@ -212,10 +214,12 @@ def test_a_syntax_error_in_one_function_under_continue(tmp_path: Path) -> None:
     )
     assert "return {'y': y" in err
     # and each of its calls is reported failed, pointing at the file and line
-    assert "FAILED: 2 of 5 calls failed" in err
+    assert "FAILED: 4 of 7 calls failed" in err
     assert "call #1: bad(1) — user_error" in err and "call #3: bad(2) — user_error" in err
+    # a list is the positional arguments: no arguments read f(), two read f(1, "x")
+    assert "call #5: bad() — user_error" in err and 'call #6: bad(1, "x") — user_error' in err
     assert 'File "functions/bad.py", line 3' in err
-    assert "failures  user_error 2" in err
+    assert "failures  user_error 4" in err
 
 
 def test_streaming_example_writes_every_row(tmp_path: Path) -> None:
