@@ -17,9 +17,12 @@ if _E2E_DIR not in sys.path:
     sys.path.insert(0, _E2E_DIR)
 
 from e2e_support import (  # noqa: E402
+    SLEEPER,
+    WEDGE_KNOBS,
     RecordingSpawner,
     WorkerSession,
     e2e_config,
+    wedge_is_killed,
 )
 
 from blockx.worker.adapters.sandbox import (  # noqa: E402
@@ -32,13 +35,16 @@ from blockx.worker.adapters.spawner import ExecutorLaunchSpec  # noqa: E402
 __all__ = [
     "SANDBOX_OK",
     "SANDBOX_REASON",
+    "SLEEPER",
     "SPAWN_MODES",
+    "WEDGE_KNOBS",
     "RecordingSandboxSpawner",
     "WorkerSession",
     "e2e_config",
     "needs_sandbox",
     "processes_mentioning",
     "session_for",
+    "wedge_is_killed",
 ]
 
 SANDBOX_OK, SANDBOX_REASON = sandbox_available()

@@ -16,16 +16,23 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from sandbox_support import SPAWN_MODES, cgroup_dirs_left, processes_mentioning, session_for
+from sandbox_support import (
+    SLEEPER,
+    SPAWN_MODES,
+    WEDGE_KNOBS,
+    cgroup_dirs_left,
+    processes_mentioning,
+    session_for,
+    wedge_is_killed,
+)
 from sandbox_support import WorkerSession as Session
 
 from blockx.worker.adapters.sandbox import SandboxSpawner
-from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.api import Call, Task
 
 pytestmark = [pytest.mark.timeout(60)]
 
 ADDER = "def _(p):\n    return {'y': p['x'] + 1}\n"
-SLEEPER = "import time\n\ndef _(p):\n    time.sleep(p['s'])\n    return {'i': p['i']}\n"
 PARENT = """
 def _(p):
     a = function.call("double", {"v": p["i"]})
@@ -33,20 +40,6 @@ def _(p):
     return {"i": p["i"], "quad": b["v"]}
 """
 DOUBLE = "def _(p):\n    return {'v': p['v'] * 2}\n"
-# Two nested loops that catch BaseException: every back edge lies inside a `try`,
-# so the executor's deadline alarm cannot end it (see tests/worker/e2e/test_worker_failures.py).
-WEDGE = """
-def _(p):
-    while True:
-        try:
-            while True:
-                try:
-                    pass
-                except BaseException:
-                    pass
-        except BaseException:
-            pass
-"""
 
 
 def _closed_cleanly(session: Session) -> None:
@@ -135,43 +128,9 @@ def test_kill_9_mid_call_is_retried_and_loses_nothing(mode: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_the_wedge_backstop_kills_code_that_swallows_its_deadline(mode: str) -> None:
-    session = session_for(
-        mode,
-        **{"dispatcher.call_deadline_ms": 300, "dispatcher.scheduler_stall_timeout_ms": 1500},
-    ).start()
+    session = session_for(mode, **WEDGE_KNOBS).start()
     try:
-
-        async def scenario() -> None:
-            worker = session.worker
-            calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(40)]
-            task = Task(
-                functions={"wedge": WEDGE, "sleeper": SLEEPER},
-                calls=calls,
-                policy=TaskPolicy(failure="continue", max_attempts=2),
-            )
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            result = await worker.run_task(task)
-            elapsed = loop.time() - started
-            [error] = result.errors
-            assert error.index == 0 and error.kind == "executor_wedged"
-            assert not error.retryable and error.attempts == 1
-            assert "killed" in error.message
-            assert result.outputs == [{"i": i} for i in range(40)]
-            assert worker.orchestrator.stats.wedged_calls == 1
-            assert 1.5 <= elapsed < 10
-            killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
-            assert len(killed) == 1
-            # The killed slot comes back and serves again.
-            deadline = loop.time() + 20
-            while len(worker.adapter.attached_executor_ids()) < 2:
-                assert loop.time() < deadline, "the killed executor did not come back"
-                await asyncio.sleep(0.01)
-            after = await worker.run_task(
-                Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(20)])
-            )
-            assert after.outputs == [{"y": i + 1} for i in range(20)]
-
-        session.run(scenario())
+        # The killed slot comes back and serves again.
+        session.run(wedge_is_killed(session.worker, sleepers=40))
     finally:
         _closed_cleanly(session)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
+from blockx.worker.api import Call, Task, TaskPolicy
 from blockx.worker.app import Worker
 from blockx.worker.config import WorkerConfig, load_config
 
@@ -138,3 +140,53 @@ async def eventually(
 
 ADDER = "def _(p):\n    return {'y': p['x'] + 1}\n"
 SLEEPER = "import time\n\ndef _(p):\n    time.sleep(p['s'])\n    return {'i': p['i']}\n"
+
+# The executor's deadline alarm re-fires every 100 ms, and a signal handler runs at a
+# loop's back edge: a single `while True: try/except BaseException` loop is ended by
+# the executor within a few alarms (deadline_exceeded), because the back edge lies
+# outside its `try`. A second loop around it keeps every back edge inside a `try`
+# and really wedges the executor: only the worker's wedge backstop can end it.
+WEDGE = """
+def _(p):
+    while True:
+        try:
+            while True:
+                try:
+                    pass
+                except BaseException:
+                    pass
+        except BaseException:
+            pass
+"""
+
+#: Knobs for the wedge scenario: a short budget and a stall timeout the test can wait out.
+WEDGE_KNOBS: dict[str, Any] = {
+    "dispatcher.call_deadline_ms": 300,
+    "dispatcher.scheduler_stall_timeout_ms": 1500,
+}
+
+
+async def wedge_is_killed(worker: Any, sleepers: int) -> None:
+    """Run one wedging call among ``sleepers`` short ones (``WEDGE_KNOBS`` config): the
+    wedged executor is killed once, the wedging call fails ``executor_wedged`` (not
+    retried), every other call succeeds."""
+    calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(sleepers)]
+    task = Task(
+        functions={"wedge": WEDGE, "sleeper": SLEEPER},
+        calls=calls,
+        policy=TaskPolicy(failure="continue", max_attempts=2),
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await worker.run_task(task)
+    elapsed = loop.time() - started
+    [error] = result.errors
+    assert error.index == 0 and error.kind == "executor_wedged"
+    assert not error.retryable and error.attempts == 1
+    assert "killed" in error.message
+    assert result.outputs == [{"i": i} for i in range(sleepers)]
+    assert worker.orchestrator.stats.wedged_calls == 1
+    assert worker.orchestrator.stats.executors_killed == 1
+    assert 1.5 <= elapsed < 10
+    killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
+    assert len(killed) == 1

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from e2e_support import (
     SLEEPER,
+    WEDGE_KNOBS,
     RecordingSpawner,
     WorkerSession,
     e2e_config,
     eventually,
     process_is_gone,
+    wedge_is_killed,
 )
 
 from blockx.worker.adapters.pool import SlotState
@@ -30,24 +32,6 @@ from blockx.worker.adapters.spawner import ExecutorLaunchSpec, executor_command
 from blockx.worker.api import Call, Task, TaskPolicy
 
 pytestmark = [pytest.mark.timeout(120)]
-
-# The executor's deadline alarm re-fires every 100 ms, and a signal handler runs at a
-# loop's back edge: a single `while True: try/except BaseException` loop is ended by
-# the executor within a few alarms (deadline_exceeded), because the back edge lies
-# outside its `try`. A second loop around it keeps every back edge inside a `try`
-# and really wedges the executor: only the worker's wedge backstop can end it.
-WEDGE = """
-def _(p):
-    while True:
-        try:
-            while True:
-                try:
-                    pass
-                except BaseException:
-                    pass
-        except BaseException:
-            pass
-"""
 
 
 def _reserved(session: WorkerSession) -> int:
@@ -120,38 +104,8 @@ def test_an_executor_that_keeps_crashing_backs_off_while_the_others_serve() -> N
 
 @pytest.mark.slow
 def test_a_wedged_executor_is_killed_and_its_call_fails_clearly() -> None:
-    config = e2e_config(
-        **{
-            "dispatcher.call_deadline_ms": 300,
-            "dispatcher.scheduler_stall_timeout_ms": 1500,
-        }
-    )
-    with WorkerSession(config) as session:
-
-        async def scenario() -> None:
-            worker = session.worker
-            calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(50)]
-            task = Task(
-                functions={"wedge": WEDGE, "sleeper": SLEEPER},
-                calls=calls,
-                policy=TaskPolicy(failure="continue", max_attempts=2),
-            )
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            result = await worker.run_task(task)
-            elapsed = loop.time() - started
-            [error] = result.errors
-            assert error.index == 0 and error.kind == "executor_wedged"
-            assert not error.retryable and error.attempts == 1
-            assert "killed" in error.message
-            assert result.outputs == [{"i": i} for i in range(50)]
-            assert worker.orchestrator.stats.wedged_calls == 1
-            assert worker.orchestrator.stats.executors_killed == 1
-            assert 1.5 <= elapsed < 10
-            killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
-            assert len(killed) == 1
-
-        session.run(scenario())
+    with WorkerSession(e2e_config(**WEDGE_KNOBS)) as session:
+        session.run(wedge_is_killed(session.worker, sleepers=50))
 
 
 def test_cancelling_run_task_cancels_its_calls_on_the_executors() -> None:
