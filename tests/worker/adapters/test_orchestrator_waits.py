@@ -162,6 +162,24 @@ def test_a_resume_send_failure_is_retried_like_any_retryable_failure(run) -> Non
     run(scenario())
 
 
+async def _parent_asks_for_child(peer: Any) -> tuple[Any, Any]:
+    """The parent's ExecuteCall arrives; it asks for ``child({"v": 2})`` (request
+    ``req-1``, 4000 ms granted); returns the parent's and the child's ExecuteCall."""
+    [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+    reply_waiting(
+        peer,
+        parent,
+        "req-1",
+        waitKind="subcall",
+        functionId="child",
+        args={"v": 2},
+        ancestry=[],
+        grantedBudgetMs=4000,
+    )
+    [_, child] = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+    return parent, child
+
+
 def test_a_subcall_runs_next_to_its_parent_and_resumes_it(run) -> None:
     async def scenario() -> None:
         async with OrchestratorRig() as rig:
@@ -171,18 +189,7 @@ def test_a_subcall_runs_next_to_its_parent_and_resumes_it(run) -> None:
                 [Call("parent", {"v": 1})],
                 policy=TaskPolicy(call_budget_ms=5000),
             )
-            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            reply_waiting(
-                peer,
-                parent,
-                "req-1",
-                waitKind="subcall",
-                functionId="child",
-                args={"v": 2},
-                ancestry=[],
-                grantedBudgetMs=4000,
-            )
-            [_, child] = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+            parent, child = await _parent_asks_for_child(peer)
             payload = frame_payload(child)
             digest = source_digest(CHILD)
             assert child.envelope[keys.F_CALL_ID].startswith("t1/c0/sub-")
@@ -266,18 +273,7 @@ def test_a_subcall_result_that_cannot_be_sent_fails_the_parent_as_resume_send_fa
                 [Call("parent", {"v": 1})],
                 policy=TaskPolicy(call_budget_ms=5000, max_attempts=1),
             )
-            [parent] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            reply_waiting(
-                peer,
-                parent,
-                "req-1",
-                waitKind="subcall",
-                functionId="child",
-                args={"v": 2},
-                ancestry=[],
-                grantedBudgetMs=4000,
-            )
-            [_, child] = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+            _parent, child = await _parent_asks_for_child(peer)
             rig.adapter.fail_resume.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
             reply_completed(peer, child, {"child": {"v": 2}})
             converged = await task.done
