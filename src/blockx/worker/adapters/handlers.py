@@ -140,35 +140,31 @@ class InboundHandlers:
         for index in range(start, count):
             frame = frames[index]
             envelope = frame[0]
+            payload: Any
+            call_id: Any
             if isinstance(envelope, CompletedFrame):  # decoded typed (completed_frames.py)
-                done_id = envelope.callId
-                typed = envelope.payload
-                if not reservations.release_on_terminal(done_id, typed.attemptSeq):
-                    self.stale_terminal_frames += 1
-                state.completions_since_heartbeat += 1
-                if call_frames is not None:
-                    call_frames.append((_MT_CALL_COMPLETED, done_id, typed, None, None))
-                    continue
-                try:
-                    on_completed(executor_id, done_id, typed.to_wire())
-                except Exception:
-                    _log.exception(
-                        "%s callback failed for %s on %s", _MT_CALL_COMPLETED, done_id, executor_id
-                    )
-                continue
-            message_type = envelope[_F_MESSAGE_TYPE]
+                message_type = _MT_CALL_COMPLETED
+                call_id = envelope.callId
+                payload = envelope.payload
+                attempt: object = payload.attemptSeq
+            else:
+                message_type = envelope[_F_MESSAGE_TYPE]
+                if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
+                    call_id = envelope.get(_F_CALL_ID)
+                    payload = envelope.get(_F_PAYLOAD)
+                    if type(call_id) is not str or type(payload) is not dict:
+                        error = f"{message_type} needs a callId and a payload object"
+                        break
+                    attempt = payload.get(_FP_ATTEMPT_SEQ)
             if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
-                call_id = envelope.get(_F_CALL_ID)
-                payload = envelope.get(_F_PAYLOAD)
-                if type(call_id) is not str or type(payload) is not dict:
-                    error = f"{message_type} needs a callId and a payload object"
-                    break
-                if not reservations.release_on_terminal(call_id, payload.get(_FP_ATTEMPT_SEQ)):
+                if not reservations.release_on_terminal(call_id, attempt):
                     self.stale_terminal_frames += 1
                 state.completions_since_heartbeat += 1
                 if call_frames is not None:
                     call_frames.append((message_type, call_id, payload, None, None))
                     continue
+                if type(payload) is not dict:  # the per-frame callbacks take the dict form
+                    payload = payload.to_wire()
                 try:
                     if message_type == _MT_CALL_COMPLETED:
                         on_completed(executor_id, call_id, payload)
