@@ -88,7 +88,6 @@ from blockx.worker.core import (
     UnbindCall,
 )
 from blockx.worker.io import IOHandler, no_io_handler
-from blockx.worker.json_values import encode_output_fast
 
 from .callbacks import AdapterCallbacks, CallFrame
 from .connection import ControlSend
@@ -137,16 +136,6 @@ DEFAULT_TICK_INTERVAL_MS: Final = 500
 _MAX_ROUNDS: Final = 16
 #: Shortest retry timer (a bind refused for capacity is re-armed "now": do not spin).
 _MIN_RETRY_DELAY_S: Final = 0.001
-
-_FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
-_FP_OUTPUT: Final = keys.FP_OUTPUT
-_FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
-_FP_TASK_ID: Final = keys.FP_TASK_ID
-_FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
-_MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
-_MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
-_MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
-_encode_output = encode_output_fast
 
 
 def wall_clock_ms() -> int:
