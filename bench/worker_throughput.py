@@ -20,13 +20,18 @@ A third BlockX row runs the trivial task against ``bench/echo_executor.py``
 stand-ins (they answer every ExecuteCall at once and run no code): the worker's
 own ceiling, with the executors' cost taken out.
 
+``--io-sweep 16,32,64`` runs the IO task once more per value through a fresh
+``Worker`` whose executors hold that many calls each (``EXECUTOR_MAX_INFLIGHT``)
+and prints each against its own ideal: where the ratio falls off is where the
+machine's CPU, not the calls in flight, sets the pace.
+
 ``--profile`` runs one more trivial task under cProfile and prints the worker's
 hottest functions (the executors run in their own processes; see
 bench/executor_throughput.py for their side). Worker CPU per call is the worker
 process's CPU time over the task.
 
     .venv/bin/python bench/worker_throughput.py [--calls 20000] [--io-calls 5000]
-        [--executors 2] [--repeats 3] [--profile]
+        [--executors 2] [--repeats 3] [--io-sweep 16,32,64] [--profile]
 """
 
 from __future__ import annotations
@@ -138,6 +143,23 @@ async def blockx_runs(
     return out
 
 
+async def io_sweep_runs(args: argparse.Namespace, per_executor: int) -> list[dict[str, float]]:
+    """The IO task through a Worker whose executors hold ``per_executor`` calls each."""
+    config = load_config(env={}).replace(
+        **{
+            "pool.executor_count": args.executors,
+            "dispatcher.executor_max_inflight": per_executor,
+        }
+    )
+    out = []
+    async with Worker(config, io_handlers={"blockdb": DelayedBackend()}) as worker:
+        await worker.wait_ready()
+        await _timed(worker, IO_BOUND, 300, check_io)
+        for _ in range(args.repeats):
+            out.append(await _timed(worker, IO_BOUND, args.io_calls, check_io))
+    return out
+
+
 def check_trivial(outputs: list[Any], n: int) -> None:
     assert outputs == [{"y": i + 1} for i in range(n)], "wrong trivial outputs"
 
@@ -215,6 +237,11 @@ def main() -> None:
     parser.add_argument("--ppe-io-calls", type=int, default=400)
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--io-sweep",
+        default="",
+        help="comma-separated calls in flight per executor: one more IO row each",
+    )
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -223,6 +250,9 @@ def main() -> None:
     blockx = run(blockx_runs(args, backend))
     alone = run(worker_alone_runs(args, TRIVIAL, args.calls, 0))
     alone_io = run(worker_alone_runs(args, IO_BOUND, args.io_calls, READS))
+    sweep = {
+        int(v): run(io_sweep_runs(args, int(v))) for v in args.io_sweep.split(",") if v.strip()
+    }
 
     ctx = multiprocessing.get_context("fork")
     ppe_trivial: list[float] = []
@@ -275,6 +305,12 @@ def main() -> None:
         f" {f'{bx_alone_io / ideal:.0%} ideal':>12} |"
     )
     print(f"| {f'io: ideal for {in_flight} in flight':<44} | {ideal:>10,.0f} | {'':>12} |")
+    for per_executor, runs in sweep.items():
+        rate = med(r["calls_per_s"] for r in runs)
+        swept = per_executor * args.executors
+        swept_ideal = swept / (READS * READ_DELAY_S)
+        label = f"io, {swept} in flight: BlockX (ideal {swept_ideal:,.0f})"
+        print(f"| {label:<44} | {rate:>10,.0f} | {f'{rate / swept_ideal:.0%} ideal':>12} |")
     print(
         f"| {f'io x{args.ppe_io_calls}: ProcessPoolExecutor (sleep 5x2 ms)':<44} |"
         f" {med(ppe_io):>10,.0f} | {bx_io / med(ppe_io):>11.1f}x |"

@@ -47,6 +47,7 @@ __all__ = [
     "SIDECAR_MAGIC",
     "Frame",
     "FrameDecoder",
+    "TypedHook",
     "decode_body",
     "decode_frame",
     "encode_envelope",
@@ -164,9 +165,36 @@ def encode_frame_with_value(
 # --- decoding ------------------------------------------------------------------
 
 
-def typed_hook(
-    message_type: str, struct: type[Any], accept: Callable[[Any], bool]
-) -> Callable[[memoryview], Any]:
+class TypedHook:
+    """A :class:`FrameDecoder` ``typed`` hook for one message type (see :func:`typed_hook`).
+
+    Callable on a frame body; :class:`FrameDecoder` also reads :attr:`prefix` and
+    checks it inline, so a frame of another type costs no Python call.
+    """
+
+    __slots__ = ("_accept", "_decode", "prefix", "size")
+
+    def __init__(self, message_type: str, struct: type[Any], accept: Callable[[Any], bool]) -> None:
+        self.prefix = b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
+        self.size = len(self.prefix)
+        self._decode = msgspec.json.Decoder(struct).decode
+        self._accept = accept
+
+    def __call__(self, body: memoryview) -> Any:
+        if body[: self.size] != self.prefix:
+            return None
+        return self.decode_matching(body)
+
+    def decode_matching(self, body: memoryview) -> Any:
+        """Decode a body known to start with :attr:`prefix` (None: take the generic path)."""
+        try:
+            decoded = self._decode(body)
+        except msgspec.DecodeError:  # also msgspec.ValidationError
+            return None
+        return decoded if self._accept(decoded) else None
+
+
+def typed_hook(message_type: str, struct: type[Any], accept: Callable[[Any], bool]) -> TypedHook:
     """A :class:`FrameDecoder` ``typed`` hook for one message type.
 
     It takes a plain body that starts the way our own encoders write that type
@@ -175,20 +203,7 @@ def typed_hook(
     ``accept(decoded)`` (the range checks msgspec cannot express). Anything else
     returns None: the frame is then decoded the generic way, with its errors.
     """
-    prefix = b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
-    size = len(prefix)
-    decode = msgspec.json.Decoder(struct).decode
-
-    def hook(body: memoryview) -> Any:
-        if body[:size] != prefix:
-            return None
-        try:
-            decoded = decode(body)
-        except msgspec.DecodeError:  # also msgspec.ValidationError
-            return None
-        return decoded if accept(decoded) else None
-
-    return hook
+    return TypedHook(message_type, struct, accept)
 
 
 def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
@@ -255,7 +270,7 @@ class FrameDecoder:
     error is still the generic path's. The executor uses it for ExecuteCall.
     """
 
-    __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed")
+    __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed", "_typed_prefix")
 
     def __init__(
         self,
@@ -264,7 +279,14 @@ class FrameDecoder:
         typed: Callable[[memoryview], Any] | None = None,
     ) -> None:
         self._buffer = bytearray()
-        self._typed = typed
+        # A TypedHook's prefix is checked inline (no call for a frame of another type);
+        # any other callable sees every plain body.
+        if isinstance(typed, TypedHook):
+            self._typed: Callable[[memoryview], Any] | None = typed.decode_matching
+            self._typed_prefix: bytes | None = typed.prefix
+        else:
+            self._typed = typed
+            self._typed_prefix = None
         self._limit = limit
         self._error: ProtocolError | None = None
         # Bytes needed before the next frame can complete (a hint for readers).
@@ -301,6 +323,8 @@ class FrameDecoder:
         offset = 0
         limit = self._limit
         typed = self._typed
+        typed_prefix = self._typed_prefix
+        typed_size = 0 if typed_prefix is None else len(typed_prefix)
         frames: list[Frame] = []
         self._need = HEADER_SIZE
         try:
@@ -319,7 +343,9 @@ class FrameDecoder:
                 # precise ProtocolError. Saves four Python calls per frame.
                 envelope: Any = None
                 if size and view[start] != _MAGIC_FIRST:
-                    if typed is not None:
+                    if typed is not None and (
+                        typed_prefix is None or body[:typed_size] == typed_prefix
+                    ):
                         envelope = typed(body)
                         if envelope is not None:
                             frames.append(_new_frame(Frame, (envelope, None)))

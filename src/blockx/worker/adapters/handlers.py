@@ -176,6 +176,21 @@ class InboundHandlers:
                     )
                 continue
             if message_type == _MT_CALL_WAITING:
+                # The common case, inline (once per IO wait): a well-formed io / subcall wait
+                # collected for the batch. Everything else takes _handle_call_waiting.
+                call_id = envelope.get(_F_CALL_ID)
+                request_id = envelope.get(_F_REQUEST_ID)
+                payload = envelope.get(_F_PAYLOAD)
+                if (
+                    call_frames is not None
+                    and type(call_id) is str
+                    and type(request_id) is str
+                    and type(payload) is dict
+                    and type(payload.get(_FP_TASK_ID)) is str
+                    and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
+                ):
+                    call_frames.append((_MT_CALL_WAITING, call_id, payload, request_id, frame[1]))
+                    continue
                 error = self._handle_call_waiting(state, conn, envelope, frame[1], call_frames)
                 if error is not None:
                     break

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -132,24 +133,29 @@ class WaitHandling:
 
     def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
         """A run of ``CallWaiting`` frames of one executor: the core moves them all to
-        WAITING in one call, then each live wait is served in order."""
+        WAITING in one call, then each live wait is served in order.
+
+        The hot path of IO-bound work (once per wait): ``_start_io`` is inlined
+        here and an IO answer comes back through a ``partial`` of
+        :meth:`_io_answered` (no per-wait Python object to build).
+        """
         core = self._core
         waits: list[WaitingCall] = []
         for frame in frames:
             attempt = frame[2].get(_FP_ATTEMPT_SEQ)
             waits.append((frame[1], attempt if type(attempt) is int else -1))
         core.handle_calls_waiting(waits)
-        call_context = core.call_context
+        call_context = core.call_contexts.get
         tasks = self._tasks
         stats = self.stats
+        io_answered = self._io_answered
         for (call_id, attempt), frame in zip(waits, frames, strict=True):
             ctx = call_context(call_id)
-            executor = None if ctx is None else ctx.executor
             if (
                 ctx is None
                 or ctx.state is not _WAITING
                 or ctx.attempt_seq != attempt
-                or executor is None
+                or (executor := ctx.executor) is None
                 or executor.executor_id != executor_id
             ):
                 stats.stale_waits += 1
@@ -161,70 +167,81 @@ class WaitHandling:
                 continue
             request_id = frame[3]
             assert request_id is not None
-            try:
-                if payload.get(_FP_WAIT_KIND) == _WAIT_IO:
-                    self._start_io(
-                        run, executor_id, call_id, request_id, payload, frame[4], attempt
-                    )
-                else:
+            if payload.get(_FP_WAIT_KIND) != _WAIT_IO:
+                try:
                     self._start_subcall(run, executor_id, call_id, request_id, payload, attempt)
+                except Exception:
+                    stats.handler_errors += 1
+                    _log.exception("dispatch actor: serving the wait of %s failed", call_id)
+                continue
+            # The io wait, inline: the handler answers now (an IOResult) or later (a future).
+            stats.io_waits += 1
+            run.io_calls += 1
+            started = _monotonic()
+            try:
+                answer: Any = run.io_handler.handle_io(run.user_task_id, call_id, payload, frame[4])
+            except Exception as exc:
+                _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
+                answer = _handler_failed(exc)
+            try:
+                if type(answer) is IOResult:
+                    io_answered(executor_id, call_id, request_id, attempt, started, answer)
+                    continue
+                if type(answer) is not _Future and not _isfuture(answer):  # C future: no check
+                    try:
+                        answer = asyncio.ensure_future(answer)
+                    except TypeError:
+                        io_answered(
+                            executor_id,
+                            call_id,
+                            request_id,
+                            attempt,
+                            started,
+                            _handler_failed(
+                                TypeError(
+                                    f"IO handler returned {type(answer).__name__}, not an "
+                                    "IOResult or an awaitable of one"
+                                )
+                            ),
+                        )
+                        continue
+                answer.add_done_callback(
+                    _partial(io_answered, executor_id, call_id, request_id, attempt, started)
+                )
             except Exception:
                 stats.handler_errors += 1
                 _log.exception("dispatch actor: serving the wait of %s failed", call_id)
 
     # --- io -----------------------------------------------------------------------------------
 
-    def _start_io(
-        self,
-        run: TaskRun,
-        executor_id: str,
-        call_id: str,
-        request_id: str,
-        payload: dict[str, Any],
-        sidecar: bytes | None,
-        attempt: int,
-    ) -> None:
-        self.stats.io_waits += 1
-        run.io_calls += 1
-        started = _monotonic()
-        try:
-            answer: Any = run.io_handler.handle_io(run.user_task_id, call_id, payload, sidecar)
-        except Exception as exc:
-            _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
-            answer = _handler_failed(exc)
-        if type(answer) is IOResult:
-            self._resume_io(executor_id, call_id, request_id, attempt, started, answer)
-            return
-        if type(answer) is not _Future and not _isfuture(answer):  # the C future: no check
-            try:
-                answer = asyncio.ensure_future(answer)
-            except TypeError:
-                self._resume_io(
-                    executor_id,
-                    call_id,
-                    request_id,
-                    attempt,
-                    started,
-                    _handler_failed(
-                        TypeError(
-                            f"IO handler returned {type(answer).__name__}, not an IOResult "
-                            "or an awaitable of one"
-                        )
-                    ),
-                )
-                return
-        answer.add_done_callback(_IOWait(self, executor_id, call_id, request_id, attempt, started))
-
-    def _resume_io(
+    def _io_answered(
         self,
         executor_id: str,
         call_id: str,
         request_id: str,
         attempt: int,
         started: float,
-        answer: IOResult,
+        outcome: asyncio.Future[Any] | IOResult,
     ) -> None:
-        """Queue the ResumeCall answering an IO wait (no core access: callable anywhere)."""
+        """Queue the ResumeCall answering an IO wait: ``outcome`` is the handler's
+        :class:`IOResult`, or its future once done (this is then the future's done
+        callback, bound through ``functools.partial``). No core access: callable anywhere.
+        """
+        if type(outcome) is IOResult:
+            answer = outcome
+        else:
+            try:
+                answer = outcome.result()  # one call on the common path
+            except asyncio.CancelledError:
+                answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
+            except BaseException as exc:  # whatever the future holds (as future.exception())
+                _log.error("IO request of %s failed: %r", call_id, exc)
+                answer = _handler_failed(exc)
+            else:
+                if type(answer) is not IOResult:
+                    answer = _handler_failed(
+                        TypeError(f"IO handler answered {type(answer).__name__}, not an IOResult")
+                    )
         budget = answer.budget_used_ms
         if budget is None:
             budget = int((_monotonic() - started) * 1000)
@@ -403,42 +420,3 @@ def _handler_failed(exc: BaseException) -> IOResult:
             kind=keys.ERR_IO_ERROR, message=f"IO handler failed: {exc!r}", retryable=False
         )
     )
-
-
-class _IOWait:
-    """The done callback of one pending IO wait (a plain object: no task, no closure cell)."""
-
-    __slots__ = ("attempt", "call_id", "executor_id", "owner", "request_id", "started")
-
-    def __init__(
-        self,
-        owner: WaitHandling,
-        executor_id: str,
-        call_id: str,
-        request_id: str,
-        attempt: int,
-        started: float,
-    ) -> None:
-        self.owner = owner
-        self.executor_id = executor_id
-        self.call_id = call_id
-        self.request_id = request_id
-        self.attempt = attempt
-        self.started = started
-
-    def __call__(self, future: asyncio.Future[Any]) -> None:
-        try:
-            answer = future.result()  # one call on the common path
-        except asyncio.CancelledError:
-            answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
-        except BaseException as exc:  # whatever the future holds (as future.exception())
-            _log.error("IO request of %s failed: %r", self.call_id, exc)
-            answer = _handler_failed(exc)
-        else:
-            if type(answer) is not IOResult:
-                answer = _handler_failed(
-                    TypeError(f"IO handler answered {type(answer).__name__}, not an IOResult")
-                )
-        self.owner._resume_io(
-            self.executor_id, self.call_id, self.request_id, self.attempt, self.started, answer
-        )

@@ -168,9 +168,9 @@ class OutboundSends:
         conn = None if state is None else state.connection
         if conn is None:
             raise self._unavailable(state, executor_id, call_id)
-        if call_id not in state.reservations:  # type: ignore[union-attr]
+        if call_id not in state.reservations.reserved:  # type: ignore[union-attr]
             raise CallNotBoundError(executor_id, call_id=call_id)
-        if isinstance(payload, ResumeCallPayload):
+        if type(payload) is not dict and isinstance(payload, ResumeCallPayload):
             payload = payload.to_wire()
         envelope = {
             _F_MESSAGE_TYPE: _MT_RESUME_CALL,

@@ -30,6 +30,7 @@ connection era and calls it on its event loop thread only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from .errors import CallDrainingError, CallNotBoundError, ParentNotResidentError
@@ -76,6 +77,12 @@ class Reservations:
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._parents
+
+    @property
+    def reserved(self) -> Mapping[str, str | None]:
+        """The reserved call ids (-> parent call id), read-only: ``call_id in r.reserved``
+        is ``call_id in r`` without a Python call (the ResumeCall hot path)."""
+        return self._parents
 
     @property
     def draining_count(self) -> int:

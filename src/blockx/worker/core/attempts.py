@@ -131,7 +131,10 @@ def confirm_bind(
 
 
 def suspend_attempt(core: CoreState, call_id: str, attempt_seq: int) -> None:
-    """``CallWaiting`` (io / subcall): RUNNING -> WAITING."""
+    """``CallWaiting`` (io / subcall): RUNNING -> WAITING.
+
+    Inlined in ``DispatcherCore.handle_calls_waiting`` (the batch form): keep the two in step.
+    """
     # live_attempt, inlined (once per wait).
     ctx = core.calls.get(call_id)
     if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
@@ -143,7 +146,10 @@ def suspend_attempt(core: CoreState, call_id: str, attempt_seq: int) -> None:
 
 
 def resume_attempt(core: CoreState, call_id: str, attempt_seq: int) -> None:
-    """The ``ResumeCall`` was flushed: WAITING -> RUNNING."""
+    """The ``ResumeCall`` was flushed: WAITING -> RUNNING.
+
+    Inlined in ``DispatcherCore.handle_calls_resumed`` (the batch form): keep the two in step.
+    """
     # live_attempt, inlined (once per wait).
     ctx = core.calls.get(call_id)
     if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:

@@ -428,9 +428,17 @@ class DispatcherCore:
         """``handle_call_waiting`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
         self._enter("handle_calls_waiting")
         try:
-            core = self._core
+            # suspend_attempt, inlined: once per wait.
+            calls = self._core.calls
+            stats = self._core.stats
             for call_id, attempt_seq in waits:
-                suspend_attempt(core, call_id, attempt_seq)
+                ctx = calls.get(call_id)
+                if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
+                    stats.stale_events += 1
+                elif ctx.state is _RUNNING:
+                    ctx.state = _WAITING  # RUNNING -> WAITING is in CALL_TRANSITIONS
+                elif ctx.state is not _WAITING:
+                    stats.stale_events += 1
             return []
         finally:
             self._running = None
@@ -448,9 +456,17 @@ class DispatcherCore:
         """``handle_call_resumed`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
         self._enter("handle_calls_resumed")
         try:
-            core = self._core
+            # resume_attempt, inlined: once per wait.
+            calls = self._core.calls
+            stats = self._core.stats
             for call_id, attempt_seq in resumes:
-                resume_attempt(core, call_id, attempt_seq)
+                ctx = calls.get(call_id)
+                if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
+                    stats.stale_events += 1
+                elif ctx.state is _WAITING:
+                    ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
+                elif ctx.state is not _RUNNING:
+                    stats.stale_events += 1
             return []
         finally:
             self._running = None
@@ -632,6 +648,12 @@ class DispatcherCore:
     def call_context(self, call_id: str) -> DispatchCallContext | None:
         """The live context of a call (do not modify it)."""
         return self._core.calls.get(call_id)
+
+    @property
+    def call_contexts(self) -> Mapping[str, DispatchCallContext]:
+        """Every live call's context by call id, read-only (do not modify them):
+        ``call_contexts.get(id)`` is ``call_context(id)`` without a Python call."""
+        return self._core.calls
 
     def task_state(self, task_id: str) -> TaskDispatchState | None:
         """The state of a live task (do not modify it)."""
