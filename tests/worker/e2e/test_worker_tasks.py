@@ -103,6 +103,27 @@ def test_equal_calls_share_one_result(session: WorkerSession) -> None:
     session.run(scenario())
 
 
+KEY_ORDER = "def _(p):\n    return {'keys': list(p), 'inner': list(p['m'])}\n"
+
+
+def test_arguments_are_canonical_keys_sorted_and_key_order_is_not_identity(
+    session: WorkerSession,
+) -> None:
+    """docs/taskspec.md: a mapping reaches the function with sorted keys, at every
+    depth, and two calls differing only in key order are one call."""
+
+    async def scenario() -> None:
+        calls = [
+            Call("order", {"b": 1, "a": 2, "m": {"z": 1, "y": 2}}),
+            Call("order", {"a": 2, "m": {"y": 2, "z": 1}, "b": 1}),
+        ]
+        result = await session.worker.run_task(Task(functions={"order": KEY_ORDER}, calls=calls))
+        assert result.outputs == [{"keys": ["a", "b", "m"], "inner": ["y", "z"]}] * 2
+        assert result.stats.cache_hits + result.stats.singleflight_hits == 1
+
+    session.run(scenario())
+
+
 def test_user_error_reports_the_users_line(session: WorkerSession) -> None:
     async def scenario() -> None:
         task = Task(
