@@ -121,6 +121,48 @@ def test_a_busy_database_is_a_retryable_error(tmp_path: Any) -> None:
     run(main())
 
 
+def test_a_locked_file_costs_one_busy_timeout_per_batch_not_one_per_write(tmp_path: Any) -> None:
+    """Writes that share a batch share its transaction: when the file stays locked for
+    the whole busy timeout, every write of the batch fails after that one wait
+    (they used to wait one timeout each: 4 writes, 4 x timeout_s)."""
+    path = str(tmp_path / "locked.sqlite3")
+    backend = _backend(path, busy_timeout_s=0.5)
+
+    async def main() -> None:
+        try:
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 0}]})
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")
+            try:
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                replies = await asyncio.gather(
+                    *(
+                        call_backend(
+                            backend, W, "upsert_rows", {"table": "t", "rows": [{"key": i}]}
+                        )
+                        for i in range(1, 5)
+                    )
+                )
+                elapsed = loop.time() - started
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            for reply in replies:
+                assert reply.error is not None and reply.error.retryable
+                assert "locked" in reply.error.message
+            # One busy timeout (0.5 s) for the batch; four would be 2 s.
+            assert elapsed < 1.4, elapsed
+            reply = await call_backend(
+                backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 9}]}
+            )
+            assert reply.error is None
+        finally:
+            await backend.close()
+
+    run(main())
+
+
 def test_an_unopenable_file_is_a_permanent_error_naming_the_path(tmp_path: Any) -> None:
     path = tmp_path / "a_directory"
     path.mkdir()

@@ -54,6 +54,12 @@ def _deliver(results: list[tuple[asyncio.Future[Reply], Reply]]) -> None:
             future.set_result(reply)
 
 
+def _is_locked(exc: BaseException) -> bool:
+    """SQLite gave up waiting for another connection's lock (its busy timeout)."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
 def _error_reply(path: str, exc: BaseException, op: TableOp | None) -> Reply:
     text = str(exc)
     lowered = text.lower()
@@ -229,13 +235,26 @@ class SQLiteEngine:
     def _run_batch(self, conn: sqlite3.Connection, known: set[str], batch: list[_Job]) -> None:
         results: list[tuple[_Job, Reply]] = []
         first_write: int | None = None
+        # A BEGIN that failed on a locked file: the batch's other writes fail with it at
+        # once, rather than waiting one busy timeout each.
+        locked: sqlite3.Error | None = None
         for job in batch:
             op = job[0]
+            if op.write and first_write is None:
+                if locked is None:
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                    except sqlite3.Error as exc:
+                        if _is_locked(exc):
+                            locked = exc
+                        results.append((job, _error_reply(self.path, exc, op)))
+                        continue
+                    first_write = len(results)
+                else:
+                    results.append((job, _error_reply(self.path, locked, op)))
+                    continue
             try:
                 if op.write:
-                    if first_write is None:
-                        conn.execute("BEGIN IMMEDIATE")
-                        first_write = len(results)
                     conn.execute("SAVEPOINT op")
                     try:
                         raw = self._execute(conn, known, op)
@@ -249,7 +268,7 @@ class SQLiteEngine:
                 reply = op.finish(raw)
             except Exception as exc:
                 if op.write and first_write == len(results) and not conn.in_transaction:
-                    first_write = None  # BEGIN itself failed: nothing to commit
+                    first_write = None  # the transaction is gone with its first write
                 reply = _error_reply(self.path, exc, op)
             results.append((job, reply))
         if first_write is not None:
