@@ -261,16 +261,18 @@ def _config_command(args: argparse.Namespace) -> int:
 
     task_io = None
     label = None
+    task_dir = None
     try:
         if args.task is not None:
             spec = load_task_file(args.task)
-            task_io, label = spec.io, spec.label
+            task_io, label, task_dir = spec.io, spec.label, str(spec.path.resolve().parent)
         settings = build_settings(
             config_file=args.config,
             sets=args.sets,
             executors=args.executors,
             task_io=task_io,
             task_label=label,
+            task_dir=task_dir,
         )
     except (SpecError, UsageError) as exc:
         for problem in exc.problems:

@@ -33,6 +33,7 @@ docs/configuration.md`` rewrites them; a test keeps them equal).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -260,9 +261,14 @@ def build_settings(
     executors: int | None = None,
     task_io: Mapping[str, Any] | None = None,
     task_label: str | None = None,
+    task_dir: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """The worker and IO configurations from every source (see the module docstring).
+
+    ``task_dir`` is the task file's directory: when no source sets ``io.data_dir``
+    (nor ``io.blockdb.sqlite_path``), the data dir is ``.blockx`` there rather than
+    under the working directory, so a task finds its tables from anywhere.
 
     Raises :class:`UsageError` listing every bad value with its source.
     """
@@ -362,6 +368,13 @@ def build_settings(
             sources[knob] = f"file {config_file}"
         else:
             sources[knob] = "default"
+    if (
+        task_dir is not None
+        and sources["io.data_dir"] == "default"
+        and sources["io.blockdb.sqlite_path"] == "default"
+    ):
+        io = dataclasses.replace(io, data_dir=os.path.join(task_dir, io.data_dir))
+        sources["io.data_dir"] = "default (next to the task file)"
     return Settings(worker=worker, io=io, sources=sources, config_file=config_file)
 
 

@@ -711,6 +711,7 @@ def run_command(options: RunOptions) -> int:
             executors=options.executors,
             task_io=spec.io,
             task_label=spec.label,
+            task_dir=str(spec.path.resolve().parent),
         )
     except (SpecError, UsageError) as exc:
         _print_problems(console, exc.problems)
@@ -812,7 +813,13 @@ def validate_command(
     try:
         spec = load_task_file(task)
         count = spec.scan_calls_file() if spec.is_stream else len(spec.calls or ())
-        build_settings(config_file=config, sets=sets, task_io=spec.io, task_label=spec.label)
+        build_settings(
+            config_file=config,
+            sets=sets,
+            task_io=spec.io,
+            task_label=spec.label,
+            task_dir=str(spec.path.resolve().parent),
+        )
     except (SpecError, UsageError) as exc:
         _print_problems(console, exc.problems)
         return EXIT_USAGE

@@ -340,3 +340,39 @@ def test_the_report_lists_twenty_failed_calls_then_counts_the_rest(tmp_path: Pat
     assert "… and 5 more failed call(s) (--errors FILE lists all)" in err
     assert "ValueError: odd: 1" in err and "ValueError: odd: 39" in err
     assert len(jsonl((tmp_path / "errors.jsonl").read_text())) == 25
+
+
+def test_without_a_data_dir_the_tables_live_next_to_the_task_file(tmp_path: Path) -> None:
+    """docs/taskspec.md: a task finds its tables from any working directory."""
+    project = tmp_path / "project"
+    project.mkdir()
+    task = write(
+        project / "task.yaml",
+        """
+functions:
+  count:
+    source: |
+      def _(i):
+          t = Table("hits")
+          n = (t.get_row(i) or {"n": 0})["n"] + 1
+          t.upsert_row({"key": i, "n": n})
+          return {"i": i, "n": n}
+calls: [{function: count, args: 1}]
+""",
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    first = blockx("run", task, "-n", "1", cwd=elsewhere)
+    assert first.returncode == 0, first.stderr
+    assert jsonl(first.stdout) == [{"i": 1, "n": 1}]
+    assert (project / ".blockx" / "blockdb.sqlite3").is_file()
+    assert not (elsewhere / ".blockx").exists()
+    # From the task's own directory the same table is found: the second run counts 2.
+    second = blockx("run", "task.yaml", "-n", "1", cwd=project)
+    assert second.returncode == 0, second.stderr
+    assert jsonl(second.stdout) == [{"i": 1, "n": 2}]
+    config = blockx("config", "--task", task, "--json", cwd=elsewhere)
+    assert config.returncode == 0, config.stderr
+    rows = {row["knob"]: row for row in json.loads(config.stdout)}
+    assert rows["io.data_dir"]["value"] == str(project / ".blockx")
+    assert rows["io.data_dir"]["source"] == "default (next to the task file)"

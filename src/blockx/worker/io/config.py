@@ -13,7 +13,8 @@ dataclasses directly runs the same checks. Bad values raise one
 Knobs (environment variable in brackets; an empty variable counts as unset):
 
 ``data_dir`` [``BLOCKX_DATA_DIR``] = ``.blockx``
-    Where embedded state lives (the SQLite table store), relative to the working directory.
+    Where embedded state lives (the SQLite table store). A relative value is relative to the
+    working directory; `blockx run` with no value set puts it next to the task file.
 ``cache_max_entries`` [``IO_CACHE_MAX_ENTRIES``] = ``10000``
     Entries of one task's read cache; 0 disables caching (singleflight stays).
 ``cache_max_bytes`` [``IO_CACHE_MAX_BYTES``] = ``16777216``
