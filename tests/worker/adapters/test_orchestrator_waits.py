@@ -317,3 +317,37 @@ def test_the_snapshot_is_refreshed_before_a_lost_executors_calls_fail(run) -> No
             assert "handle_executor_snapshot_updated" in order[:lost_at]
 
     run(scenario())
+
+
+def test_a_resume_queued_when_the_connection_dies_fails_the_call_as_transport_lost(run) -> None:
+    """The ResumeCall was queued (writing paused) and never flushed: the executor is gone,
+    so the call fails as its other calls do, ``transport_lost`` (retryable), not as a
+    send failure of the worker's."""
+
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            peer = await rig.peer()
+            backend = Backend()
+            task = rig.submit(
+                {"child": CHILD},
+                [Call("child", 1)],
+                io_handler=backend,
+                policy=TaskPolicy(max_attempts=1),
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            await rig.until(lambda: backend.pending)
+            conn = rig.adapter.connection("exec-0")
+            assert conn is not None
+            conn.pause_writing()  # the kernel buffer is "full": the resume stays queued
+            backend.pending[0].set_result(IOResult(result={"row": 7}))
+            await rig.until(lambda: conn.outbox_size == 1)
+            peer.close()
+            converged = await task.done
+            [failed] = converged.failed_calls
+            assert failed.error.kind == "transport_lost" and failed.error.retryable
+            assert "attempt 1" in failed.error.message
+            assert rig.orchestrator.stats.resume_send_failures == 0
+            assert not peer.of_type(keys.MT_RESUME_CALL)
+
+    run(scenario())

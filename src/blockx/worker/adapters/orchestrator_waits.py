@@ -30,8 +30,10 @@ The actor then
 
 3. A ``ResumeCall`` counts as delivered once the adapter flushed it
    (:class:`ControlDelivered` -> ``handle_call_resumed``, WAITING -> RUNNING).
-   One that cannot be queued or flushed fails the waiting attempt as
-   ``resume_send_failed`` (retryable) with its attempt number.
+   One that cannot be queued fails the waiting attempt as
+   ``resume_send_failed`` (retryable) with its attempt number; one queued
+   when the connection ends fails it as ``transport_lost`` (retryable), as the
+   lost executor's other calls do.
 
 The attempt number rides along as the control frame's ``token``.
 """
@@ -376,14 +378,26 @@ class WaitHandling:
             self._run(self._core.handle_calls_resumed(resumes))
 
     def _apply_control_undelivered(self, event: ControlUndelivered) -> None:
+        """A queued ResumeCall whose connection ended before it was flushed.
+
+        The executor is gone with the suspended attempt: the attempt fails as
+        every other call of that executor does, ``transport_lost`` (retryable;
+        the ``ExecutorLost`` that follows finds it failed already). Not a send
+        failure of the worker's, and no CancelCall: there is nobody to cancel.
+        """
         note = event.note
-        if note.message_type == _MT_RESUME_CALL:
-            self._resume_failed(
-                note.call_id,
-                note.token,
-                SendError(event.reason, executor_id=note.executor_id, call_id=note.call_id),
-                note.executor_id,
-            )
+        if note.message_type != _MT_RESUME_CALL:
+            return
+        attempt = note.token
+        error = CallError(
+            kind=keys.ERR_TRANSPORT_LOST,
+            message=(
+                f"the connection to executor {note.executor_id} ended before the ResumeCall "
+                f"for {note.call_id} (attempt {attempt}) was sent: {event.reason}"
+            ),
+            retryable=True,
+        )
+        self._run(self._core.handle_attempt_failure(note.call_id, attempt, error, self._now_ms))
 
     def _apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
         self._resume_failed(event.call_id, event.attempt_seq, event.error, event.executor_id)
