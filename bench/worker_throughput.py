@@ -14,7 +14,10 @@ processes, the product's configuration otherwise) and through
   requests); every executor holds ``ExecutorMaxInflight`` (128) calls, so 256 are
   in flight with 2 executors. ProcessPoolExecutor: the same function doing
   ``time.sleep(0.002)`` five times (``--ppe-io-calls`` calls: with 2 processes
-  it does 2 calls at a time). The ideal is ``in flight / (5 x 2 ms)``.
+  it does 2 calls at a time). The ideal is ``in flight / (5 x 2 ms)``. The
+  peer a user would pick for such work runs it too: a ``ThreadPoolExecutor``
+  with as many threads as BlockX has calls in flight, each call sleeping
+  through its reads (PERFORMANCE.md: 10,400 calls/s on the reference machines).
 
 A third BlockX row runs the trivial task against ``bench/echo_executor.py``
 stand-ins (they answer every ExecuteCall at once and run no code): the worker's
@@ -213,7 +216,7 @@ async def worker_alone_runs(
 # --- peers -----------------------------------------------------------------------------------
 
 
-def ppe_run(fn: Any, n: int, workers: int, pool: concurrent.futures.ProcessPoolExecutor) -> float:
+def ppe_run(fn: Any, n: int, workers: int, pool: concurrent.futures.Executor) -> float:
     t0 = time.perf_counter()
     futures = [pool.submit(fn, i) for i in range(n)]
     results = [f.result() for f in futures]
@@ -263,6 +266,13 @@ def main() -> None:
         for _ in range(args.repeats):
             ppe_trivial.append(ppe_run(trivial_py, args.calls, args.executors, pool))
             ppe_io.append(ppe_run(io_bound_py, args.ppe_io_calls, args.executors, pool))
+    # The thread pool a user would pick for IO-bound work: as many threads as BlockX has
+    # calls in flight, each call sleeping through its five reads.
+    threads_io: list[float] = []
+    with concurrent.futures.ThreadPoolExecutor(128 * args.executors) as thread_pool:
+        list(thread_pool.map(trivial_py, range(100)))  # warm-up: threads started
+        for _ in range(args.repeats):
+            threads_io.append(ppe_run(io_bound_py, args.io_calls, 0, thread_pool))
     with ctx.Pool(args.executors) as mp_pool:
         list(mp_pool.imap(trivial_py, range(100), chunksize=1))
         for _ in range(args.repeats):
@@ -311,6 +321,11 @@ def main() -> None:
         swept_ideal = swept / (READS * READ_DELAY_S)
         label = f"io, {swept} in flight: BlockX (ideal {swept_ideal:,.0f})"
         print(f"| {label:<44} | {rate:>10,.0f} | {f'{rate / swept_ideal:.0%} ideal':>12} |")
+    label = f"io x{args.io_calls}: ThreadPoolExecutor({in_flight}), sleeps"
+    print(
+        f"| {label:<44} | {med(threads_io):>10,.0f} |"
+        f" {f'{med(threads_io) / ideal:.0%} ideal':>12} |"
+    )
     print(
         f"| {f'io x{args.ppe_io_calls}: ProcessPoolExecutor (sleep 5x2 ms)':<44} |"
         f" {med(ppe_io):>10,.0f} | {bx_io / med(ppe_io):>11.1f}x |"
