@@ -88,10 +88,10 @@ def _encode(rows: Sequence[Any]) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _open_stdout() -> tuple[int, bool]:
+def _open_stdout(stdout: Any) -> tuple[int, bool]:
     """A descriptor of our own for stdout, and whether it is non-blocking (a pipe)."""
-    sys.stdout.flush()  # nothing buffered may end up behind the rows
-    fd = sys.stdout.fileno()
+    stdout.flush()  # nothing buffered may end up behind the rows
+    fd = stdout.fileno()
     if sys.platform.startswith("linux") and stat.S_ISFIFO(os.fstat(fd).st_mode):
         try:
             flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC
@@ -110,13 +110,20 @@ class RowWriter:
     """JSON Lines to stdout (``path`` None) or a file, through the writer thread.
 
     Open it before the run (a bad ``-o`` path raises :class:`OSError` here);
-    one event loop puts rows and waits; :meth:`close` at the end.
+    one event loop puts rows and waits; :meth:`close` at the end. ``stdout``: what
+    stands for stdout (default ``sys.stdout``; it needs ``fileno`` and ``flush``).
     """
 
-    def __init__(self, path: str | None, *, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+        stdout: Any = None,
+    ) -> None:
         self.path = path
         if path is None:
-            self._fd, self._nonblocking = _open_stdout()
+            self._fd, self._nonblocking = _open_stdout(stdout or sys.stdout)
         else:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
             self._fd, self._nonblocking = os.open(path, flags, 0o666), False

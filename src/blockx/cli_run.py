@@ -663,7 +663,7 @@ def summary_text(spec: TaskFile, outcome: _Outcome, sink: RowWriter, executors: 
     not_read = _calls_not_read(spec, result, outcome.calls_in_file)
     calls = _plural(stats.calls, "call")
     if not_read:  # the stream stopped early: N is what was read, not what the file holds
-        calls += f" read (of {_count(stats.calls + not_read)} in {spec.calls_label})"
+        calls = f"{_count(stats.calls)} of {_plural(stats.calls + not_read, 'call')}"
     lines = [
         f"task {result.task_id}: {status} — {calls} in "
         f"{stats.wall_time_s:,.2f} s ({stats.calls_per_s:,.0f} calls/s) on {executors} "
