@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import os
 import select
 import stat
@@ -90,6 +91,8 @@ def _encode(rows: Sequence[Any]) -> bytes:
 
 def _open_stdout(stdout: Any) -> tuple[int, bool]:
     """A descriptor of our own for stdout, and whether it is non-blocking (a pipe)."""
+    if stdout is None:  # Python's answer to a process started with fd 1 closed
+        raise OSError(errno.EBADF, "stdout is closed")
     stdout.flush()  # nothing buffered may end up behind the rows
     fd = stdout.fileno()
     if sys.platform.startswith("linux") and stat.S_ISFIFO(os.fstat(fd).st_mode):

@@ -345,9 +345,14 @@ async def _run_task(
     interruption.install(loop)
     t0 = time.monotonic()
     try:
-        await _run_on_worker(
-            spec, settings, sink, console, progress_total, show_progress, outcome, interruption
-        )
+        try:
+            await _run_on_worker(
+                spec, settings, sink, console, progress_total, show_progress, outcome, interruption
+            )
+        except asyncio.CancelledError:  # a first signal that came while a handler settled
+            if outcome.interrupted is None:
+                raise
+            main.uncancel()
         # The worker is down; what is left is the output.
         try:
             await _drain_output(sink, outcome, main)
@@ -472,11 +477,11 @@ async def _run_on_worker(
         if handle is not None:
             outcome.result = await _settle(handle)
     finally:
+        interruption.cancel_main = False  # nothing here may be cut short
         if ticker is not None:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
         console.clear_progress()
-        interruption.cancel_main = False
         try:
             await worker.close()
         finally:
