@@ -8,6 +8,7 @@
 
 ``python -m blockx`` is the same command. The work is done in
 :mod:`blockx.cli_run` (running, progress, summary, failure report),
+:mod:`blockx.cli_output` (the rows' writer thread),
 :mod:`blockx.cli_config` (configuration sources) and :mod:`blockx.taskspec`
 (task files); this module is the argument parser and the dispatch.
 """
@@ -70,6 +71,10 @@ retries, failures), print() output of the functions, a report of every failed
 call (function, args, error kind, message, your stack trace with file and
 line), and a summary (calls, outputs, failures by kind, retries, cache hits,
 IO requests and latency, calls/s, wall time, peak memory).
+
+Ctrl-C or SIGTERM cancels the task (exit 130/143) and writes the rows of the
+calls that ended; rows a stdout reader leaves unread for 2 s after that are
+dropped (stderr counts them). A second signal exits at once.
 
 Configuration: defaults <- --config FILE (or $BLOCKX_CONFIG) <- environment
 variables <- --set / --executors; the task file's `io:` section is applied

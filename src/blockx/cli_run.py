@@ -12,10 +12,22 @@ configuration is built, the output file is opened. Then, on one event loop
       task = the task file's Task; task.io_handler = io.task_scope(task.task_id)
       one-shot (inline calls)  -> run to the end, rows written in call order
       stream (calls_file)      -> submit(collect=False); rows written as batches settle
+    worker closed, then the output drained
+
+Rows go to a :class:`~blockx.cli_output.RowWriter`: the loop encodes and
+queues them, a thread of its own writes them, so the loop never waits for
+stdout. Its queue is bounded (4 MiB); a full queue makes the row consumer
+await room (the loop runs on), which pauses a stream at its credit window.
 
 Streams: the calls file is read line by line by the worker's producer under
 its credit window, and rows are taken from ``TaskHandle.rows()`` as they come,
 so the process's memory does not grow with the number of calls.
+
+Signals (:class:`_Interruption`): the first SIGINT/SIGTERM cancels the task;
+the rows of the calls that ended are still queued, and once the worker is
+down the output gets :data:`OUTPUT_GRACE_S` to drain — what a reader that
+does not read leaves queued then is dropped, counted on stderr. A second
+signal exits at once (``os._exit``), whatever the writer thread is stuck in.
 
 Progress (stderr, only when it is a terminal): at most 8 redraws a second,
 from the dispatcher's per-task counters (read-only: ``done/total``, retries,
@@ -40,11 +52,12 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
 from blockx.cli_config import Settings, UsageError, build_settings
+from blockx.cli_output import PUT_SLICE_ROWS, OutputClosed, RowWriter
 from blockx.taskspec import SpecError, TaskFile, audit_supported, load_task_file
 
 __all__ = [
@@ -60,6 +73,9 @@ EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_SIGPIPE: Final = 141
 
+#: The exit status of a run interrupted by a signal: 128 + its number.
+_INTERRUPTED_STATUS: Final = {"SIGINT": 130, "SIGTERM": 143}
+
 #: Failed calls shown in the report; the rest are counted ("… and N more").
 MAX_REPORTED: Final = 20
 #: Longest args text in the report.
@@ -68,8 +84,9 @@ MAX_ARGS_TEXT: Final = 200
 PROGRESS_INTERVAL_S: Final = 0.125
 #: Give up when no executor has attached this long after start-up (s).
 STARTUP_TIMEOUT_S: Final = 30.0
-#: Rows written between flushes of the output is bounded by this interval (s).
-FLUSH_INTERVAL_S: Final = 0.5
+#: After an interruption, how long rows still queued may take to be written (s); then
+#: they are dropped (a reader that does not drain cannot hold the process).
+OUTPUT_GRACE_S: Final = 2.0
 
 _log = logging.getLogger("blockx.cli")
 
@@ -229,68 +246,6 @@ class _Progress:
         return "  ".join(parts)
 
 
-# --- outputs ---------------------------------------------------------------------------------
-
-
-class _OutputClosed(Exception):
-    """The reader of stdout went away (``blockx run ... | head``)."""
-
-
-class _RowSink:
-    """JSON Lines to stdout or a file."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        if path is None:
-            self._file: IO[bytes] = sys.stdout.buffer
-        else:
-            self._file = open(path, "wb")
-        self.rows = 0
-        self.bytes = 0
-        self._dirty = False
-
-    def write_rows(self, rows: Sequence[Any]) -> None:
-        if not rows:
-            return
-        import orjson
-
-        from blockx.wire import dumps_wire
-
-        chunks: list[bytes] = []
-        for row in rows:
-            try:
-                chunks.append(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-            except TypeError:  # an int beyond 64 bits: the exact encoder
-                chunks.append(dumps_wire(row) + b"\n")
-        data = b"".join(chunks)
-        try:
-            self._file.write(data)
-        except BrokenPipeError:
-            raise _OutputClosed from None
-        self.rows += len(rows)
-        self.bytes += len(data)
-        self._dirty = True
-
-    def flush(self) -> None:
-        if self._dirty:
-            self._dirty = False
-            try:
-                self._file.flush()
-            except BrokenPipeError:
-                raise _OutputClosed from None
-
-    def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            if self.path is not None:
-                self._file.close()
-
-    @property
-    def label(self) -> str:
-        return self.path if self.path is not None else "stdout"
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -299,6 +254,10 @@ class _Outcome:
     result: Any = None
     interrupted: str | None = None
     output_closed: bool = False
+    #: Rows not written: stdout was not read within OUTPUT_GRACE_S after an interruption.
+    rows_dropped: int = 0
+    #: A streamed task: the calls its file holds (the pre-run check's count).
+    calls_in_file: int | None = None
     io_stats: Any = None
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -321,136 +280,232 @@ def _task_progress(worker: Any, handle: Any) -> tuple[int, int, int] | None:
     )
 
 
+class _Interruption:
+    """SIGINT/SIGTERM during the run, handled on the event loop (which never waits for
+    stdout: see :mod:`blockx.cli_output`).
+
+    The first signal is noted in ``outcome.interrupted`` and cancels ``main`` while the
+    task runs or the output drains; while the worker shuts down it is only noted (the
+    drain that follows is then bounded). A second signal ends the process at once.
+    """
+
+    def __init__(self, outcome: _Outcome, main: asyncio.Task[Any]) -> None:
+        self.outcome = outcome
+        self.main = main
+        self.cancel_main = True
+        self.installed: list[int] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"_Interruption(interrupted={self.outcome.interrupted}, "
+            f"cancel_main={self.cancel_main}, installed={self.installed})"
+        )
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
+            try:
+                loop.add_signal_handler(signum, self.on_signal, name, signum)
+                self.installed.append(signum)
+            except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
+                pass
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        for signum in self.installed:
+            loop.remove_signal_handler(signum)
+        self.installed.clear()
+
+    def on_signal(self, name: str, signum: int) -> None:
+        if self.outcome.interrupted is None:
+            self.outcome.interrupted = name
+            if self.cancel_main:
+                self.main.cancel()
+        else:
+            # A second one: leave now, whatever the writer thread is stuck in (executors
+            # die with us: parent-death signal, and their sockets close).
+            again = (
+                "again" if name == self.outcome.interrupted else f"after {self.outcome.interrupted}"
+            )
+            os.write(2, f"\nblockx: {name} {again}: exiting at once\n".encode())
+            os._exit(128 + signum)
+
+
 async def _run_task(
     spec: TaskFile,
     settings: Settings,
-    sink: _RowSink,
+    sink: RowWriter,
     console: _Console,
     progress_total: int | None,
     show_progress: bool,
 ) -> _Outcome:
-    from blockx.worker.app import Worker
-    from blockx.worker.io.registry import IOSubsystem
-
     outcome = _Outcome()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
-    installed: list[int] = []
-    for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")):
+    interruption = _Interruption(outcome, main)
+    interruption.install(loop)
+    t0 = time.monotonic()
+    try:
         try:
+            await _run_on_worker(
+                spec, settings, sink, console, progress_total, show_progress, outcome, interruption
+            )
+        except asyncio.CancelledError:  # a first signal that came while a handler settled
+            if outcome.interrupted is None:
+                raise
+            main.uncancel()
+        # The worker is down; what is left is the output.
+        try:
+            await _drain_output(sink, outcome, main)
+        except OutputClosed:
+            outcome.output_closed = True
+    finally:
+        outcome.wall_s = time.monotonic() - t0
+        interruption.uninstall(loop)
+    return outcome
 
-            def on_signal(name: str = name, signum: int = signum) -> None:
-                if outcome.interrupted is None:
-                    outcome.interrupted = name
-                    main.cancel()
-                else:  # a second one: leave now (executors die with us: parent-death signal)
-                    os.write(2, f"\nblockx: {name} again: exiting at once\n".encode())
-                    os._exit(128 + signum)
 
-            loop.add_signal_handler(signum, on_signal)
-            installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover
-            pass
+async def _run_on_worker(
+    spec: TaskFile,
+    settings: Settings,
+    sink: RowWriter,
+    console: _Console,
+    progress_total: int | None,
+    show_progress: bool,
+    outcome: _Outcome,
+    interruption: _Interruption,
+) -> None:
+    """Start the worker, run the task, hand its rows to the writer, stop the worker."""
+    from blockx.worker.app import Worker
+    from blockx.worker.io.registry import IOSubsystem
 
+    loop = asyncio.get_running_loop()
     t0 = time.monotonic()
     io = IOSubsystem(settings.io)
     worker = Worker(settings.worker)
     handle = None
     progress: _Progress | None = None
     ticker: asyncio.Task[None] | None = None
+    one_shot_rows_put = 0  # of a one-shot task's outputs, how many went to the writer
+    stream_rows: AsyncIterator[Any] | None = None
     try:
+        await worker.start()
+        task = spec.to_task()
+        scope = io.task_scope(task.task_id)
+        task.io_handler = scope
+        outcome.io_stats = scope.stats
+        stream = spec.is_stream
+        handle = worker.submit(task, collect=not stream)
+        if show_progress:
+            progress = _Progress(console, progress_total, settings.worker.pool.executor_count)
+
+        async def tick() -> None:
+            attached_once = False
+            while True:
+                await asyncio.sleep(PROGRESS_INTERVAL_S)
+                if not attached_once:
+                    attached_once = bool(worker.adapter.attached_executor_ids())
+                    if not attached_once and time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                        outcome.problems = [
+                            f"no executor started within {STARTUP_TIMEOUT_S:.0f} s "
+                            "(see the errors above); the task was cancelled"
+                        ]
+                        outcome.problem_status = EXIT_FAILED
+                        handle.cancel("no executor started")
+                        return
+                if progress is not None:
+                    snap = _task_progress(worker, handle)
+                    if snap is not None:
+                        progress.last = snap
+                    done, retries, failed = progress.last or (0, 0, 0)
+                    try:
+                        attached = len(worker.adapter.attached_executor_ids())
+                    except Exception:
+                        attached = progress.executors
+                    console.show_progress(progress.render(done, retries, failed, attached))
+                if sink.reader_gone:  # the writer saw it, maybe while no row was coming
+                    outcome.output_closed = True
+                    handle.cancel("the output pipe was closed")
+                    return
+
+        ticker = loop.create_task(tick(), name="blockx-cli-ticker")
         try:
-            await worker.start()
-            task = spec.to_task()
-            scope = io.task_scope(task.task_id)
-            task.io_handler = scope
-            outcome.io_stats = scope.stats
-            stream = spec.is_stream
-            handle = worker.submit(task, collect=not stream)
-            if show_progress:
-                progress = _Progress(console, progress_total, settings.worker.pool.executor_count)
-
-            async def tick() -> None:
-                last_flush = time.monotonic()
-                attached_once = False
-                while True:
-                    await asyncio.sleep(PROGRESS_INTERVAL_S)
-                    if not attached_once:
-                        attached_once = bool(worker.adapter.attached_executor_ids())
-                        if not attached_once and time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                            outcome.problems = [
-                                f"no executor started within {STARTUP_TIMEOUT_S:.0f} s "
-                                "(see the errors above); the task was cancelled"
-                            ]
-                            outcome.problem_status = EXIT_FAILED
-                            handle.cancel("no executor started")
-                            return
-                    if progress is not None:
-                        snap = _task_progress(worker, handle)
-                        if snap is not None:
-                            progress.last = snap
-                        done, retries, failed = progress.last or (0, 0, 0)
-                        try:
-                            attached = len(worker.adapter.attached_executor_ids())
-                        except Exception:
-                            attached = progress.executors
-                        console.show_progress(progress.render(done, retries, failed, attached))
-                    now = time.monotonic()
-                    if now - last_flush >= FLUSH_INTERVAL_S:
-                        last_flush = now
-                        try:
-                            sink.flush()
-                        except _OutputClosed:
-                            outcome.output_closed = True
-                            handle.cancel("the output pipe was closed")
-                            return
-
-            ticker = loop.create_task(tick(), name="blockx-cli-ticker")
-            try:
-                if stream:
-                    async for row in handle.rows():
-                        if not outcome.output_closed:
-                            sink.write_rows((row,))
-                result = await handle.result()
-                if not stream and not outcome.output_closed:
-                    sink.write_rows(result.outputs)
-                sink.flush()
-            except _OutputClosed:
-                outcome.output_closed = True
-                handle.cancel("the output pipe was closed")
-                result = await _settle(handle)
-            outcome.result = result
-        except asyncio.CancelledError:
-            if outcome.interrupted is None:
-                raise
-            main.uncancel()
-            if handle is not None:
-                handle.cancel(f"interrupted ({outcome.interrupted})")
+            if stream:
+                stream_rows = handle.rows()
+                async for row in stream_rows:
+                    if not outcome.output_closed:
+                        sink.put_rows((row,))
+                        if sink.full:  # the loop runs on; the stream pauses at its window
+                            await sink.wait_for_room()
+            result = await handle.result()
+            if not stream and not outcome.output_closed:
+                for start in range(0, len(result.outputs), PUT_SLICE_ROWS):
+                    if sink.full:
+                        await sink.wait_for_room()
+                    chunk = result.outputs[start : start + PUT_SLICE_ROWS]
+                    sink.put_rows(chunk)
+                    one_shot_rows_put += len(chunk)
+        except OutputClosed:
+            outcome.output_closed = True
+            handle.cancel("the output pipe was closed")
+            result = await _settle(handle)
+        outcome.result = result
+    except asyncio.CancelledError:
+        if outcome.interrupted is None:
+            raise
+        interruption.main.uncancel()
+        if handle is not None:
+            handle.cancel(f"interrupted ({outcome.interrupted})")
+            if outcome.result is None:
                 outcome.result = await _settle(handle)
-                if outcome.result is not None and not spec.is_stream:
-                    try:  # the rows of the calls that ended before the interruption
-                        sink.write_rows(outcome.result.outputs)
-                        sink.flush()
-                    except _OutputClosed:
-                        outcome.output_closed = True
-        except SpecError as exc:  # the calls file changed while it was streamed
-            outcome.problems = exc.problems
-            if handle is not None:
-                outcome.result = await _settle(handle)
+            if outcome.result is not None and not outcome.output_closed:
+                # The rows of the calls that ended before the interruption and are not
+                # written yet, queued at once: they are in memory already (a stream's:
+                # its settled batches, at most its window), and the drain that follows
+                # is bounded.
+                if spec.is_stream:
+                    # the rest of the batch being taken, then the batches settled since
+                    rest = [row async for row in stream_rows] if stream_rows else []
+                    rest += [row async for row in handle.rows()]
+                else:
+                    rest = outcome.result.outputs[one_shot_rows_put:]
+                try:
+                    sink.put_rows(rest)
+                except OutputClosed:
+                    outcome.output_closed = True
+    except SpecError as exc:  # the calls file changed while it was streamed
+        outcome.problems = exc.problems
+        if handle is not None:
+            outcome.result = await _settle(handle)
     finally:
+        interruption.cancel_main = False  # nothing here may be cut short
         if ticker is not None:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
         console.clear_progress()
-        outcome.wall_s = time.monotonic() - t0
         try:
             await worker.close()
         finally:
             await io.close()
-            for installed_signum in installed:
-                loop.remove_signal_handler(installed_signum)
-    return outcome
+            interruption.cancel_main = True
+
+
+async def _drain_output(sink: RowWriter, outcome: _Outcome, main: asyncio.Task[Any]) -> None:
+    """Wait for the writer to write every row put; after an interruption (before or
+    during this wait) only OUTPUT_GRACE_S more, then drop the rest."""
+    if outcome.output_closed:
+        return
+    if outcome.interrupted is None:
+        try:
+            await sink.wait_drained()
+            return
+        except asyncio.CancelledError:
+            if outcome.interrupted is None:
+                raise
+            main.uncancel()
+    try:
+        await asyncio.wait_for(sink.wait_drained(), OUTPUT_GRACE_S)
+    except TimeoutError:
+        outcome.rows_dropped = sink.abandon()
 
 
 async def _settle(handle: Any) -> Any:
@@ -487,10 +542,23 @@ def _indent(text: str, prefix: str) -> str:
     return "\n".join(prefix + line if line else line for line in text.rstrip("\n").splitlines())
 
 
-def failure_report(spec: TaskFile, result: Any, *, limit: int = MAX_REPORTED) -> str:
-    """The readable report of a task's failed calls (every one, up to ``limit``)."""
+def _calls_not_read(spec: TaskFile, result: Any, calls_in_file: int | None) -> int:
+    """The calls of a streamed task's file that were never read (the task stopped first)."""
+    if not spec.is_stream or calls_in_file is None:
+        return 0
+    return max(calls_in_file - int(result.stats.calls), 0)
+
+
+def failure_report(
+    spec: TaskFile, result: Any, *, limit: int = MAX_REPORTED, calls_in_file: int | None = None
+) -> str:
+    """The readable report of a task's failed calls (every one, up to ``limit``).
+
+    ``calls_in_file``: a streamed task's line count, to say how many were not read."""
     errors = list(result.errors)
     stats = result.stats
+    not_read = _calls_not_read(spec, result, calls_in_file)
+    unread = f"; {_plural(not_read, 'call')} of {spec.calls_label} not read" if not_read else ""
     policy = spec.policy.get("failure", "fast_fail")
     lines: list[str] = []
     failure = result.failure
@@ -505,7 +573,7 @@ def failure_report(spec: TaskFile, result: Any, *, limit: int = MAX_REPORTED) ->
         which = f"call #{failure.call_index}" if failure.call_index is not None else "a call"
         lines.append(
             f"FAILED: {which} failed and stopped the task (failure: fast_fail); "
-            f"{_count(stats.cancelled)} call(s) were cancelled"
+            f"{_count(stats.cancelled)} call(s) were cancelled{unread}"
         )
     elif errors:
         lines.append(
@@ -588,7 +656,7 @@ def _peak_rss_kb() -> tuple[int, int]:
     return own, children
 
 
-def summary_text(spec: TaskFile, outcome: _Outcome, sink: _RowSink, executors: int) -> str:
+def summary_text(spec: TaskFile, outcome: _Outcome, sink: RowWriter, executors: int) -> str:
     result = outcome.result
     stats = result.stats
     if outcome.interrupted:
@@ -597,17 +665,29 @@ def summary_text(spec: TaskFile, outcome: _Outcome, sink: _RowSink, executors: i
         status = "ok"
     else:
         status = "FAILED"
+    not_read = _calls_not_read(spec, result, outcome.calls_in_file)
+    calls = _plural(stats.calls, "call")
+    if not_read:  # the stream stopped early: N is what was read, not what the file holds
+        calls = f"{_count(stats.calls)} of {_plural(stats.calls + not_read, 'call')}"
     lines = [
-        f"task {result.task_id}: {status} — {_plural(stats.calls, 'call')} in "
+        f"task {result.task_id}: {status} — {calls} in "
         f"{stats.wall_time_s:,.2f} s ({stats.calls_per_s:,.0f} calls/s) on {executors} "
         f"executor{'s' if executors != 1 else ''}",
         f"  calls     {_count(stats.succeeded)} succeeded, {_count(stats.failed)} failed, "
         f"{_count(stats.cancelled)} cancelled; {_count(stats.subcalls)} sub-calls; "
         f"{_count(stats.retries)} retries",
     ]
+    if not_read:
+        lines.append(
+            f"  stream    stopped after {_plural(stats.calls, 'call')} read; the rest of "
+            f"{spec.calls_label} ({_plural(not_read, 'call')}) was not read"
+        )
     if result.errors:
         lines.append(f"  failures  {_failures_by_kind(result.errors)}")
-    lines.append(f"  outputs   {_plural(sink.rows, 'row')} → {sink.label}")
+    outputs = f"  outputs   {_plural(sink.rows, 'row')} → {sink.label}"
+    if outcome.rows_dropped:
+        outputs += f"; {_count(outcome.rows_dropped)} not written ({sink.label} was not read)"
+    lines.append(outputs)
     lines.append(
         f"  cache     {_count(stats.cache_hits)} call-cache hits, "
         f"{_count(stats.singleflight_hits)} singleflight joins"
@@ -634,7 +714,7 @@ def summary_text(spec: TaskFile, outcome: _Outcome, sink: _RowSink, executors: i
     return "\n".join(lines)
 
 
-def summary_json(outcome: _Outcome, sink: _RowSink, exit_code: int) -> dict[str, Any]:
+def summary_json(outcome: _Outcome, sink: RowWriter, exit_code: int) -> dict[str, Any]:
     result = outcome.result
     own, children = _peak_rss_kb()
     data: dict[str, Any] = {
@@ -642,6 +722,7 @@ def summary_json(outcome: _Outcome, sink: _RowSink, exit_code: int) -> dict[str,
         "interrupted": outcome.interrupted,
         "output_rows": sink.rows,
         "output_bytes": sink.bytes,
+        "output_rows_dropped": outcome.rows_dropped,
         "wall_time_s": round(outcome.wall_s, 4),
         "worker_peak_rss_bytes": own * 1024,
         "executor_peak_rss_bytes": children * 1024,
@@ -653,6 +734,7 @@ def summary_json(outcome: _Outcome, sink: _RowSink, exit_code: int) -> dict[str,
             success=result.success,
             failure=None if result.failure is None else result.failure.kind,
             calls=stats.calls,
+            calls_in_file=outcome.calls_in_file,
             succeeded=stats.succeeded,
             failed=stats.failed,
             cancelled=stats.cancelled,
@@ -739,9 +821,10 @@ def run_command(options: RunOptions) -> int:
             "the functions run unaudited"
         )
     try:
-        sink = _RowSink(options.output)
+        sink = RowWriter(options.output)
     except OSError as exc:
-        _print_problems(console, [f"-o {options.output}: {exc.strerror or exc}"])
+        where = f"-o {options.output}" if options.output is not None else "stdout"
+        _print_problems(console, [f"{where}: {exc.strerror or exc}"])
         return EXIT_USAGE
 
     # 2. The run.
@@ -765,12 +848,13 @@ def run_command(options: RunOptions) -> int:
             console.print("blockx: (run with -v for the traceback)")
         return EXIT_FAILED
     finally:
-        try:
-            sink.close()
-        except _OutputClosed:
-            pass
+        # Drained already unless the run broke down: then what is queued gets a moment.
+        dropped = sink.close(timeout=OUTPUT_GRACE_S)
+        if dropped:
+            console.print(f"blockx: warning: {_plural(dropped, 'row')} not written to {sink.label}")
 
     # 3. The verdict.
+    outcome.calls_in_file = total if spec.is_stream else None
     if outcome.output_closed and options.output is None:
         try:  # nothing more may reach the closed pipe, not even at interpreter exit
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -781,12 +865,20 @@ def run_command(options: RunOptions) -> int:
     if outcome.problems:
         _print_problems(console, outcome.problems)
         return outcome.problem_status
+    if outcome.rows_dropped:
+        at_most = "" if sink.drop_count_exact else "at most "
+        torn = "; the last line written is cut short" if sink.torn else ""
+        console.print(
+            f"blockx: warning: {sink.label} was not read for {OUTPUT_GRACE_S:.0f} s after the "
+            f"interruption: {at_most}{_plural(outcome.rows_dropped, 'row')} dropped, not "
+            f"written{torn}"
+        )
     result = outcome.result
     if result is None:
         console.print("blockx: error: the task did not end in time after it was cancelled")
-        return 130 if outcome.interrupted == "SIGINT" else EXIT_FAILED
+        return _INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_FAILED)
     if outcome.interrupted:
-        code = 130 if outcome.interrupted == "SIGINT" else 143
+        code = _INTERRUPTED_STATUS[outcome.interrupted]
     elif result.success and not result.errors:
         code = EXIT_OK
     else:
@@ -794,7 +886,7 @@ def run_command(options: RunOptions) -> int:
     if options.errors_out is not None:
         _write_errors(options.errors_out, spec, result.errors)
     if code == EXIT_FAILED or (outcome.interrupted and result.errors):
-        console.print(failure_report(spec, result))
+        console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
         console.print()
     if not options.quiet:
         console.print(summary_text(spec, outcome, sink, executors))

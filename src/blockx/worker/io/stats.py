@@ -7,8 +7,9 @@ answered from the cache (``cache_hits``), by joining an identical read already
 in flight (``singleflight_joins``), by being refused before reaching the
 backend (``rejected``), or by a backend call of its own (``backend_calls``).
 ``errors`` counts backend calls that answered an error (refusals are counted in
-``rejected`` and ``errors`` both). Latency is
-measured for backend calls only, on the event loop's clock, from the moment the
+``rejected`` and ``errors`` both). Latency is measured for backend calls only,
+on ``time.perf_counter`` (not the event loop's clock: uvloop's counts whole
+milliseconds, and a table read often takes less than one), from the moment the
 request was handed to the backend to the moment its answer arrived: total, max,
 and p50/p95 from a log-scale histogram (buckets 2^(1/4) apart from 10 µs: a
 percentile is within ~10% of the truth, and recording costs one ``log2``).
