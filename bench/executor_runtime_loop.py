@@ -162,7 +162,7 @@ def io_waits(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
         session.incoming.extend(batch)
         run()
         sent.clear()
-        waiting = [frame.envelope[keys.F_CALL_ID] for frame in batch]
+        waiting = [_call_id(frame) for frame in batch]
         while waiting:
             still = []
             for call_id in waiting:
@@ -188,6 +188,12 @@ def io_waits(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
             sent.clear()
             waiting = still
     return time.thread_time() - t0
+
+
+def _call_id(frame: Frame) -> str:
+    """The callId of a dict envelope or of a typed one (as the reader decodes them)."""
+    envelope: Any = frame.envelope
+    return envelope[keys.F_CALL_ID] if type(envelope) is dict else envelope.callId
 
 
 def measure_io(calls: int) -> float:

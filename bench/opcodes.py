@@ -1,0 +1,154 @@
+"""Python bytecodes executed per call, by function: a cost measure the machine cannot disturb.
+
+Wall-clock and CPU-time figures on our shared 2-core VMs swing by 2x between
+runs (and CPU time seems to include time the host takes the vCPU away), so a
+change worth 10% cannot be seen in them. This bench counts instead: every
+bytecode the interpreter executes (``sys.settrace`` with ``f_trace_opcodes``),
+per function, divided by the calls run. The count does not depend on the
+machine or its load; on CPython 3.11 one bytecode of our code costs ~10-15 ns,
+so 1,000 per call is ~10-15 µs. C work (JSON codecs, dict internals, syscalls)
+is not counted: check a change that moves work into C with a timing bench.
+
+Two sides, each the way the real process runs it:
+
+* **worker** — a real ``Worker`` in process against bench/worker_inprocess.py's
+  fake executors (their code and the bench backends are left out of the count):
+  ``--calls`` trivial calls, then ``--io-calls`` calls doing ``--reads`` IO waits
+  each, answered at once (``IOResult``) or after 2 ms (``--io-mode delayed``);
+* **executor** — ``ExecutorRuntime`` over bench/executor_runtime_loop.py's
+  in-memory session, fed ExecuteCall frames decoded by the reader's own typed
+  decoder, 128 per ``run_until_idle``; then calls doing ``--reads`` IO waits,
+  each answered with a ResumeCall as soon as its CallWaiting is out.
+
+    .venv/bin/python bench/opcodes.py [--side worker|executor|both] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson
+
+import executor_runtime_loop as erl
+import worker_inprocess as wi
+from blockx.executor.execute_frames import decode_execute_call
+from blockx.wire import Frame, FrameDecoder
+from blockx.worker.app import Worker, run
+from blockx.worker.config import load_config
+
+BENCH_DIR = str(Path(__file__).resolve().parent)
+
+
+class OpcodeCounter:
+    """Counts bytecodes per (file, function) while installed (this thread, greenlets too)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def _global(self, frame: Any, _event: str, _arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return self._local
+
+    def _local(self, frame: Any, event: str, _arg: Any) -> Any:
+        if event == "opcode":
+            code = frame.f_code
+            self.counts[(code.co_filename, code.co_name)] += 1
+        return self._local
+
+    def __enter__(self) -> OpcodeCounter:
+        sys.settrace(self._global)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        sys.settrace(None)
+
+    def report(self, title: str, calls: int, top: int) -> None:
+        ours = {k: v for k, v in self.counts.items() if not k[0].startswith(BENCH_DIR)}
+        total = sum(ours.values())
+        print(f"\n== {title}: {total / calls:,.0f} bytecodes per call ==")
+        for (file, name), count in sorted(ours.items(), key=lambda kv: -kv[1])[:top]:
+            where = file.split("/src/blockx/")[-1] if "/src/blockx/" in file else file
+            print(f"  {count / calls:8.1f}  {where}:{name}")
+
+
+# --- worker -----------------------------------------------------------------------------------
+
+
+async def worker_side(args: argparse.Namespace) -> None:
+    config = load_config(env={}).replace(**{"pool.executor_count": 2})
+    for reads, n in ((0, args.calls), (args.reads, args.io_calls)):
+        clock = [0.0]
+        backend: Any = wi.DelayedBackend() if args.io_mode == "delayed" else wi.ImmediateBackend()
+        async with Worker(
+            config, spawner=wi.IdleSpawner(), io_handlers={"blockdb": backend}
+        ) as worker:
+            for i in range(2):
+                conn = worker.adapter._new_connection()
+                fake = wi.FakeExecutor(f"exec-{i}", conn, reads, clock)
+                conn.connection_made(fake)  # type: ignore[arg-type]
+                fake.heartbeat()
+            await worker.wait_ready()
+            await wi._timed(worker, 500, reads, clock)  # warm-up
+            with OpcodeCounter() as counter:
+                await wi._timed(worker, n, reads, clock)
+        what = "trivial calls" if not reads else f"calls of {reads} IO waits ({args.io_mode})"
+        counter.report(f"worker, {n} {what}", n, args.top)
+
+
+# --- executor ---------------------------------------------------------------------------------
+
+
+def typed_frames(frames: list[Frame]) -> list[Frame]:
+    """The frames as the executor's reader thread hands them over (typed ExecuteCall)."""
+    decoder = FrameDecoder(typed=decode_execute_call)
+    out: list[Frame] = []
+    for frame in frames:
+        body = orjson.dumps(frame.envelope)
+        out.extend(decoder.feed(len(body).to_bytes(4, "big") + body))
+    return out
+
+
+def executor_side(args: argparse.Namespace) -> None:
+    runtime = erl.make_runtime()
+    try:
+        erl.batched(runtime, typed_frames(erl.envelopes(1000, "warm")))
+        frames = typed_frames(erl.envelopes(args.calls, "run"))
+        with OpcodeCounter() as counter:
+            erl.batched(runtime, frames)
+        counter.report(f"executor, {args.calls} trivial calls", args.calls, args.top)
+        frames = typed_frames(erl.envelopes(args.io_calls, "io", args.reads))
+        with OpcodeCounter() as counter:
+            erl.io_waits(runtime, frames)
+        counter.report(
+            f"executor, {args.io_calls} calls of {args.reads} IO waits", args.io_calls, args.top
+        )
+    finally:
+        runtime.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=("worker", "executor", "both"), default="both")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--io-calls", type=int, default=500)
+    parser.add_argument("--reads", type=int, default=5)
+    parser.add_argument("--io-mode", choices=("immediate", "delayed"), default="immediate")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    if args.side in ("worker", "both"):
+        run(worker_side(args))
+    if args.side in ("executor", "both"):
+        executor_side(args)
+
+
+if __name__ == "__main__":
+    main()
