@@ -32,6 +32,7 @@ import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +150,29 @@ def batched(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
     return time.thread_time() - t0
 
 
-def io_waits(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
-    """Batches of calls; every wait is answered before the next run_until_idle."""
+def resume_frame(call_id: str, request_id: str) -> Frame:
+    """The ResumeCall answering a wait, as a dict envelope (the generic path)."""
+    return Frame(
+        {
+            keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
+            keys.F_CALL_ID: call_id,
+            keys.F_REQUEST_ID: request_id,
+            keys.F_PAYLOAD: {
+                keys.FP_RESUME_KIND: keys.WAIT_IO,
+                keys.FP_RESULT: {"v": 1},
+                keys.FP_BUDGET_USED_MS: 0,
+            },
+        }
+    )
+
+
+def io_waits(
+    runtime: ExecutorRuntime,
+    frames: list[Frame],
+    resume: Callable[[str, str], Frame] = resume_frame,
+) -> float:
+    """Batches of calls; every wait is answered (``resume`` builds the ResumeCall) before
+    the next run_until_idle."""
     session = runtime._session
     assert isinstance(session, BenchSession)
     sent = session.sent
@@ -170,20 +192,8 @@ def io_waits(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
                 if ctx is None:
                     continue
                 still.append(call_id)
-                session.incoming.append(
-                    Frame(
-                        {
-                            keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
-                            keys.F_CALL_ID: call_id,
-                            keys.F_REQUEST_ID: ctx.pending_request_id,
-                            keys.F_PAYLOAD: {
-                                keys.FP_RESUME_KIND: keys.WAIT_IO,
-                                keys.FP_RESULT: {"v": 1},
-                                keys.FP_BUDGET_USED_MS: 0,
-                            },
-                        }
-                    )
-                )
+                assert ctx.pending_request_id is not None
+                session.incoming.append(resume(call_id, ctx.pending_request_id))
             run()
             sent.clear()
             waiting = still

@@ -39,7 +39,7 @@ import orjson
 
 import executor_runtime_loop as erl
 import worker_inprocess as wi
-from blockx.executor.execute_frames import decode_execute_call
+from blockx.executor.execute_frames import decode_inbound
 from blockx.wire import Frame, FrameDecoder
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
@@ -108,12 +108,20 @@ async def worker_side(args: argparse.Namespace) -> None:
 
 def typed_frames(frames: list[Frame]) -> list[Frame]:
     """The frames as the executor's reader thread hands them over (typed ExecuteCall)."""
-    decoder = FrameDecoder(typed=decode_execute_call)
+    decoder = FrameDecoder(typed=decode_inbound)
     out: list[Frame] = []
     for frame in frames:
         body = orjson.dumps(frame.envelope)
         out.extend(decoder.feed(len(body).to_bytes(4, "big") + body))
     return out
+
+
+def typed_resume(call_id: str, request_id: str) -> Frame:
+    """A ResumeCall as the reader hands it over: through the typed decoder (its Python
+    part, ``decode_matching``, counts; the reader's per-frame loop does not)."""
+    body = orjson.dumps(erl.resume_frame(call_id, request_id).envelope)
+    envelope = decode_inbound.decode_matching(memoryview(body))
+    return Frame(envelope if envelope is not None else orjson.loads(body))
 
 
 def executor_side(args: argparse.Namespace) -> None:
@@ -126,7 +134,7 @@ def executor_side(args: argparse.Namespace) -> None:
         counter.report(f"executor, {args.calls} trivial calls", args.calls, args.top)
         frames = typed_frames(erl.envelopes(args.io_calls, "io", args.reads))
         with OpcodeCounter() as counter:
-            erl.io_waits(runtime, frames)
+            erl.io_waits(runtime, frames, typed_resume)
         counter.report(
             f"executor, {args.io_calls} calls of {args.reads} IO waits", args.io_calls, args.top
         )

@@ -109,7 +109,7 @@ from .errors import (
     InvalidExecuteCall,
     SubcallParentNotResident,
 )
-from .execute_frames import ExecuteCallFrame
+from .execute_frames import ExecuteCallFrame, ResumeCallFrame
 from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
 from .heartbeat import MetricsLike, heartbeat_payload
 from .module_registry import ModuleRegistry
@@ -296,9 +296,19 @@ class ExecutorRuntime(CallRunner):
         self._handle_inbound(envelope, sidecar)
 
     def _handle_inbound(
-        self, envelope: dict[str, Any] | ExecuteCallFrame, sidecar: bytes | None
+        self,
+        envelope: dict[str, Any] | ExecuteCallFrame | ResumeCallFrame,
+        sidecar: bytes | None,
     ) -> None:
         """:meth:`handle_inbound_message` once the caller is known to be the scheduler."""
+        if isinstance(envelope, ResumeCallFrame):  # a result, decoded and checked by the reader
+            resume = envelope.payload
+            self.resume_call(
+                envelope.callId,
+                envelope.requestId,
+                ResumePayload(resume.resumeKind, resume.result, None, resume.budgetUsedMs),
+            )
+            return
         if isinstance(envelope, ExecuteCallFrame):  # decoded and checked by the reader
             self._handle_execute_frame(envelope)
             return

@@ -57,7 +57,7 @@ from typing import Any, Final
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
 
-from .execute_frames import decode_execute_call
+from .execute_frames import decode_inbound
 
 __all__ = [
     "MAX_BYTES_PER_WRITE",
@@ -352,7 +352,7 @@ class UDSSession:
     # --- reader thread ----------------------------------------------------------------
 
     def _read_loop(self) -> None:
-        decoder = FrameDecoder(typed=decode_execute_call)
+        decoder = FrameDecoder(typed=decode_inbound)
         buffer = bytearray(_RECV_BYTES)
         view = memoryview(buffer)
         recv_into = self._sock.recv_into

@@ -54,6 +54,7 @@ __all__ = [
     "encode_frame",
     "encode_frame_with_value",
     "typed_hook",
+    "typed_union_hook",
 ]
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
@@ -166,18 +167,33 @@ def encode_frame_with_value(
 
 
 class TypedHook:
-    """A :class:`FrameDecoder` ``typed`` hook for one message type (see :func:`typed_hook`).
+    """A :class:`FrameDecoder` ``typed`` hook for one or more message types (see
+    :func:`typed_hook`).
 
     Callable on a frame body; :class:`FrameDecoder` also reads :attr:`prefix` and
-    checks it inline, so a frame of another type costs no Python call.
+    checks it inline, so a frame of another type costs no Python call. With
+    several types the prefix is what their bodies have in common, and a frame
+    of another type that shares it costs one failed decode (meant for rare ones).
     """
 
     __slots__ = ("_accept", "_decode", "prefix", "size")
 
-    def __init__(self, message_type: str, struct: type[Any], accept: Callable[[Any], bool]) -> None:
-        self.prefix = b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
-        self.size = len(self.prefix)
-        self._decode = msgspec.json.Decoder(struct).decode
+    def __init__(self, structs: dict[str, type[Any]], accept: Callable[[Any], bool]) -> None:
+        prefixes = [
+            b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
+            for message_type in structs
+        ]
+        prefix = prefixes[0]
+        for other in prefixes[1:]:
+            while not other.startswith(prefix):
+                prefix = prefix[:-1]
+        self.prefix = prefix
+        self.size = len(prefix)
+        types = tuple(structs.values())
+        union: Any = types[0]
+        for other_type in types[1:]:
+            union = union | other_type
+        self._decode = msgspec.json.Decoder(union).decode
         self._accept = accept
 
     def __call__(self, body: memoryview) -> Any:
@@ -203,7 +219,13 @@ def typed_hook(message_type: str, struct: type[Any], accept: Callable[[Any], boo
     ``accept(decoded)`` (the range checks msgspec cannot express). Anything else
     returns None: the frame is then decoded the generic way, with its errors.
     """
-    return TypedHook(message_type, struct, accept)
+    return TypedHook({message_type: struct}, accept)
+
+
+def typed_union_hook(structs: dict[str, type[Any]], accept: Callable[[Any], bool]) -> TypedHook:
+    """:func:`typed_hook` for several message types at once (``{messageType: struct}``,
+    each struct tagged with its type): ``accept`` sees whichever struct was decoded."""
+    return TypedHook(structs, accept)
 
 
 def _decode_json(data: bytes | memoryview) -> dict[str, Any]:

@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from blockx.executor.context import ExecContext, InvalidExecuteCall
-from blockx.executor.execute_frames import ExecuteCallFrame, decode_execute_call
-from blockx.wire import FrameDecoder, encode_frame, keys, loads_wire
+from blockx.executor.context import ExecContext, InvalidExecuteCall, ResumePayload
+from blockx.executor.execute_frames import ExecuteCallFrame, ResumeCallFrame, decode_inbound
+from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire
 from blockx.worker.adapters.orchestrator_execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
 
@@ -92,7 +92,7 @@ def same_context(a: ExecContext, b: ExecContext) -> None:
     ],
 )
 def test_the_workers_execute_call_decodes_typed_to_the_same_context(body: bytes) -> None:
-    frame = decode_execute_call(memoryview(body))
+    frame = decode_inbound(memoryview(body))
     assert isinstance(frame, ExecuteCallFrame)
     same_context(via_struct(frame), via_dict(body))
 
@@ -117,7 +117,7 @@ def _variant(**payload: Any) -> bytes:
     ],
 )
 def test_what_the_typed_path_refuses_is_refused_by_the_generic_one(body: bytes) -> None:
-    assert decode_execute_call(memoryview(body)) is None
+    assert decode_inbound(memoryview(body)) is None
     with pytest.raises(InvalidExecuteCall):
         via_dict(body)
 
@@ -125,22 +125,97 @@ def test_what_the_typed_path_refuses_is_refused_by_the_generic_one(body: bytes) 
 def test_other_frames_and_other_key_orders_go_the_generic_way() -> None:
     reordered = orjson.loads(worker_body())
     reordered = {keys.F_CALL_ID: reordered[keys.F_CALL_ID], **reordered}
-    assert decode_execute_call(memoryview(orjson.dumps(reordered))) is None
+    assert decode_inbound(memoryview(orjson.dumps(reordered))) is None
     resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
-    assert decode_execute_call(memoryview(orjson.dumps(resume))) is None
+    assert decode_inbound(memoryview(orjson.dumps(resume))) is None
     missing = orjson.loads(worker_body())
     del missing[keys.F_PAYLOAD][keys.FP_TASK_ID]
-    assert decode_execute_call(memoryview(orjson.dumps(missing))) is None
-    assert decode_execute_call(memoryview(b'{"messageType":"ExecuteCall", oops')) is None
+    assert decode_inbound(memoryview(orjson.dumps(missing))) is None
+    assert decode_inbound(memoryview(b'{"messageType":"ExecuteCall", oops')) is None
 
 
 def test_a_frame_decoder_with_the_hook_yields_structs_and_dicts_in_order() -> None:
     execute = worker_body()
     resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
     stream = len(execute).to_bytes(4, "big") + execute + encode_frame(resume) + encode_frame(resume)
-    whole = FrameDecoder(typed=decode_execute_call).feed(stream)
-    decoder = FrameDecoder(typed=decode_execute_call)
+    whole = FrameDecoder(typed=decode_inbound).feed(stream)
+    decoder = FrameDecoder(typed=decode_inbound)
     by_byte = [f for i in range(len(stream)) for f in decoder.feed(stream[i : i + 1])]
     for frames in (whole, by_byte):
         assert [type(f.envelope) for f in frames] == [ExecuteCallFrame, dict, dict]
         assert frames[1].envelope == resume
+
+
+# --- ResumeCall -----------------------------------------------------------------------------
+
+
+def resume_body(payload: dict[str, Any]) -> bytes:
+    """A ResumeCall as the worker's adapter encodes it (outbound.send_resume_call; big ints
+    take the exact encoder)."""
+    return dumps_wire(
+        {
+            keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
+            keys.F_CALL_ID: "task-1#1/c7",
+            keys.F_REQUEST_ID: "req-abc-12",
+            keys.F_PAYLOAD: payload,
+        }
+    )
+
+
+def generic_resume(body: bytes) -> ResumePayload:
+    return ResumePayload.from_wire(loads_wire(body)[keys.F_PAYLOAD])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"resumeKind": "io", "result": {"v": 7, "big": 2**70}, "budgetUsedMs": 12},
+        {"resumeKind": "io", "result": None, "budgetUsedMs": 0},
+        {"resumeKind": "subcall", "result": [1, "x", {"y": None}], "budgetUsedMs": 3},
+        {"resumeKind": "io", "result": "text"},  # budgetUsedMs defaults to 0
+    ],
+)
+def test_a_result_resume_decodes_typed_to_the_same_resume_payload(payload: dict[str, Any]) -> None:
+    body = resume_body(payload)
+    frame = decode_inbound(memoryview(body))
+    assert isinstance(frame, ResumeCallFrame)
+    assert (frame.callId, frame.requestId) == ("task-1#1/c7", "req-abc-12")
+    typed = frame.payload
+    generic = generic_resume(body)
+    assert (typed.resumeKind, typed.result, None, typed.budgetUsedMs) == (
+        generic.resume_kind,
+        generic.result,
+        generic.error,
+        generic.budget_used_ms,
+    )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        # An error answer: the generic path validates and maps it.
+        {
+            "resumeKind": "io",
+            "error": {"kind": "io_error", "message": "down", "retryable": True},
+            "budgetUsedMs": 1,
+        },
+        {"resumeKind": "io", "result": 1, "budgetUsedMs": -1},
+        {"resumeKind": "io", "result": 1, "budgetUsedMs": 1.5},
+        {"resumeKind": "io", "result": 1, "budgetUsedMs": True},
+        {"result": 1, "budgetUsedMs": 1},
+        {"resumeKind": 3, "result": 1},
+    ],
+)
+def test_error_and_malformed_resumes_take_the_generic_path(payload: dict[str, Any]) -> None:
+    body = resume_body(payload)
+    assert decode_inbound(memoryview(body)) is None
+    generic = generic_resume(body)
+    assert generic.error is not None  # the error itself, or "malformed ResumeCall: ..."
+
+
+def test_frames_sharing_the_prefix_but_of_another_type_go_the_generic_way() -> None:
+    for envelope in (
+        {keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK, keys.F_PAYLOAD: {}},
+        {keys.F_MESSAGE_TYPE: keys.MT_CANCEL_CALL, keys.F_CALL_ID: "c", keys.F_PAYLOAD: {}},
+    ):
+        assert decode_inbound(memoryview(orjson.dumps(envelope))) is None
