@@ -342,7 +342,7 @@ def _main(argv: Sequence[str] | None) -> int:
             )
         )
     if args.command == "validate":
-        from blockx.cli_run import validate_command
+        from blockx.cli_validate import validate_command
 
         return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
     return _config_command(args)
