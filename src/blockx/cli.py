@@ -7,7 +7,9 @@
     blockx config [--task TASK] [--json]
 
 ``python -m blockx`` is the same command. The work is done in
-:mod:`blockx.cli_run` (running, progress, summary, failure report),
+:mod:`blockx.cli_run` (running, signals), :mod:`blockx.cli_validate`
+(``blockx validate``), :mod:`blockx.cli_console` (stderr: logs, the progress
+line), :mod:`blockx.cli_report` (exit statuses, failure report, summary),
 :mod:`blockx.cli_output` (the rows' writer thread),
 :mod:`blockx.cli_config` (configuration sources) and :mod:`blockx.taskspec`
 (task files); this module is the argument parser and the dispatch.

@@ -78,7 +78,7 @@ class RunOutcome:
     result: Any = None
     interrupted: str | None = None
     output_closed: bool = False
-    #: Rows not written: stdout was not read within OUTPUT_GRACE_S after an interruption.
+    #: Rows not written: stdout was not read within cli_run.OUTPUT_GRACE_S after an interruption.
     rows_dropped: int = 0
     #: A streamed task: the calls its file holds (the pre-run check's count).
     calls_in_file: int | None = None
