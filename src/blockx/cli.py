@@ -7,7 +7,9 @@
     blockx config [--task TASK] [--json]
 
 ``python -m blockx`` is the same command. The work is done in
-:mod:`blockx.cli_run` (running, progress, summary, failure report),
+:mod:`blockx.cli_run` (running, signals), :mod:`blockx.cli_validate`
+(``blockx validate``), :mod:`blockx.cli_console` (stderr: logs, the progress
+line), :mod:`blockx.cli_report` (exit statuses, failure report, summary),
 :mod:`blockx.cli_output` (the rows' writer thread),
 :mod:`blockx.cli_config` (configuration sources) and :mod:`blockx.taskspec`
 (task files); this module is the argument parser and the dispatch.
@@ -342,7 +344,7 @@ def _main(argv: Sequence[str] | None) -> int:
             )
         )
     if args.command == "validate":
-        from blockx.cli_run import validate_command
+        from blockx.cli_validate import validate_command
 
         return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
     return _config_command(args)

@@ -40,19 +40,42 @@ Line numbers of user code: the executor compiles a function under the name
 ``<blockx:ID>``; :meth:`TaskFile.user_locations` rewrites those names in
 messages and stack traces to the real file (for an inline ``source`` written
 as a YAML ``|`` block, the task file and the line inside it).
+
+This module owns the task model (:class:`TaskFile`, :class:`FunctionSource`,
+:class:`CodeProblem`), the top-level fields, the function sources (read from
+disk or inline) and :func:`load_task_file`, which ties the checks together.
+Parsing the document (line numbers, duplicate keys), collecting problems and
+checking the ``policy``, ``calls`` and ``io`` sections and a calls file's
+lines are :mod:`blockx.taskspec_checks`'s; :class:`SpecError` is defined
+there and re-exported here, the public import path.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
+
+# blockx.taskspec stays the import path of the public names now defined in taskspec_checks
+# (SpecError, MAX_PROBLEMS and the field tuples): the ``X as X`` form re-exports them.
+from blockx.taskspec_checks import CALL_FIELDS as CALL_FIELDS
+from blockx.taskspec_checks import FAILURE_POLICIES as FAILURE_POLICIES
+from blockx.taskspec_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
+from blockx.taskspec_checks import MAX_PROBLEMS as MAX_PROBLEMS
+from blockx.taskspec_checks import POLICY_FIELDS as POLICY_FIELDS
+from blockx.taskspec_checks import (
+    Checker,
+    SpecError,
+    check_call,
+    check_policy,
+    describe,
+    parse_call_line,
+    parse_document,
+    resolve_io,
+)
 
 __all__ = [
     "CodeProblem",
@@ -73,35 +96,12 @@ TOP_FIELDS: Final = (
     "audit",
     "io",
 )
-POLICY_FIELDS: Final = (
-    "max_attempts",
-    "failure",
-    "call_budget_ms",
-    "base_backoff_ms",
-    "max_output_bytes",
-    "debug",
-    "deadline_ms",
-)
-CALL_FIELDS: Final = ("function", "args")
-FAILURE_POLICIES: Final = ("fast_fail", "continue")
-#: IO knobs that are paths: relative ones are taken relative to the task file.
-IO_PATH_KNOBS: Final = ((None, "data_dir"), ("blockdb", "sqlite_path"))
 
 #: Task ids: what the worker, the logs and the IO scopes can carry verbatim.
 _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _FUNCTION_ID_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
 #: The name the executor compiles a function under (blockx.worker.code.module_filename).
 _MODULE_NAME_RE: Final = re.compile(r"<blockx:([^>\n]+)>")
-#: Problems listed before "... and N more" (per file).
-MAX_PROBLEMS: Final = 20
-
-
-class SpecError(ValueError):
-    """A task file (or its calls file) is wrong; each line of the message names one problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +192,7 @@ class TaskFile:
                 if not line.strip():
                     continue
                 try:
-                    _parse_call_line(line, lineno, label, known)
+                    parse_call_line(line, lineno, label, known)
                 except SpecError as exc:
                     if len(problems) < max_problems:
                         problems.extend(exc.problems)
@@ -220,7 +220,7 @@ class TaskFile:
             for lineno, line in enumerate(handle, 1):
                 if not line.strip():
                     continue
-                function_id, args = _parse_call_line(line, lineno, label, known)
+                function_id, args = parse_call_line(line, lineno, label, known)
                 yield Call(function_id, args)
 
     # --- code ------------------------------------------------------------------------------------
@@ -330,285 +330,7 @@ def _display(path: Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
-def _describe(value: Any) -> str:
-    """A value as error messages quote it (short)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _field(path: tuple[Any, ...]) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _suggest(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-class _Lines:
-    """Line numbers of the fields of a YAML document (from its node tree)."""
-
-    def __init__(self, node: Any) -> None:
-        self._node = node
-
-    def line(self, path: tuple[Any, ...]) -> int | None:
-        """The line of the field at ``path``, or of its deepest ancestor found."""
-        import yaml  # type: ignore[import-untyped,unused-ignore]
-
-        node = self._node
-        for part in path:
-            if isinstance(node, yaml.MappingNode):
-                for key, value in node.value:
-                    if getattr(key, "value", None) == part:
-                        node = value
-                        break
-                else:
-                    break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-                if not 0 <= part < len(node.value):
-                    break
-                node = node.value[part]
-            else:
-                break
-        return int(node.start_mark.line) + 1 if node is not None else None
-
-    def node(self, path: tuple[Any, ...]) -> Any:
-        import yaml  # type: ignore[import-untyped,unused-ignore]
-
-        node = self._node
-        for part in path:
-            if isinstance(node, yaml.MappingNode):
-                for key, value in node.value:
-                    if getattr(key, "value", None) == part:
-                        node = value
-                        break
-                else:
-                    return None
-            else:
-                return None
-        return node
-
-
-class _NoLines:
-    def line(self, path: tuple[Any, ...]) -> int | None:
-        return None
-
-    def node(self, path: tuple[Any, ...]) -> Any:
-        return None
-
-
-def _parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
-    """(data, line finder) of a task file's text; SpecError on a parse error."""
-    if is_json:
-        try:
-            return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
-        except json.JSONDecodeError as exc:
-            raise SpecError(
-                [f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"]
-            ) from None
-        except _DuplicateKey as exc:
-            raise SpecError(
-                [f"{label}: duplicate key {exc.key!r} (the last one would win)"]
-            ) from None
-    import yaml  # type: ignore[import-untyped,unused-ignore]
-
-    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_cls(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        what = exc.problem or exc.context or "malformed"
-        context = exc.context_mark
-        if exc.problem and exc.context and context is not None and context is not mark:
-            what += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
-        raise SpecError([f"{label}: {where}not valid YAML: {what}"]) from None
-    except yaml.YAMLError as exc:
-        raise SpecError([f"{label}: not valid YAML: {exc}"]) from None
-    finally:
-        loader.dispose()
-    if node is not None:
-        _check_duplicate_keys(node, label)
-    return data, _Lines(node)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-def _check_duplicate_keys(root: Any, label: str) -> None:
-    """A mapping that names a key twice is an error: YAML would keep the last silently."""
-    import yaml  # type: ignore[import-untyped,unused-ignore]
-
-    problems: list[str] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[tuple[str, str], int] = {}
-            for key, value in node.value:
-                stack.append(value)
-                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                    line = key.start_mark.line + 1
-                    first = seen.get((key.tag, key.value))
-                    if first is None:
-                        seen[(key.tag, key.value)] = line
-                    else:
-                        problems.append(
-                            f"{label}: line {line}: duplicate key {key.value!r} (first at line "
-                            f"{first}; the last one would win)"
-                        )
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
-    if problems:
-        raise SpecError(sorted(problems, key=lambda p: int(p.split("line ")[1].split(":")[0])))
-
-
-class _Checker:
-    """Collects problems, each naming the file, the field and (YAML) the line."""
-
-    def __init__(self, label: str, lines: Any) -> None:
-        self.label = label
-        self.lines = lines
-        self.problems: list[str] = []
-        self.more = 0
-
-    def add(self, path: tuple[Any, ...], what: str) -> None:
-        if len(self.problems) >= MAX_PROBLEMS:
-            self.more += 1
-            return
-        line = self.lines.line(path)
-        where = f" (line {line})" if line is not None else ""
-        name = _field(path)
-        self.problems.append(f"{self.label}: {name + ': ' if name else ''}{what}{where}")
-
-    def unknown_fields(self, data: Mapping[Any, Any], path: tuple[Any, ...], known: Any) -> None:
-        for key in data:
-            if key not in known:
-                self.add(
-                    (*path, key),
-                    f"unknown field{_suggest(key, known)}; expected one of: {', '.join(known)}",
-                )
-
-    def raise_if_any(self) -> None:
-        if self.more:
-            self.problems.append(f"{self.label}: … and {self.more} more problem(s)")
-        if self.problems:
-            raise SpecError(self.problems)
-
-
-def _json_problem(value: Any, path: str = "") -> str | None:
-    """Why ``value`` is not a JSON value (naming the sub-path), or None."""
-    if value is None or isinstance(value, (bool, str)):
-        return None
-    if isinstance(value, int):
-        return None
-    if isinstance(value, float):
-        return (
-            None if math.isfinite(value) else f"{path or 'value'}: {value!r} is not a JSON number"
-        )
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            problem = _json_problem(item, f"{path}[{i}]")
-            if problem:
-                return problem
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return (
-                    f"{path or 'value'}: key {key!r} is not a string (JSON object keys are "
-                    "strings; quote it)"
-                )
-            problem = _json_problem(item, f"{path}.{key}" if path else key)
-            if problem:
-                return problem
-        return None
-    kind = type(value).__name__
-    hint = " (quote it to pass a string)" if kind in ("date", "datetime") else ""
-    return f"{path or 'value'}: a {kind} is not a JSON value{hint}"
-
-
-def _positive_int(value: Any, *, minimum: int) -> bool:
-    return type(value) is int and value >= minimum
-
-
-def _check_policy(check: _Checker, policy: Any) -> dict[str, Any]:
-    if policy is None:
-        return {}
-    if not isinstance(policy, Mapping):
-        check.add(("policy",), f"expected a mapping of policy fields, got {_describe(policy)}")
-        return {}
-    check.unknown_fields(policy, ("policy",), POLICY_FIELDS)
-    out: dict[str, Any] = {}
-    ints = {
-        "max_attempts": (1, "a positive integer"),
-        "call_budget_ms": (0, "a non-negative integer (ms; 0 = unlimited)"),
-        "base_backoff_ms": (0, "a non-negative integer (ms)"),
-        "max_output_bytes": (1, "a positive integer (bytes)"),
-        "deadline_ms": (1, "a positive integer (ms, the whole task's wall-clock limit)"),
-    }
-    for name, (minimum, expected) in ints.items():
-        if name not in policy or policy[name] is None:
-            continue
-        value = policy[name]
-        if not _positive_int(value, minimum=minimum):
-            check.add(("policy", name), f"expected {expected}, got {_describe(value)}")
-        else:
-            out[name] = value
-    if "failure" in policy:
-        value = policy["failure"]
-        if value not in FAILURE_POLICIES:
-            check.add(
-                ("policy", "failure"),
-                f"expected fast_fail or continue, got {_describe(value)}"
-                + (_suggest(value, FAILURE_POLICIES) if isinstance(value, str) else ""),
-            )
-        else:
-            out["failure"] = value
-    if "debug" in policy:
-        value = policy["debug"]
-        if type(value) is not bool:
-            check.add(("policy", "debug"), f"expected true or false, got {_describe(value)}")
-        else:
-            out["debug"] = value
-    if not check.problems:
-        from blockx.worker.api import TaskPolicy, TaskSpecError
-
-        try:
-            TaskPolicy(**out)
-        except TaskSpecError as exc:
-            check.add(("policy",), str(exc).removeprefix("policy: "))
-    return out
-
-
-def _read_source(check: _Checker, base: Path, fid: str, raw: str) -> tuple[Path, str] | None:
+def _read_source(check: Checker, base: Path, fid: str, raw: str) -> tuple[Path, str] | None:
     path = Path(os.path.expanduser(raw))
     if not path.is_absolute():
         path = base / path
@@ -635,7 +357,7 @@ def _read_source(check: _Checker, base: Path, fid: str, raw: str) -> tuple[Path,
 
 
 def _check_functions(
-    check: _Checker, functions: Any, base: Path, task_file: Path
+    check: Checker, functions: Any, base: Path, task_file: Path
 ) -> dict[str, FunctionSource]:
     out: dict[str, FunctionSource] = {}
     if functions is None:
@@ -645,14 +367,14 @@ def _check_functions(
         check.add(
             ("functions",),
             "expected a mapping {function_id: {path: FILE} or {source: CODE}}, got "
-            + ("an empty mapping" if isinstance(functions, Mapping) else _describe(functions)),
+            + ("an empty mapping" if isinstance(functions, Mapping) else describe(functions)),
         )
         return out
     for fid, spec in functions.items():
         if not isinstance(fid, str) or not _FUNCTION_ID_RE.fullmatch(fid):
             check.add(
                 ("functions", fid),
-                f"{_describe(fid)} is not a valid function id (letters, digits and _ . : / @ -, "
+                f"{describe(fid)} is not a valid function id (letters, digits and _ . : / @ -, "
                 "at most 200)",
             )
             continue
@@ -666,7 +388,7 @@ def _check_functions(
         if not isinstance(spec, Mapping):
             check.add(
                 ("functions", fid),
-                f"expected {{path: FILE}} or {{source: CODE}}, got {_describe(spec)}",
+                f"expected {{path: FILE}} or {{source: CODE}}, got {describe(spec)}",
             )
             continue
         check.unknown_fields(spec, ("functions", fid), ("path", "source"))
@@ -682,7 +404,7 @@ def _check_functions(
         if has_path:
             raw = spec["path"]
             if not isinstance(raw, str) or not raw.strip():
-                check.add(("functions", fid, "path"), f"expected a file path, got {_describe(raw)}")
+                check.add(("functions", fid, "path"), f"expected a file path, got {describe(raw)}")
                 continue
             read = _read_source(check, base, fid, raw)
             if read is None:
@@ -694,7 +416,7 @@ def _check_functions(
             if not isinstance(source, str) or not source.strip():
                 check.add(
                     ("functions", fid, "source"),
-                    f"expected the function's Python code, got {_describe(source)}",
+                    f"expected the function's Python code, got {describe(source)}",
                 )
                 continue
             origin = f"{_display(task_file)} (functions.{fid}.source)"
@@ -707,91 +429,6 @@ def _check_functions(
             else:
                 out[fid] = FunctionSource(fid, source, None, origin)
     return out
-
-
-def _check_call(
-    check: _Checker, call: Any, path: tuple[Any, ...], known: Mapping[str, Any]
-) -> tuple[str, Any] | None:
-    if not isinstance(call, Mapping):
-        check.add(path, f"expected a mapping {{function: ID, args: ...}}, got {_describe(call)}")
-        return None
-    check.unknown_fields(call, path, CALL_FIELDS)
-    fid = call.get("function")
-    if fid is None:
-        check.add((*path, "function"), "missing: the id of one of the task's functions")
-        return None
-    if not isinstance(fid, str):
-        check.add((*path, "function"), f"expected a function id, got {_describe(fid)}")
-        return None
-    if known and fid not in known:
-        check.add(
-            (*path, "function"),
-            f"{fid!r} is not a function of this task (functions: {', '.join(known)})"
-            + _suggest(fid, known),
-        )
-        return None
-    args = call.get("args", [])
-    problem = _json_problem(args, "args")
-    if problem:
-        sub, _, what = problem.partition(": ")
-        check.add((*path, *sub.split(".")), what)
-        return None
-    return fid, args
-
-
-def _parse_call_line(
-    line: bytes, lineno: int, label: str, known: Mapping[str, Any]
-) -> tuple[str, Any]:
-    """One JSONL line -> (function id, args); SpecError naming the line."""
-    from blockx.wire import loads_wire
-
-    try:
-        call = loads_wire(line)
-    except ValueError:
-        try:
-            json.loads(line)
-            problem = "not valid JSON"
-        except json.JSONDecodeError as exc:
-            problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
-        except UnicodeDecodeError:
-            problem = "not UTF-8 text"
-        raise SpecError([f"{label}: line {lineno}: {problem}"]) from None
-    if type(call) is dict and type(call.get("function")) is str and call["function"] in known:
-        if len(call) == 2 and "args" in call:
-            return call["function"], call["args"]
-        if len(call) == 1:
-            return call["function"], []
-    check = _Checker(f"{label}: line {lineno}", _NoLines())
-    _check_call(check, call, (), known)
-    check.raise_if_any()
-    return call["function"], call.get("args", [])  # pragma: no cover - caught above
-
-
-def _resolve_io(check: _Checker, io: Any, base: Path) -> dict[str, Any]:
-    if io is None:
-        return {}
-    if not isinstance(io, Mapping):
-        check.add(("io",), f"expected a mapping of IO knobs, got {_describe(io)}")
-        return {}
-    resolved: dict[str, Any] = {}
-    for key, value in io.items():
-        resolved[key] = dict(value) if isinstance(value, Mapping) else value
-    for section, name in IO_PATH_KNOBS:
-        table = resolved if section is None else resolved.get(section)
-        if isinstance(table, dict) and isinstance(table.get(name), str) and table[name].strip():
-            raw = os.path.expanduser(table[name])
-            table[name] = raw if os.path.isabs(raw) else str(base / raw)
-    from blockx.worker.io.config import IOConfigError, load_io_config
-
-    try:
-        load_io_config(resolved, env={})
-    except IOConfigError as exc:
-        for problem in exc.problems:
-            path = tuple(problem.split(":", 1)[0].split("=", 1)[0].split("."))
-            line = check.lines.line(path)
-            where = f" (line {line})" if line is not None else ""
-            check.problems.append(f"{check.label}: {problem}{where}")
-    return resolved
 
 
 def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
@@ -810,10 +447,10 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError([f"{label}: not UTF-8 text (byte {exc.start})"]) from None
-    data, lines = _parse_document(text, label, given.suffix.lower() == ".json")
-    check = _Checker(label, lines)
+    data, lines = parse_document(text, label, given.suffix.lower() == ".json")
+    check = Checker(label, lines)
     if not isinstance(data, Mapping):
-        what = "an empty file" if data is None else _describe(data)
+        what = "an empty file" if data is None else describe(data)
         raise SpecError(
             [f"{label}: expected a mapping of task fields (functions, calls, ...), got {what}"]
         )
@@ -824,12 +461,12 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
     if task_id is not None and (not isinstance(task_id, str) or not _TASK_ID_RE.fullmatch(task_id)):
         check.add(
             ("task_id",),
-            f"expected letters, digits and . _ : @ - (at most 128), got {_describe(task_id)}",
+            f"expected letters, digits and . _ : @ - (at most 128), got {describe(task_id)}",
         )
         task_id = None
     instance = data.get("instance")
     if instance is not None and (not isinstance(instance, str) or not instance.strip()):
-        check.add(("instance",), f"expected a non-empty string, got {_describe(instance)}")
+        check.add(("instance",), f"expected a non-empty string, got {describe(instance)}")
         instance = None
 
     functions = _check_functions(check, data.get("functions"), base, given)
@@ -847,19 +484,19 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         raw_calls = data["calls"]
         if not isinstance(raw_calls, list):
             check.add(
-                ("calls",), f"expected a list of {{function, args}}, got {_describe(raw_calls)}"
+                ("calls",), f"expected a list of {{function, args}}, got {describe(raw_calls)}"
             )
         else:
             calls = []
             names = {fid: None for fid in declared if isinstance(fid, str)}
             for i, call in enumerate(raw_calls):
-                checked = _check_call(check, call, ("calls", i), names)
+                checked = check_call(check, call, ("calls", i), names)
                 if checked is not None:
                     calls.append(checked)
     else:
         raw_file = data["calls_file"]
         if not isinstance(raw_file, str) or not raw_file.strip():
-            check.add(("calls_file",), f"expected a file path, got {_describe(raw_file)}")
+            check.add(("calls_file",), f"expected a file path, got {describe(raw_file)}")
         else:
             candidate = Path(os.path.expanduser(raw_file))
             if not candidate.is_absolute():
@@ -870,12 +507,12 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
             else:
                 calls_file = candidate
 
-    policy = _check_policy(check, data.get("policy"))
+    policy = check_policy(check, data.get("policy"))
     audit = data.get("audit")
     if audit is not None and type(audit) is not bool:
-        check.add(("audit",), f"expected true or false, got {_describe(audit)}")
+        check.add(("audit",), f"expected true or false, got {describe(audit)}")
         audit = None
-    io = _resolve_io(check, data.get("io"), base)
+    io = resolve_io(check, data.get("io"), base)
     check.raise_if_any()
     return TaskFile(
         path=given,

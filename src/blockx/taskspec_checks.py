@@ -1,0 +1,443 @@
+"""Reading a task file's document and checking its sections, for :mod:`blockx.taskspec`.
+
+Theory of operation
+-------------------
+:func:`parse_document` turns a task file's text into data: YAML (PyYAML's
+``CSafeLoader`` when built, else ``SafeLoader``) keeps its node tree, so a
+problem can name the line of the field it is about; JSON has no line
+numbers here. A mapping that names a key twice is refused in both (YAML and
+JSON would silently keep the last one).
+
+A :class:`Checker` collects the problems of one file — each names the file,
+the field path (``calls[3].function``) and, for YAML, the line — and raises
+them together as one :class:`SpecError` (at most :data:`MAX_PROBLEMS`, then
+"… and N more"). The checks of the sections that need nothing from the task
+model live here: :func:`check_policy` (``TaskPolicy`` keyword arguments),
+:func:`check_call` (one ``{function, args}``, args a JSON value) and
+:func:`resolve_io` (relative paths made absolute, then the worker's own IO
+configuration check). :func:`parse_call_line` is one line of a
+``calls_file``: a fast path for a well-formed line, the full check (and
+problems naming the line) otherwise.
+
+:mod:`blockx.taskspec` is the public import path: it re-exports
+:class:`SpecError` and the field tuples, reads the function sources and
+builds the ``TaskFile``. Nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = [
+    "CALL_FIELDS",
+    "FAILURE_POLICIES",
+    "IO_PATH_KNOBS",
+    "MAX_PROBLEMS",
+    "POLICY_FIELDS",
+    "Checker",
+    "SpecError",
+    "check_call",
+    "check_policy",
+    "describe",
+    "parse_call_line",
+    "parse_document",
+    "resolve_io",
+]
+
+POLICY_FIELDS: Final = (
+    "max_attempts",
+    "failure",
+    "call_budget_ms",
+    "base_backoff_ms",
+    "max_output_bytes",
+    "debug",
+    "deadline_ms",
+)
+CALL_FIELDS: Final = ("function", "args")
+FAILURE_POLICIES: Final = ("fast_fail", "continue")
+#: IO knobs that are paths: relative ones are taken relative to the task file.
+IO_PATH_KNOBS: Final = ((None, "data_dir"), ("blockdb", "sqlite_path"))
+#: Problems listed before "... and N more" (per file).
+MAX_PROBLEMS: Final = 20
+
+
+class SpecError(ValueError):
+    """A task file (or its calls file) is wrong; each line of the message names one problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def describe(value: Any) -> str:
+    """A value as error messages quote it (short)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class _Lines:
+    """Line numbers of the fields of a YAML document (from its node tree)."""
+
+    def __init__(self, node: Any) -> None:
+        self._node = node
+
+    def line(self, path: tuple[Any, ...]) -> int | None:
+        """The line of the field at ``path``, or of its deepest ancestor found."""
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+
+        node = self._node
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    if getattr(key, "value", None) == part:
+                        node = value
+                        break
+                else:
+                    break
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                if not 0 <= part < len(node.value):
+                    break
+                node = node.value[part]
+            else:
+                break
+        return int(node.start_mark.line) + 1 if node is not None else None
+
+    def node(self, path: tuple[Any, ...]) -> Any:
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+
+        node = self._node
+        for part in path:
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    if getattr(key, "value", None) == part:
+                        node = value
+                        break
+                else:
+                    return None
+            else:
+                return None
+        return node
+
+
+class _NoLines:
+    def line(self, path: tuple[Any, ...]) -> int | None:
+        return None
+
+    def node(self, path: tuple[Any, ...]) -> Any:
+        return None
+
+
+def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
+    """(data, line finder) of a task file's text; SpecError on a parse error."""
+    if is_json:
+        try:
+            return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
+        except json.JSONDecodeError as exc:
+            raise SpecError(
+                [f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"]
+            ) from None
+        except _DuplicateKey as exc:
+            raise SpecError(
+                [f"{label}: duplicate key {exc.key!r} (the last one would win)"]
+            ) from None
+    import yaml  # type: ignore[import-untyped,unused-ignore]
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_cls(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = exc.problem or exc.context or "malformed"
+        context = exc.context_mark
+        if exc.problem and exc.context and context is not None and context is not mark:
+            what += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
+        raise SpecError([f"{label}: {where}not valid YAML: {what}"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"{label}: not valid YAML: {exc}"]) from None
+    finally:
+        loader.dispose()
+    if node is not None:
+        _check_duplicate_keys(node, label)
+    return data, _Lines(node)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _check_duplicate_keys(root: Any, label: str) -> None:
+    """A mapping that names a key twice is an error: YAML would keep the last silently."""
+    import yaml  # type: ignore[import-untyped,unused-ignore]
+
+    problems: list[str] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key, value in node.value:
+                stack.append(value)
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    first = seen.get((key.tag, key.value))
+                    if first is None:
+                        seen[(key.tag, key.value)] = line
+                    else:
+                        problems.append(
+                            f"{label}: line {line}: duplicate key {key.value!r} (first at line "
+                            f"{first}; the last one would win)"
+                        )
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    if problems:
+        raise SpecError(sorted(problems, key=lambda p: int(p.split("line ")[1].split(":")[0])))
+
+
+class Checker:
+    """Collects problems, each naming the file, the field and (YAML) the line."""
+
+    def __init__(self, label: str, lines: Any) -> None:
+        self.label = label
+        self.lines = lines
+        self.problems: list[str] = []
+        self.more = 0
+
+    def add(self, path: tuple[Any, ...], what: str) -> None:
+        if len(self.problems) >= MAX_PROBLEMS:
+            self.more += 1
+            return
+        line = self.lines.line(path)
+        where = f" (line {line})" if line is not None else ""
+        name = _field(path)
+        self.problems.append(f"{self.label}: {name + ': ' if name else ''}{what}{where}")
+
+    def unknown_fields(self, data: Mapping[Any, Any], path: tuple[Any, ...], known: Any) -> None:
+        for key in data:
+            if key not in known:
+                self.add(
+                    (*path, key),
+                    f"unknown field{_suggest(key, known)}; expected one of: {', '.join(known)}",
+                )
+
+    def raise_if_any(self) -> None:
+        if self.more:
+            self.problems.append(f"{self.label}: … and {self.more} more problem(s)")
+        if self.problems:
+            raise SpecError(self.problems)
+
+
+def _json_problem(value: Any, path: str = "") -> str | None:
+    """Why ``value`` is not a JSON value (naming the sub-path), or None."""
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return (
+            None if math.isfinite(value) else f"{path or 'value'}: {value!r} is not a JSON number"
+        )
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            problem = _json_problem(item, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (
+                    f"{path or 'value'}: key {key!r} is not a string (JSON object keys are "
+                    "strings; quote it)"
+                )
+            problem = _json_problem(item, f"{path}.{key}" if path else key)
+            if problem:
+                return problem
+        return None
+    kind = type(value).__name__
+    hint = " (quote it to pass a string)" if kind in ("date", "datetime") else ""
+    return f"{path or 'value'}: a {kind} is not a JSON value{hint}"
+
+
+def _positive_int(value: Any, *, minimum: int) -> bool:
+    return type(value) is int and value >= minimum
+
+
+def check_policy(check: Checker, policy: Any) -> dict[str, Any]:
+    """The ``policy`` section as ``TaskPolicy`` keyword arguments (the good fields only)."""
+    if policy is None:
+        return {}
+    if not isinstance(policy, Mapping):
+        check.add(("policy",), f"expected a mapping of policy fields, got {describe(policy)}")
+        return {}
+    check.unknown_fields(policy, ("policy",), POLICY_FIELDS)
+    out: dict[str, Any] = {}
+    ints = {
+        "max_attempts": (1, "a positive integer"),
+        "call_budget_ms": (0, "a non-negative integer (ms; 0 = unlimited)"),
+        "base_backoff_ms": (0, "a non-negative integer (ms)"),
+        "max_output_bytes": (1, "a positive integer (bytes)"),
+        "deadline_ms": (1, "a positive integer (ms, the whole task's wall-clock limit)"),
+    }
+    for name, (minimum, expected) in ints.items():
+        if name not in policy or policy[name] is None:
+            continue
+        value = policy[name]
+        if not _positive_int(value, minimum=minimum):
+            check.add(("policy", name), f"expected {expected}, got {describe(value)}")
+        else:
+            out[name] = value
+    if "failure" in policy:
+        value = policy["failure"]
+        if value not in FAILURE_POLICIES:
+            check.add(
+                ("policy", "failure"),
+                f"expected fast_fail or continue, got {describe(value)}"
+                + (_suggest(value, FAILURE_POLICIES) if isinstance(value, str) else ""),
+            )
+        else:
+            out["failure"] = value
+    if "debug" in policy:
+        value = policy["debug"]
+        if type(value) is not bool:
+            check.add(("policy", "debug"), f"expected true or false, got {describe(value)}")
+        else:
+            out["debug"] = value
+    if not check.problems:
+        from blockx.worker.api import TaskPolicy, TaskSpecError
+
+        try:
+            TaskPolicy(**out)
+        except TaskSpecError as exc:
+            check.add(("policy",), str(exc).removeprefix("policy: "))
+    return out
+
+
+def check_call(
+    check: Checker, call: Any, path: tuple[Any, ...], known: Mapping[str, Any]
+) -> tuple[str, Any] | None:
+    """One call -> (function id, args), or None with its problems added to ``check``.
+
+    ``known``: the task's function ids (empty: any id is accepted)."""
+    if not isinstance(call, Mapping):
+        check.add(path, f"expected a mapping {{function: ID, args: ...}}, got {describe(call)}")
+        return None
+    check.unknown_fields(call, path, CALL_FIELDS)
+    fid = call.get("function")
+    if fid is None:
+        check.add((*path, "function"), "missing: the id of one of the task's functions")
+        return None
+    if not isinstance(fid, str):
+        check.add((*path, "function"), f"expected a function id, got {describe(fid)}")
+        return None
+    if known and fid not in known:
+        check.add(
+            (*path, "function"),
+            f"{fid!r} is not a function of this task (functions: {', '.join(known)})"
+            + _suggest(fid, known),
+        )
+        return None
+    args = call.get("args", [])
+    problem = _json_problem(args, "args")
+    if problem:
+        sub, _, what = problem.partition(": ")
+        check.add((*path, *sub.split(".")), what)
+        return None
+    return fid, args
+
+
+def parse_call_line(
+    line: bytes, lineno: int, label: str, known: Mapping[str, Any]
+) -> tuple[str, Any]:
+    """One JSONL line -> (function id, args); SpecError naming the line."""
+    from blockx.wire import loads_wire
+
+    try:
+        call = loads_wire(line)
+    except ValueError:
+        try:
+            json.loads(line)
+            problem = "not valid JSON"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
+        except UnicodeDecodeError:
+            problem = "not UTF-8 text"
+        raise SpecError([f"{label}: line {lineno}: {problem}"]) from None
+    if type(call) is dict and type(call.get("function")) is str and call["function"] in known:
+        if len(call) == 2 and "args" in call:
+            return call["function"], call["args"]
+        if len(call) == 1:
+            return call["function"], []
+    check = Checker(f"{label}: line {lineno}", _NoLines())
+    check_call(check, call, (), known)
+    check.raise_if_any()
+    return call["function"], call.get("args", [])  # pragma: no cover - caught above
+
+
+def resolve_io(check: Checker, io: Any, base: Path) -> dict[str, Any]:
+    """The ``io`` section, its path knobs made absolute against ``base`` (the task's dir)."""
+    if io is None:
+        return {}
+    if not isinstance(io, Mapping):
+        check.add(("io",), f"expected a mapping of IO knobs, got {describe(io)}")
+        return {}
+    resolved: dict[str, Any] = {}
+    for key, value in io.items():
+        resolved[key] = dict(value) if isinstance(value, Mapping) else value
+    for section, name in IO_PATH_KNOBS:
+        table = resolved if section is None else resolved.get(section)
+        if isinstance(table, dict) and isinstance(table.get(name), str) and table[name].strip():
+            raw = os.path.expanduser(table[name])
+            table[name] = raw if os.path.isabs(raw) else str(base / raw)
+    from blockx.worker.io.config import IOConfigError, load_io_config
+
+    try:
+        load_io_config(resolved, env={})
+    except IOConfigError as exc:
+        for problem in exc.problems:
+            path = tuple(problem.split(":", 1)[0].split("=", 1)[0].split("."))
+            line = check.lines.line(path)
+            where = f" (line {line})" if line is not None else ""
+            check.problems.append(f"{check.label}: {problem}{where}")
+    return resolved
