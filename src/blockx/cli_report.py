@@ -181,7 +181,8 @@ def failure_report(
     return "\n".join(lines)
 
 
-_PACKAGE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: BlockX's own package directory: its frames are left out of a failure report.
+_PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
 
 
 def _user_frames(stack: str) -> str:

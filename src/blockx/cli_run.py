@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import sys
@@ -98,8 +97,6 @@ STARTUP_TIMEOUT_S: Final = 30.0
 #: After an interruption, how long rows still queued may take to be written (s); then
 #: they are dropped (a reader that does not drain cannot hold the process).
 OUTPUT_GRACE_S: Final = 2.0
-
-_log = logging.getLogger("blockx.cli")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
