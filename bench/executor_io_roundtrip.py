@@ -8,7 +8,9 @@ worker; N=0 against N=10 isolates the per-IO cost:
 * **128 calls in flight** (throughput): executor CPU µs per IO, same subtraction —
   what an IO costs the executor when frames are batched.
 
-    .venv/bin/python bench/executor_io_roundtrip.py [--calls 2000] [--reads 10]
+    .venv/bin/python bench/executor_io_roundtrip.py [--calls 2000] [--reads 10] [--budget-ms 5000]
+
+``--budget-ms 0`` measures calls without a budget (no wait timer, no alarm).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def _(n):
 """
 
 
-def call_maker(digest: str, task_id: str, reads: int) -> Callable[[int], bytes]:
+def call_maker(
+    digest: str, task_id: str, reads: int, budget_ms: int = 5000
+) -> Callable[[int], bytes]:
     def make(i: int) -> bytes:
         return encode_frame(
             orjson.dumps(
@@ -61,7 +65,7 @@ def call_maker(digest: str, task_id: str, reads: int) -> Callable[[int], bytes]:
                         keys.FP_ENTRY_SELECTOR: "_",
                         keys.FP_PARENT_CALL_ID: None,
                         keys.FP_ANCESTRY: [],
-                        keys.FP_CALL_BUDGET_MS: 5000,  # the worker's default call_deadline_ms
+                        keys.FP_CALL_BUDGET_MS: budget_ms,
                         keys.FP_AUDIT: None,
                         keys.FP_DEBUG: False,
                     },
@@ -82,10 +86,16 @@ def answer(frame: Frame) -> bytes:
 
 
 def measure(
-    worker: FakeWorker, digest: str, reads: int, calls: int, inflight: int, tag: str
+    worker: FakeWorker,
+    digest: str,
+    reads: int,
+    calls: int,
+    inflight: int,
+    tag: str,
+    budget_ms: int = 5000,
 ) -> tuple[float, float]:
     """(wall s, executor CPU s) for ``calls`` calls of ``reads`` reads each."""
-    driver = PipelinedDriver(worker, call_maker(digest, tag, reads), answer_io=answer)
+    driver = PipelinedDriver(worker, call_maker(digest, tag, reads, budget_ms), answer_io=answer)
     cpu0 = process_cpu_seconds(worker.pid)
     t0 = time.perf_counter()
     driver.run(calls, inflight)
@@ -100,6 +110,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--reads", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--budget-ms",
+        type=int,
+        default=5000,  # the worker's default call_deadline_ms
+        help="callBudgetMs of every call (0 = unlimited)",
+    )
     args = parser.parse_args()
 
     worker = FakeWorker(threaded=False, max_inflight=128, heartbeat_interval=1.0)
@@ -112,15 +128,17 @@ def main() -> None:
         "pipelined_wall_us": [],
     }
     try:
-        measure(worker, digest, args.reads, 500, 128, "warm")
+        measure(worker, digest, args.reads, 500, 128, "warm", args.budget_ms)
         for r in range(args.repeats):
             seq_calls = max(args.calls // 4, 100)
-            w0, _ = measure(worker, digest, 0, seq_calls, 1, f"s0-{r}")
-            w10, _ = measure(worker, digest, args.reads, seq_calls, 1, f"s10-{r}")
+            w0, _ = measure(worker, digest, 0, seq_calls, 1, f"s0-{r}", args.budget_ms)
+            w10, _ = measure(worker, digest, args.reads, seq_calls, 1, f"s10-{r}", args.budget_ms)
             rows["latency_us"].append((w10 - w0) / seq_calls / args.reads * 1e6)
             rows["latency_call0_us"].append(w0 / seq_calls * 1e6)
-            pw0, pc0 = measure(worker, digest, 0, args.calls, 128, f"p0-{r}")
-            pw10, pc10 = measure(worker, digest, args.reads, args.calls, 128, f"p10-{r}")
+            pw0, pc0 = measure(worker, digest, 0, args.calls, 128, f"p0-{r}", args.budget_ms)
+            pw10, pc10 = measure(
+                worker, digest, args.reads, args.calls, 128, f"p10-{r}", args.budget_ms
+            )
             rows["pipelined_cpu_us"].append((pc10 - pc0) / args.calls / args.reads * 1e6)
             rows["pipelined_wall_us"].append((pw10 - pw0) / args.calls / args.reads * 1e6)
     finally:
@@ -129,7 +147,7 @@ def main() -> None:
     med = {key: statistics.median(values) for key, values in rows.items()}
     print(
         f"executor IO round trip: calls of N=0 vs N={args.reads} sequential reads, "
-        f"answered at once; median of {args.repeats}"
+        f"answered at once; callBudgetMs {args.budget_ms}; median of {args.repeats}"
     )
     print(f"| {'measure':<52} | {'µs':>8} |")
     print(f"| {'-' * 52} | {'-' * 8}:|")

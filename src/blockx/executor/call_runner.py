@@ -12,7 +12,8 @@ into call greenlets (the scheduler thread only, never from inside a call).
   (:mod:`.greenlet_pool`) in a fresh copy of the call ``contextvars.Context``.
 * :meth:`CallRunner._run_slice` — one switch (or throw) into a context's
   greenlet. It marks the context ``RUNNING``, arms the deadline alarm
-  (:mod:`.deadline`), charges the slice to ``cpu_s`` and settles what the
+  (:mod:`.deadline`), charges the slice to ``cpu_s`` (its end is
+  ``suspended_at``: where a wait begins) and settles what the
   greenlet hands back: ``SUSPENDED`` (it waits), ``CALL_FINISHED`` (its
   greenlet goes back to the pool), anything else (the greenlet died or user
   code switched away by itself: the call fails if it has not ended, and the
@@ -154,8 +155,10 @@ class CallRunner:
             running.ctx = None
             self._running = None
             if ctx.slice_started:
-                ctx.cpu_s += self._monotonic() - ctx.slice_started
+                ended = self._monotonic()
+                ctx.cpu_s += ended - ctx.slice_started
                 ctx.slice_started = 0.0
+                ctx.suspended_at = ended  # a wait's cut-off is counted from here
             if not self._in_scheduler and alarm.due != math.inf:
                 alarm.disarm()
         if result is SUSPENDED:

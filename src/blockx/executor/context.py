@@ -23,6 +23,14 @@ never queueing): ``cpu_s`` sums the slices the scheduler ran the greenlet,
 reported but never charged. :meth:`ExecContext.deadline_expired_reason` is the
 ONLY judge of expiry; everything else asks it.
 
+Since the worker charges an IO or sub-call wait to the budget, a wait that
+outlasts what is left of it can only end in ``deadline_exceeded``: a budgeted
+call's wait is cut off when the budget runs out
+(:meth:`ExecContext.budget_runs_out_at`, timed by
+:class:`~blockx.executor.timers.CallTimers`), an absolute deadline cuts it off
+when it passes, and the time waited is charged as if the worker had answered
+then (:data:`CUT_OFF_STATES`).
+
 Who touches it: the scheduler (main thread) and the call's own greenlet; the
 heartbeat thread only reads ``state`` and ``queued``.
 
@@ -34,6 +42,7 @@ greenlet or thread.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -71,6 +80,8 @@ from blockx.wire.keys import (
 from blockx.wire.messages import ExecuteCall, RemoteError
 
 from .errors import (
+    REASON_BUDGET_EXHAUSTED,
+    REASON_DEADLINE_PASSED,
     CallDeadlineExceededError,
     InvalidExecuteCall,
     termination_exception,
@@ -82,6 +93,7 @@ if TYPE_CHECKING:
     from .sdk_bridge import SdkBridge
 
 __all__ = [
+    "CUT_OFF_STATES",
     "RESUME_KIND_BY_STATE",
     "WAITING_STATES",
     "DebugCapture",
@@ -118,6 +130,11 @@ WAITING_STATES: Final = frozenset(
         ExecState.WAITING_SLEEP,
     }
 )
+
+#: The waits on the worker that are charged to the budget, and cut off when they
+#: outlast it or the call's deadline (a code fetch is never charged; a sleep is
+#: shortened to the budget up front).
+CUT_OFF_STATES: Final = frozenset({ExecState.WAITING_IO, ExecState.WAITING_SUBCALL})
 
 #: The ``resumeKind`` a ResumeCall must carry for a context in each waiting state.
 RESUME_KIND_BY_STATE: Final = {
@@ -313,8 +330,10 @@ class ExecContext:
         "stale",
         "state",
         "suppress_terminal_emit",
+        "suspended_at",
         "task_id",
         "wait_ms",
+        "wait_timer_due",
     )
 
     def __init__(
@@ -373,6 +392,9 @@ class ExecContext:
         self.slice_started = 0.0  # non-zero while the greenlet runs
         self.queue_wait_s = 0.0
         self.deadline_at: float | None = None  # the local call-timeout latch, if armed
+        self.suspended_at = 0.0  # when the last slice ended: the wait in progress began
+        # The due time of this call's one live wait-limit timer (0.0: none; see timers.py).
+        self.wait_timer_due = 0.0
 
     @classmethod
     def from_execute_call(
@@ -460,6 +482,21 @@ class ExecContext:
             used += (self.clock() if now is None else now) - self.slice_started
         return used * 1000.0 + self.wait_ms
 
+    def budget_runs_out_at(self, since: float) -> float:
+        """When the budget runs out if all time from ``since`` on is charged (monotonic
+        seconds; budgeted calls only). ``since``: the start of the running slice, or,
+        between slices, ``suspended_at`` (the slices, sleeps and waits before it are
+        the ones already counted)."""
+        return since + (self.budget_ms - self.wait_ms) / 1000.0 - self.cpu_s - self.sleep_s
+
+    def wait_cut_off_at(self) -> float:
+        """Until when the IO / sub-call wait in progress may last (between slices):
+        until the budget runs out or the deadline passes, whichever comes first
+        (``math.inf`` without either)."""
+        cut = self.budget_runs_out_at(self.suspended_at) if self.budget_ms else math.inf
+        deadline = self.deadline_at
+        return deadline if deadline is not None and deadline < cut else cut
+
     def remaining_s(self, now: float | None = None) -> float | None:
         """Seconds left before expiry (budget or deadline, whichever is first); None = unlimited.
 
@@ -487,10 +524,10 @@ class ExecContext:
             if started:
                 used += self.clock() - started
             if used * 1000.0 + self.wait_ms >= budget:
-                return "budget_exhausted"
+                return REASON_BUDGET_EXHAUSTED
         deadline = self.deadline_at
         if deadline is not None and self.clock() >= deadline:
-            return "deadline_passed"
+            return REASON_DEADLINE_PASSED
         return None
 
     def raise_if_deadline_expired(self) -> None:

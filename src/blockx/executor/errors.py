@@ -5,8 +5,9 @@
   derive from :class:`BaseException` so a user's ``except Exception`` does not
   swallow them; each carries the terminal ``errorKind`` and ``retryable`` flag
   the call ends with. They are raised at safe points (``ExecContext.check_safe_point``),
-  thrown into a suspended greenlet (cancel, attempt replacement, transport loss)
-  or raised by the ``SIGALRM`` handler (:class:`DeadlineSignalExpired`).
+  thrown into a suspended greenlet (cancel, attempt replacement, transport loss),
+  raised by the ``SIGALRM`` handler (:class:`DeadlineSignalExpired`) or by a
+  wait on the worker that outlasted the budget (:class:`WaitDeadlineExceededError`).
 * **Admission refusals** — :class:`AdmissionError` and its subclasses: an
   ``ExecuteCall`` the runtime will not run. They become one ``CallFailed`` for
   that call; nothing else is affected.
@@ -25,7 +26,9 @@ from blockx.wire import keys
 
 __all__ = [
     "REASON_ATTEMPT_REPLACED",
+    "REASON_BUDGET_EXHAUSTED",
     "REASON_CALL_TIMEOUT",
+    "REASON_DEADLINE_PASSED",
     "REASON_EXECUTOR_SHUTDOWN",
     "REASON_TRANSPORT_LOST",
     "AdmissionError",
@@ -39,6 +42,7 @@ __all__ = [
     "SubcallParentNotResident",
     "UserCodeError",
     "UserCodeSyntaxError",
+    "WaitDeadlineExceededError",
     "termination_exception",
 ]
 
@@ -50,6 +54,10 @@ REASON_TRANSPORT_LOST: Final = "transport_lost"
 REASON_CALL_TIMEOUT: Final = "call_timeout"
 #: ``cancel_reason`` prefix used by :meth:`ExecutorRuntime.shutdown`.
 REASON_EXECUTOR_SHUTDOWN: Final = "executor_shutdown"
+#: Why ``ExecContext.deadline_expired_reason`` ends a call: the budget is used up ...
+REASON_BUDGET_EXHAUSTED: Final = "budget_exhausted"
+#: ... or the absolute deadline (the local call-timeout latch) passed.
+REASON_DEADLINE_PASSED: Final = "deadline_passed"
 
 
 # --- framework signals (BaseException: user `except Exception` cannot stop them) ---
@@ -99,6 +107,42 @@ class CallDeadlineExceededError(BaseException):
 
 class DeadlineSignalExpired(CallDeadlineExceededError):
     """Raised by the ``SIGALRM`` handler into a call stuck in pure CPU work."""
+
+
+class WaitDeadlineExceededError(CallDeadlineExceededError):
+    """An IO or sub-call wait outlasted the call's budget (or its deadline): the
+    executor cut it off instead of waiting for an answer that could only come late.
+
+    ``waited_ms``: how long the wait lasted (charged to the budget);
+    ``request_id``: the ``requestId`` whose late answer will be dropped;
+    ``waiting_on``: what the call waited for (``IO blockdb.get_row``,
+    ``sub-call pricer``), filled in by the SDK entry point the wait came from.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        used_ms: float,
+        budget_ms: int,
+        waited_ms: int,
+        request_id: str,
+        waiting_on: str = "",
+    ) -> None:
+        super().__init__(reason, used_ms=used_ms, budget_ms=budget_ms)
+        self.waited_ms = waited_ms
+        self.request_id = request_id
+        self.waiting_on = waiting_on
+
+    def __str__(self) -> str:
+        what = self.waiting_on or "the worker"
+        where = f"after waiting {self.waited_ms} ms on {what} (request {self.request_id})"
+        if self.reason == REASON_BUDGET_EXHAUSTED:
+            return f"call budget of {self.budget_ms} ms ran out {where}: used {self.used_ms:.1f} ms"
+        text = f"call deadline passed {where}"
+        if self.budget_ms:
+            text += f": used {self.used_ms:.1f} ms of a {self.budget_ms} ms budget"
+        return text
 
 
 def termination_exception(reason: str, *, retryable: bool = False) -> BaseException:

@@ -41,8 +41,12 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   in pure CPU work (armed before each switch into a budgeted call, disarmed
   when the scheduler goes idle; the handler raises only into a ``RUNNING``
   call whose budget really expired);
-* :mod:`.timers` — the sleep and call-timeout heaps (``CallTimers``): which
-  contexts are due; the runtime queues or ends them;
+* :mod:`.timers` — the sleep, wait-limit and call-timeout heaps
+  (``CallTimers``): which contexts are due; the runtime queues or ends them.
+  An IO or sub-call wait that outlasts its call's budget (or deadline) is cut
+  off: :meth:`ExecutorRuntime._cut_off_wait` forgets the pending request (its
+  late ``ResumeCall`` is dropped as stale) and switches ``WAIT_CUT_OFF`` into
+  the call, whose wait then fails it as ``deadline_exceeded``;
 * :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
   (:meth:`build_heartbeat`) and the thread that sends it;
 * :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
@@ -90,6 +94,7 @@ from blockx.wire.keys import (
 
 from .call_runner import CallRunner, admission_failure
 from .context import (
+    CUT_OFF_STATES,
     RESUME_KIND_BY_STATE,
     WAITING_STATES,
     ExecContext,
@@ -114,7 +119,7 @@ from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
 from .heartbeat import MetricsLike, heartbeat_payload
 from .module_registry import ModuleRegistry
 from .restricted_runtime import restricted_namespace
-from .sdk_bridge import SLEEP_WAKE, SdkBridge
+from .sdk_bridge import SLEEP_WAKE, WAIT_CUT_OFF, SdkBridge
 from .sdk_bridge_provider import SdkBridgeProvider
 from .sleep_patch import install_global_sleep_patch
 from .timers import CallTimers
@@ -253,6 +258,7 @@ class ExecutorRuntime(CallRunner):
                 "duplicate_execute_dropped",
                 "stale_resume_dropped",
                 "stale_cancel_dropped",
+                "waits_cut_off",
                 "invalid_message_dropped",
                 "unknown_message_dropped",
                 "heartbeat_acks",
@@ -276,7 +282,8 @@ class ExecutorRuntime(CallRunner):
         return (
             f"ExecutorRuntime({self.executor_id!r}, inflight={len(self._contexts)}, "
             f"runnable={len(self._runnable) + len(self._sleep_ready)}, "
-            f"sleeping={len(self._timers.sleepers)}, pool={len(self._pool)}"
+            f"sleeping={len(self._timers.sleepers)}, "
+            f"wait_limits={len(self._timers.wait_limits)}, pool={len(self._pool)}"
             f"{', transport lost' if self._transport_lost else ''})"
         )
 
@@ -530,10 +537,12 @@ class ExecutorRuntime(CallRunner):
         """Run every context that can run now; return when none is runnable.
 
         Each pass refreshes the transport state, drains the session's inbound
-        frames, wakes due sleepers and timeouts, then steps the queues (sleep-ready
-        first, a runnable context after every 64). Another pass follows only
-        when one can find work: frames came in, a timer is pending, the
-        transport went away. Scheduler thread only.
+        frames, wakes due sleepers, cuts off waits past their budget, expires
+        timeouts, then steps the queues (sleep-ready first, a runnable context
+        after every 64). Another pass follows only when one can find work: frames
+        came in, a sleep or timeout is pending, the transport went away (a wait
+        limit is never due at once: the main loop wakes for it). Scheduler
+        thread only.
         """
         if self._in_scheduler or current_context() is not None:
             raise RuntimeError("run_until_idle is not re-entrant")
@@ -554,10 +563,12 @@ class ExecutorRuntime(CallRunner):
                 if session is not None:
                     for frame in session.drain_incoming():
                         handle_inbound(frame.envelope, frame.sidecar)
-                if timers.sleepers or timers.timeouts:
+                if timers.sleepers or timers.wait_limits or timers.timeouts:
                     now = self._monotonic()
                     if timers.sleepers:
                         self._wake_due_sleepers(now)
+                    if timers.wait_limits and timers.wait_limits[0][0] <= now:
+                        self._cut_off_due_waits(now)
                     if timers.timeouts:
                         self._expire_timeouts(now)
                 if not self._run_queues():
@@ -580,7 +591,7 @@ class ExecutorRuntime(CallRunner):
 
     def next_scheduler_delay(self, default: float | None) -> float | None:
         """Seconds until the scheduler has work: 0 if some is runnable now,
-        else until the next sleeper or timeout is due, else ``default``."""
+        else until the next sleeper, wait limit or timeout is due, else ``default``."""
         if self._runnable or self._sleep_ready or (self._transport_lost and self._contexts):
             return 0.0
         due = self._timers.next_due()
@@ -648,6 +659,10 @@ class ExecutorRuntime(CallRunner):
             self._transport_lost = True
             _log.error("executor transport lost; ending every resident call")
 
+    def limit_wait(self, ctx: ExecContext) -> None:
+        due = ctx.budget_runs_out_at(ctx.slice_started)  # called from the running call
+        self._timers.add_wait_limit(ctx, due, resident=len(self._contexts))
+
     def schedule_sleep(self, ctx: ExecContext, duration_s: float) -> None:
         ctx.state = ExecState.WAITING_SLEEP
         due = self._monotonic() + duration_s
@@ -675,11 +690,33 @@ class ExecutorRuntime(CallRunner):
             ctx.enqueued_at = due  # waking late is queueing
             ready.append(ctx)
 
+    def _cut_off_due_waits(self, now: float) -> None:
+        for cut, ctx in self._timers.pop_cut_off_waits(now):
+            if self._contexts.get(ctx.call_id) is ctx:
+                self._cut_off_wait(ctx, cut, now)
+
+    def _cut_off_wait(self, ctx: ExecContext, cut: float, now: float) -> None:
+        """End ``ctx``'s IO / sub-call wait, due to end at ``cut``: no answer is awaited
+        any more (a late ResumeCall is stale) and the call is switched ``WAIT_CUT_OFF``,
+        which fails it with the time waited charged (``SdkBridge._cut_off``)."""
+        self._counters["waits_cut_off"] += 1
+        ctx.pending_request_id = None
+        ctx.resume_payload = WAIT_CUT_OFF
+        ctx.queued = True
+        ctx.enqueued_at = cut if cut < now else now  # waking late is queueing
+        self._sleep_ready.append(ctx)  # timer wake-ups go first, as for sleepers
+
     def _expire_timeouts(self, now: float) -> None:
         for ctx in self._timers.pop_expired_timeouts(now):
             if self._contexts.get(ctx.call_id) is not ctx:
                 continue
-            if ctx.state in WAITING_STATES:
+            if ctx.state in CUT_OFF_STATES and not ctx.queued:
+                # Waiting on the worker with no answer in: cut the wait off at the
+                # deadline, so the failure names what the call waited for.
+                self._cut_off_wait(ctx, ctx.wait_cut_off_at(), now)
+            elif ctx.resume_payload is WAIT_CUT_OFF:
+                continue  # its budget ran out in this same pass: that says why it ends
+            elif ctx.state in WAITING_STATES:
                 self._terminate_context(ctx, REASON_CALL_TIMEOUT)
             elif ctx.cancel_reason is None:
                 ctx.cancel_reason = REASON_CALL_TIMEOUT

@@ -14,6 +14,13 @@ own greenlet:
    the greenlet to end the call). Back on the call's greenlet the wait's
    ``budgetUsedMs`` is charged, the safe point is checked again, and the result
    is returned or ``ResumeCall.error`` is raised as a :class:`RemoteCallError`.
+   An IO or sub-call wait of a call with a budget arms the runtime's wait
+   timer (``BridgeHost.limit_wait``) for the moment the budget runs out: the
+   worker charges the wait to the budget, so an answer that comes later can
+   only end in ``deadline_exceeded``. When that moment (or the call's deadline)
+   comes first, the runtime cuts the wait off and switches ``WAIT_CUT_OFF`` in:
+   the time waited is charged and :class:`WaitDeadlineExceededError` ends the
+   call, naming what it waited for.
 2. :meth:`SdkBridge.do_sleep` suspends on a local timer: no frame is sent.
 3. :meth:`SdkBridge.do_function_code_req` fetches a module's source by digest
    with a local singleflight: the first call missing a digest (the leader)
@@ -84,9 +91,12 @@ from blockx.wire.keys import (
 
 from .context import ExecState, ResumePayload, current_context, running
 from .errors import (  # the framework signals are re-exported where the seed keeps them
+    REASON_BUDGET_EXHAUSTED,
+    REASON_DEADLINE_PASSED,
     REASON_TRANSPORT_LOST,
     CallCancelledError,
     CallDeadlineExceededError,
+    WaitDeadlineExceededError,
 )
 
 if TYPE_CHECKING:
@@ -95,6 +105,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SLEEP_WAKE",
     "SUSPENDED",
+    "WAIT_CUT_OFF",
     "BridgeHost",
     "CallCancelledError",
     "CallDeadlineExceededError",
@@ -105,6 +116,7 @@ __all__ = [
     "SubcallCycleDetectedError",
     "SubcallDepthExceededError",
     "SubcallFailedError",
+    "WaitDeadlineExceededError",
     "io_error_class",
     "register_io_error_kinds",
     "verify_fetched_source",
@@ -125,8 +137,17 @@ class _Marker:
 SUSPENDED: Final = _Marker("suspended")
 #: The resume value of a cooperative sleep whose timer is due.
 SLEEP_WAKE: Final = _Marker("sleep-wake")
+#: The resume value of an IO / sub-call wait the runtime cut off at the call's
+#: budget or deadline (``ExecutorRuntime._cut_off_wait``).
+WAIT_CUT_OFF: Final = _Marker("wait-cut-off")
 #: A code-fetch follower's resume value when its leader ended without an outcome.
 _RETRY_FETCH: Final = _Marker("retry-fetch")
+
+_ceil = math.ceil
+#: Float noise tolerated when rounding the time a cut-off wait is charged up to whole
+#: ms (sums and differences of clock readings are off by ~1e-10 ms): 280.0000000001
+#: is 280.
+_CLOCK_NOISE_MS: Final = 1e-6
 
 
 # --- the RemoteCallError family --------------------------------------------------------
@@ -273,6 +294,11 @@ class BridgeHost(Protocol):
 
     def note_transport_lost(self) -> None: ...
 
+    def limit_wait(self, ctx: ExecContext) -> None:
+        """Arm ``ctx``'s wait-limit timer for when its budget runs out (``ctx`` is
+        budgeted, about to suspend on IO or a sub-call, and has no such timer)."""
+        ...
+
     def schedule_sleep(self, ctx: ExecContext, duration_s: float) -> None:
         """Arm ``ctx``'s sleep timer and mark it ``WAITING_SLEEP``."""
         ...
@@ -391,24 +417,29 @@ class SdkBridge:
             params = dict(params)
         # The payload is built in the call expression: no frame of ours keeps it
         # alive while the call is suspended (see _perform_wait).
-        return self._perform_wait(
-            ctx,
-            ExecState.WAITING_IO,
-            WAIT_IO,
-            {
-                FP_TASK_ID: ctx.task_id,
-                FP_WAIT_KIND: WAIT_IO,
-                FP_ATTEMPT_SEQ: ctx.attempt_seq,
-                FP_IO_KIND: io_kind,
-                FP_BACKEND: backend,
-                FP_OPERATION: operation,
-                FP_PARAMS: params,
-                FP_CACHE_KEY: cache_key,
-            },
-            sidecar,
-            value_key=None if params is None else FP_PARAMS,
-            skeleton_nulls=1 if cache_key is None else 0,
-        )
+        try:
+            return self._perform_wait(
+                ctx,
+                ExecState.WAITING_IO,
+                WAIT_IO,
+                {
+                    FP_TASK_ID: ctx.task_id,
+                    FP_WAIT_KIND: WAIT_IO,
+                    FP_ATTEMPT_SEQ: ctx.attempt_seq,
+                    FP_IO_KIND: io_kind,
+                    FP_BACKEND: backend,
+                    FP_OPERATION: operation,
+                    FP_PARAMS: params,
+                    FP_CACHE_KEY: cache_key,
+                },
+                sidecar,
+                value_key=None if params is None else FP_PARAMS,
+                skeleton_nulls=1 if cache_key is None else 0,
+            )
+        except WaitDeadlineExceededError as exc:
+            # Named here, not per wait in _perform_wait: free unless a wait is cut off.
+            exc.waiting_on = f"IO {backend}.{operation}"
+            raise
 
     # --- sub-calls ---------------------------------------------------------------------
 
@@ -425,21 +456,27 @@ class SdkBridge:
         granted = 0
         if ctx.budget_ms:
             granted = max(1, round(ctx.budget_ms - ctx.budget_used_ms()))
-        return self._perform_wait(
-            ctx,
-            ExecState.WAITING_SUBCALL,
-            WAIT_SUBCALL,
-            {
-                FP_TASK_ID: ctx.task_id,
-                FP_WAIT_KIND: WAIT_SUBCALL,
-                FP_ATTEMPT_SEQ: ctx.attempt_seq,
-                FP_FUNCTION_ID: function_id,
-                FP_ARGS: args,
-                FP_ANCESTRY: [*ctx.ancestry, ctx.call_key] if ctx.call_key else list(ctx.ancestry),
-                FP_GRANTED_BUDGET_MS: granted,
-            },
-            value_key=FP_ARGS,
-        )
+        try:
+            return self._perform_wait(
+                ctx,
+                ExecState.WAITING_SUBCALL,
+                WAIT_SUBCALL,
+                {
+                    FP_TASK_ID: ctx.task_id,
+                    FP_WAIT_KIND: WAIT_SUBCALL,
+                    FP_ATTEMPT_SEQ: ctx.attempt_seq,
+                    FP_FUNCTION_ID: function_id,
+                    FP_ARGS: args,
+                    FP_ANCESTRY: (
+                        [*ctx.ancestry, ctx.call_key] if ctx.call_key else list(ctx.ancestry)
+                    ),
+                    FP_GRANTED_BUDGET_MS: granted,
+                },
+                value_key=FP_ARGS,
+            )
+        except WaitDeadlineExceededError as exc:
+            exc.waiting_on = f"sub-call {function_id}"
+            raise
 
     # --- code fetch --------------------------------------------------------------------
 
@@ -566,13 +603,13 @@ class SdkBridge:
         ``skeleton_nulls`` counts the ``null`` the rest of the frame writes.
         Raises the mapped :class:`RemoteCallError` for a ``ResumeCall.error``,
         an ``EncodeError`` when the request cannot be framed (nothing sent), or
-        a framework exception when the call is cancelled or out of budget.
+        a framework exception when the call is cancelled or out of budget
+        (:class:`WaitDeadlineExceededError` when the wait itself was cut off).
         """
+        limited = ctx.budget_ms or ctx.deadline_at is not None
         # Safe points, tested inline (the one expiry judge, no check_safe_point call
         # unless it trips: then it raises).
-        if ctx.cancel_reason is not None or (
-            (ctx.budget_ms or ctx.deadline_at is not None) and ctx.deadline_expired_reason()
-        ):
+        if ctx.cancel_reason is not None or (limited and ctx.deadline_expired_reason()):
             ctx.check_safe_point()
         host = self._host
         request_id = host.next_request_id()
@@ -607,6 +644,11 @@ class SdkBridge:
         # Sent: drop the request, which a suspended frame would keep for the whole wait.
         del envelope, payload, frame
         sidecar = None
+        if ctx.budget_ms and not ctx.wait_timer_due and wait_kind != WAIT_FUNCTION_CODE:
+            # No answer can come in time once the budget is used up (the worker charges
+            # the wait): the runtime cuts the wait off then. One timer serves every later
+            # wait too (see timers.py); a deadline is timed by the call-timeout latch.
+            host.limit_wait(ctx)
         greenlet = ctx.greenlet
         assert greenlet is not None and greenlet.parent is not None
         try:
@@ -615,15 +657,38 @@ class SdkBridge:
             ctx.pending_request_id = None
         # The scheduler set RUNNING before switching back in.
         if type(resumed) is not ResumePayload:
+            if resumed is WAIT_CUT_OFF:
+                raise self._cut_off(ctx, state, request_id)
             raise RemoteCallError(
                 ERR_INTERNAL_ERROR, f"call resumed with {resumed!r} instead of a ResumeCall"
             )
         if resumed.budget_used_ms and wait_kind != WAIT_FUNCTION_CODE:
             ctx.wait_ms += resumed.budget_used_ms  # code fetches are not charged
-        if ctx.cancel_reason is not None or (
-            (ctx.budget_ms or ctx.deadline_at is not None) and ctx.deadline_expired_reason()
-        ):
+        if ctx.cancel_reason is not None or (limited and ctx.deadline_expired_reason()):
             ctx.check_safe_point()
         if resumed.error is not None:
             raise _map_resume_error(wait_kind, resumed.error)
         return resumed.result
+
+    @staticmethod
+    def _cut_off(ctx: ExecContext, state: ExecState, request_id: str) -> WaitDeadlineExceededError:
+        """The error that ends a call whose wait the runtime cut off (``WAIT_CUT_OFF``);
+        the wait is charged as if the worker had answered at the cut-off."""
+        # Not preemptible while the outcome is settled: the SIGALRM handler acts on
+        # RUNNING calls only, and would replace this error with one that names no cause.
+        ctx.state = state
+        waited_s = ctx.wait_cut_off_at() - ctx.suspended_at
+        waited_ms = max(_ceil(waited_s * 1000.0 - _CLOCK_NOISE_MS), 0)
+        ctx.wait_ms += waited_ms
+        reason = ctx.deadline_expired_reason()
+        if reason is None:  # float rounding at the very edge: the budget ran out all the same
+            reason = REASON_BUDGET_EXHAUSTED if ctx.budget_ms else REASON_DEADLINE_PASSED
+        error = WaitDeadlineExceededError(
+            reason,
+            used_ms=ctx.budget_used_ms(),
+            budget_ms=ctx.budget_ms,
+            waited_ms=waited_ms,
+            request_id=request_id,
+        )
+        ctx.state = ExecState.RUNNING
+        return error

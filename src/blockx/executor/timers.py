@@ -1,13 +1,25 @@
-"""CallTimers: when sleeping calls wake and when the call-timeout latch fires.
+"""CallTimers: when sleeping calls wake, when waits outlast a budget, when the call-timeout
+latch fires.
 
 Theory of operation
 -------------------
-Two heaps of ``(due, seq, ctx)``, in the runtime's monotonic seconds:
+Three heaps of ``(due, seq, ctx)``, in the runtime's monotonic seconds:
 
 * **sleepers** — one entry per cooperative sleep (``SdkBridge.do_sleep`` via
   ``ExecutorRuntime.schedule_sleep``). The entry's ``seq`` is also stored on
   the context as ``sleep_token``: an entry is due only while the context still
   sleeps on that very token;
+* **wait_limits** — when the IO / sub-call wait of a budgeted call must be cut
+  off: when its budget runs out (``SdkBridge`` arms one at a call's first wait;
+  ``ExecContext.wait_cut_off_at`` says when a wait must end).
+  A call has at most one live entry, the one whose due is ``ctx.wait_timer_due``,
+  and it is not re-armed per wait (a call may wait thousands of times within
+  one budget): when it comes due, the cut-off of the wait in progress is worked
+  out afresh; a later one moves the entry there, a due one is handed to the
+  runtime. An entry that comes due while its call is not waiting is spent (the
+  call's next wait arms a new one). A cut-off only moves later while no wait
+  is charged more than it lasted: a worker that charges more is caught when
+  the entry comes due (late by the excess) or at the next safe point;
 * **timeouts** — one entry per admitted call when the runtime has a
   ``call_timeout_ms`` latch.
 
@@ -28,7 +40,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Final
 
-from .context import ExecContext, ExecState
+from .context import CUT_OFF_STATES, ExecContext, ExecState
 
 __all__ = ["CallTimers"]
 
@@ -39,21 +51,25 @@ _Heap = list[tuple[float, int, ExecContext]]
 
 
 class CallTimers:
-    """The sleep and call-timeout timers of resident calls (see the module doc).
+    """The sleep, wait-limit and call-timeout timers of resident calls (see the module doc).
 
-    ``sleepers`` / ``timeouts`` are the heaps themselves: empty means no timer
-    of that kind is pending (the scheduler checks them on every pass).
+    ``sleepers`` / ``wait_limits`` / ``timeouts`` are the heaps themselves: empty
+    means no timer of that kind is pending (the scheduler checks them on every pass).
     """
 
-    __slots__ = ("_seq", "sleepers", "timeouts")
+    __slots__ = ("_seq", "sleepers", "timeouts", "wait_limits")
 
     def __init__(self) -> None:
         self.sleepers: _Heap = []
+        self.wait_limits: _Heap = []
         self.timeouts: _Heap = []
         self._seq = itertools.count(1)
 
     def __repr__(self) -> str:
-        return f"CallTimers(sleeping={self.sleeping()}, timeouts={len(self.timeouts)})"
+        return (
+            f"CallTimers(sleeping={self.sleeping()}, wait_limits={len(self.wait_limits)}, "
+            f"timeouts={len(self.timeouts)})"
+        )
 
     def add_sleeper(self, ctx: ExecContext, due: float, *, resident: int) -> None:
         """``ctx`` sleeps until ``due``; sets its ``sleep_token``. ``resident``: the
@@ -61,6 +77,38 @@ class CallTimers:
         token = next(self._seq)
         ctx.sleep_token = token
         self._push(self.sleepers, (due, token, ctx), resident)
+
+    def add_wait_limit(self, ctx: ExecContext, due: float, *, resident: int) -> None:
+        """``ctx``'s wait-limit timer, due at ``due``; ``ctx`` has no live one."""
+        ctx.wait_timer_due = due
+        heap = self.wait_limits
+        heapq.heappush(heap, (due, next(self._seq), ctx))
+        if len(heap) > 2 * resident + _COMPACT_SLACK:
+            # _live_wait_limit, inlined: this runs over every entry.
+            heap[:] = [i for i in heap if i[2].wait_timer_due == i[0] and not i[2].finished]
+            heapq.heapify(heap)
+
+    def pop_cut_off_waits(self, now: float) -> Iterator[tuple[float, ExecContext]]:
+        """``(cut-off time, ctx)`` of every IO / sub-call wait to cut off by ``now``.
+
+        A live entry that comes due while its call is not in such a wait (answered,
+        running) is spent; one due before the wait in progress must end
+        (``ctx.wait_cut_off_at()``) moves there.
+        """
+        heap = self.wait_limits
+        while heap and heap[0][0] <= now:
+            due, _, ctx = heapq.heappop(heap)
+            if ctx.wait_timer_due != due or ctx.finished:
+                continue  # spent earlier, or the call ended
+            ctx.wait_timer_due = 0.0
+            if ctx.state not in CUT_OFF_STATES or ctx.queued:
+                continue  # not waiting, or its answer is in: the next wait arms again
+            cut = ctx.wait_cut_off_at()
+            if cut > now:  # a later wait than the one the entry was armed for
+                ctx.wait_timer_due = cut
+                heapq.heappush(heap, (cut, next(self._seq), ctx))
+                continue
+            yield cut, ctx
 
     def add_timeout(self, ctx: ExecContext, due: float, *, resident: int) -> None:
         """``ctx``'s call-timeout latch fires at ``due``."""
@@ -92,6 +140,11 @@ class CallTimers:
                 heapq.heappop(heap)
             if heap and (earliest is None or heap[0][0] < earliest):
                 earliest = heap[0][0]
+        heap = self.wait_limits
+        while heap and not _live_wait_limit(heap[0]):
+            heapq.heappop(heap)
+        if heap and (earliest is None or heap[0][0] < earliest):
+            earliest = heap[0][0]
         return earliest
 
     def sleeping(self) -> int:
@@ -104,3 +157,9 @@ class CallTimers:
         if len(heap) > 2 * resident + _COMPACT_SLACK:
             heap[:] = [item for item in heap if not item[2].finished]
             heapq.heapify(heap)
+
+
+def _live_wait_limit(entry: tuple[float, int, ExecContext]) -> bool:
+    """The entry is its call's live wait-limit timer (not spent, the call not ended)."""
+    ctx = entry[2]
+    return ctx.wait_timer_due == entry[0] and not ctx.finished

@@ -275,6 +275,45 @@ def test_a_pure_cpu_loop_is_preempted_at_its_budget(start_worker: StartWorker) -
     _assert_alive(worker)
 
 
+def test_an_io_wait_never_answered_ends_the_call_at_its_budget(start_worker: StartWorker) -> None:
+    # The worker's backend would answer only after its own timeouts and retries (tens of
+    # seconds): the wait is charged to the budget, so the executor ends the call at 300 ms.
+    worker = start_worker()
+    start = time.monotonic()
+    worker.execute_call("stuck", source=ONE_READ, args=1, call_budget_ms=300)
+    wait = worker.next_frame()
+    _assert_waiting(wait, "stuck", keys.WAIT_IO)
+    failed = _assert_failed(worker.wait_terminal("stuck", timeout=20), keys.ERR_DEADLINE_EXCEEDED)
+    elapsed = time.monotonic() - start
+    assert 0.25 < elapsed < 5, elapsed
+    request_id = wait.envelope[keys.F_REQUEST_ID]
+    message = failed[keys.FP_ERROR_MESSAGE]
+    assert message.startswith("call budget of 300 ms ran out after waiting "), message
+    assert f"ms on IO blockdb.get_row (request {request_id})" in message
+    assert failed[keys.FP_RETRYABLE] is False
+    assert 300 <= failed[keys.FP_BUDGET_USED_MS] < 400
+    # The answer comes at last: dropped; the executor serves on.
+    worker.resume_call("stuck", request_id, keys.WAIT_IO, result={"v": 1}, budget_used_ms=43_000)
+    _assert_alive(worker)
+    assert worker.drain_frames() == []
+
+
+def test_a_subcall_wait_that_outlasts_the_budget_ends_the_caller(start_worker: StartWorker) -> None:
+    # The child never runs (the test plays a dispatcher that never binds it).
+    worker = start_worker()
+    caller = "def _(p):\n    return function.call('pricer', p)\n"
+    start = time.monotonic()
+    worker.execute_call("caller", source=caller, args={"x": 1}, call_budget_ms=300)
+    wait = worker.next_frame()
+    _assert_waiting(wait, "caller", keys.WAIT_SUBCALL)
+    failed = _assert_failed(worker.wait_terminal("caller", timeout=20), keys.ERR_DEADLINE_EXCEEDED)
+    assert 0.25 < time.monotonic() - start < 5
+    message = failed[keys.FP_ERROR_MESSAGE]
+    assert message.startswith("call budget of 300 ms ran out after waiting "), message
+    assert f"ms on sub-call pricer (request {wait.envelope[keys.F_REQUEST_ID]})" in message
+    _assert_alive(worker)
+
+
 def test_a_user_exception_reports_the_users_line(start_worker: StartWorker) -> None:
     worker = start_worker()
     source = (

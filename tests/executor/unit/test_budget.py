@@ -1,5 +1,6 @@
 """Budget: CPU + IO wait + sub-call + sleep are charged, queueing never; the safe points;
-SIGALRM preemption of pure CPU loops; the local call-timeout latch."""
+SIGALRM preemption of pure CPU loops; waits on the worker cut off when they outlast the
+budget; the local call-timeout latch."""
 
 from __future__ import annotations
 
@@ -334,6 +335,268 @@ class TestPreemption:
         assert frame[0][keys.F_PAYLOAD][keys.FP_OUTPUT] == 4
 
 
+def _cut_off_message(budget_ms: int, waited_ms: int, waiting_on: str, wait: dict) -> str:  # type: ignore[type-arg]
+    return (
+        f"call budget of {budget_ms} ms ran out after waiting {waited_ms} ms on {waiting_on} "
+        f"(request {wait[keys.F_REQUEST_ID]})"
+    )
+
+
+READ_TWICE = dedent(
+    """
+    from blockx.sdk import db
+
+    def _(p):
+        first = db.get("t", 1)
+        record("between")
+        return [first, db.get("t", 2)]
+    """
+)
+
+
+class TestWaitCutOff:
+    """A wait on the worker is charged to the budget, so one that outlasts what is left of
+    it can only fail: the executor ends the call when the budget runs out, naming the wait."""
+
+    def test_an_io_wait_never_answered_ends_the_call_when_the_budget_runs_out(
+        self, h: Harness
+    ) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 20, "after": 0}, call_budget_ms=300)
+        h.run()
+        wait = h.last_wait("c1")
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.28)
+        h.clock.advance_ms(279)
+        h.run()
+        assert h.terminals("c1") == []
+        h.clock.advance_ms(1)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert failure[keys.FP_RETRYABLE] is False
+        message = failure[keys.FP_ERROR_MESSAGE]
+        assert message.startswith(_cut_off_message(300, 280, "IO blockdb.get_row", wait))
+        assert failure[keys.FP_BUDGET_USED_MS] == 300  # 20 ms CPU + 280 ms waited
+        assert 'File "<blockx:fn>", line' in failure[keys.FP_ERROR_STACK]  # the user's db.get
+        assert h.records == []  # nothing after the wait ran
+        assert h.rt.stats()["waits_cut_off"] == 1
+
+    def test_waking_late_for_the_cut_off_is_queueing_not_budget(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        h.clock.advance_ms(420)  # the scheduler was busy elsewhere 120 ms past the budget
+        h.run()
+        payload = h.failure("c1")
+        assert payload[keys.FP_BUDGET_USED_MS] == 300
+        assert "after waiting 300 ms" in payload[keys.FP_ERROR_MESSAGE]
+
+    def test_the_late_resume_is_dropped_and_the_executor_serves_on(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        wait = h.last_wait("c1")
+        h.clock.advance_ms(300)
+        h.run()
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        h.resume(wait, "too late", budget_used_ms=43_000)
+        assert h.run() == []
+        assert h.rt.stats()["stale_resume_dropped"] == 1
+        assert h.rt.inflight_count() == 0
+        h.execute("c2", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        h.resume(h.last_wait("c2"), "v", budget_used_ms=5)
+        h.run()
+        assert h.output("c2") == "v"
+
+    def test_a_wait_answered_in_time_does_not_fail_and_its_timer_is_disarmed(
+        self, h: Harness
+    ) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.3)  # armed
+        h.clock.advance_ms(290)
+        h.resume(h.last_wait("c1"), "v", budget_used_ms=290)
+        h.run()
+        assert h.output("c1") == "v"
+        assert h.payload("c1")[keys.FP_BUDGET_USED_MS] == 290
+        h.clock.advance_ms(100)  # past the old cut-off: nothing fires
+        assert h.run() == []
+        assert h.rt.next_scheduler_delay(None) is None
+        assert h.rt.stats()["waits_cut_off"] == 0
+
+    def test_a_later_wait_is_cut_off_at_what_is_left_of_the_budget(self, h: Harness) -> None:
+        # The worker charged 100 ms for a read that took 150 ms of wall time (the rest
+        # was queueing): the second read may last 200 ms, until 350 ms after the start.
+        h.execute("c1", READ_TWICE, None, call_budget_ms=300)
+        h.run()
+        h.clock.advance_ms(150)
+        h.resume(h.last_wait("c1"), "a", budget_used_ms=100)
+        h.run()
+        second = h.last_wait("c1")
+        assert h.records == ["between"]
+        h.clock.advance_ms(150)  # the first read's cut-off: the second read is not due yet
+        h.run()
+        assert h.terminals("c1") == []
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.05)
+        h.clock.advance_ms(51)  # a hair past: the fake clock's sums are floats
+        h.run()
+        failure = h.failure("c1")
+        message = failure[keys.FP_ERROR_MESSAGE]
+        assert message.startswith(_cut_off_message(300, 200, "IO blockdb.get_row", second))
+        assert failure[keys.FP_BUDGET_USED_MS] == 300
+
+    def test_many_waits_within_one_budget_keep_one_timer(self, h: Harness) -> None:
+        source = dedent(
+            """
+            from blockx.sdk import db
+
+            def _(p):
+                return sum(db.get("t", i) for i in range(50))
+            """
+        )
+        h.execute("c1", source, None, call_budget_ms=5000)
+        h.run()
+        for _ in range(50):
+            h.clock.advance_ms(2)
+            h.resume(h.last_wait("c1"), 1, budget_used_ms=1)
+            h.run()
+        assert h.output("c1") == 50
+        assert len(h.rt._timers.wait_limits) <= 1
+
+    def test_a_subcall_wait_that_outlasts_the_budget_ends_the_caller(self, h: Harness) -> None:
+        h.execute(
+            "c1",
+            "def _(p):\n    clock.advance_ms(50)\n    return function.call('pricer', p)\n",
+            {"x": 1},
+            call_budget_ms=200,
+        )
+        h.run()
+        (wait,) = h.waits("c1", keys.WAIT_SUBCALL)
+        assert wait[keys.F_PAYLOAD][keys.FP_GRANTED_BUDGET_MS] == 150
+        h.clock.advance_ms(151)  # a hair past: the fake clock's sums are floats
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        message = failure[keys.FP_ERROR_MESSAGE]
+        assert message.startswith(_cut_off_message(200, 150, "sub-call pricer", wait))
+        assert failure[keys.FP_BUDGET_USED_MS] == 200
+        h.resume(wait, {"late": True}, budget_used_ms=150)  # the child's late answer
+        assert h.run() == []
+        assert h.rt.stats()["stale_resume_dropped"] == 1
+
+    def test_user_code_that_swallows_the_cut_off_cannot_wait_again(self, h: Harness) -> None:
+        source = dedent(
+            """
+            from blockx.sdk import db
+
+            def _(p):
+                try:
+                    db.get("t", 1)
+                except BaseException:
+                    record("swallowed")
+                return db.get("t", 2)
+            """
+        )
+        h.execute("c1", source, None, call_budget_ms=300)
+        h.run()
+        h.clock.advance_ms(300)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert h.records == ["swallowed"]
+        assert len(h.waits("c1", keys.WAIT_IO)) == 1  # the budget was charged: no 2nd wait
+
+    def test_a_cancelled_wait_disarms_its_timer(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.3)
+        h.cancel("c1", "user_request")
+        h.run()
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_CANCELLED
+        assert h.rt.next_scheduler_delay(None) is None
+        h.clock.advance_ms(400)
+        assert h.run() == []
+        assert h.rt.stats()["waits_cut_off"] == 0
+
+    def test_a_replaced_attempt_is_not_cut_off_at_the_old_attempts_budget(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300)
+        h.run()
+        h.clock.advance_ms(200)
+        h.execute(
+            "c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=300, attempt_seq=2
+        )
+        h.run()
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.3)  # attempt 2's budget
+        h.clock.advance_ms(150)  # past attempt 1's cut-off
+        h.run()
+        assert h.terminals("c1") == []  # attempt 1 ended silently, attempt 2 still waits
+        h.clock.advance_ms(150)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ATTEMPT_SEQ] == 2
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+
+    def test_an_unbudgeted_wait_arms_nothing(self, h: Harness) -> None:
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=0)
+        h.run()
+        assert h.rt.next_scheduler_delay(None) is None
+        assert h.rt._timers.wait_limits == []
+        h.clock.advance(3600)
+        assert h.run() == []
+        assert h.rt.get_context("c1") is not None
+
+    def test_a_code_fetch_is_never_cut_off_but_the_wait_after_it_is(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        # Code fetches are not charged, so they may outlast the budget; the IO wait after
+        # one still has the whole budget, and no more.
+        h = make_harness(auto_code=False)
+        digest = h.add_source(BURN_THEN_READ)
+        h.execute("c1", digest=digest, args={"before": 0, "after": 0}, call_budget_ms=100)
+        h.run()
+        h.clock.advance_ms(500)
+        assert h.run() == []
+        (fetch,) = h.code_waits
+        h.resume(fetch, {keys.FP_SOURCE: h.sources[digest], keys.FP_FUNCTION_CODE_DIGEST: digest})
+        h.run()
+        wait = h.last_wait("c1")
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.1)
+        h.clock.advance_ms(100)
+        h.run()
+        failure = h.failure("c1")
+        message = failure[keys.FP_ERROR_MESSAGE]
+        assert message.startswith(_cut_off_message(100, 100, "IO blockdb.get_row", wait))
+        assert failure[keys.FP_BUDGET_USED_MS] == 100
+
+    def test_the_deadline_cuts_off_a_budgeted_wait_first_when_it_comes_first(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(call_timeout_ms=100)
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=1000)
+        h.run()
+        wait = h.last_wait("c1")
+        assert h.rt.next_scheduler_delay(None) == pytest.approx(0.1)
+        h.clock.advance_ms(100)
+        h.run()
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert failure[keys.FP_ERROR_MESSAGE] == (
+            f"call deadline passed after waiting 100 ms on IO blockdb.get_row "
+            f"(request {wait[keys.F_REQUEST_ID]}): used 100.0 ms of a 1000 ms budget"
+        )
+        assert failure[keys.FP_BUDGET_USED_MS] == 100
+
+    def test_a_budget_and_a_deadline_due_in_one_pass_cut_off_at_the_budget(
+        self, make_harness
+    ) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(call_timeout_ms=100)
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0}, call_budget_ms=90)
+        h.run()
+        wait = h.last_wait("c1")
+        h.clock.advance_ms(150)  # the scheduler wakes late, past both
+        h.run()
+        failure = h.failure("c1")
+        message = failure[keys.FP_ERROR_MESSAGE]
+        assert message.startswith(_cut_off_message(90, 90, "IO blockdb.get_row", wait))
+        assert failure[keys.FP_BUDGET_USED_MS] == 90
+
+
 class TestCallTimeoutLatch:
     def test_a_waiting_call_past_its_timeout_ends_as_deadline_exceeded(self, make_harness) -> None:  # type: ignore[no-untyped-def]
         h = make_harness(call_timeout_ms=100)
@@ -344,7 +607,29 @@ class TestCallTimeoutLatch:
         h.run()
         failure = h.failure("c1")
         assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
-        assert "call_timeout" in failure[keys.FP_ERROR_MESSAGE]
+        # The wait is cut off at the deadline, and the failure says what it waited for.
+        assert failure[keys.FP_ERROR_MESSAGE].startswith(
+            "call deadline passed after waiting 100 ms on IO blockdb.get_row (request req-"
+        )
+
+    def test_a_wait_never_answered_ends_at_the_deadline_in_real_time(self, make_harness) -> None:  # type: ignore[no-untyped-def]
+        h = make_harness(real_clock=True, call_timeout_ms=300)
+        started = time.perf_counter()
+        h.execute("c1", BURN_THEN_READ, {"before": 0, "after": 0})
+        h.run()
+        wait = h.last_wait("c1")
+        while h.rt.inflight_count() and time.perf_counter() - started < 10:
+            time.sleep(h.rt.next_scheduler_delay(0.05) or 0.0)  # as the main loop does
+            h.run()
+        elapsed = time.perf_counter() - started
+        assert 0.29 <= elapsed < 3, elapsed
+        failure = h.failure("c1")
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert failure[keys.FP_ERROR_MESSAGE].startswith("call deadline passed after waiting ")
+        assert (
+            f"ms on IO blockdb.get_row (request {wait[keys.F_REQUEST_ID]})"
+            in (failure[keys.FP_ERROR_MESSAGE])
+        )
 
     def test_a_running_call_past_its_timeout_fails_at_the_next_safe_point(
         self, make_harness

@@ -6,6 +6,7 @@ A real adapter and core; the executor is a scripted peer. Both event loops.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -160,6 +161,47 @@ def test_a_resume_send_failure_is_retried_like_any_retryable_failure(run) -> Non
             assert (await task.done).retry_count == 1
 
     run(scenario())
+
+
+def test_an_io_answer_for_a_call_that_already_failed_is_dropped_quietly(
+    run, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The executor ends a call whose IO wait outlasted its budget while the worker still
+    # waits for the backend: the call fails with that error, not retried (like any
+    # deadline_exceeded); the answer that comes later is nobody's, and no resume failure.
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            peer = await rig.peer()
+            backend = Backend()
+            task = rig.submit(
+                {"child": CHILD},
+                [Call("child", 1)],
+                io_handler=backend,
+                policy=TaskPolicy(call_budget_ms=300, max_attempts=3),
+            )
+            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            _io(peer, frame, "req-1")
+            await rig.until(lambda: backend.pending)
+            ctx = rig.core.call_context("t1/c0")
+            assert ctx is not None and ctx.state is CallState.WAITING
+            peer.failed("t1/c0", keys.ERR_DEADLINE_EXCEEDED)
+            converged = await task.done
+            [failed] = converged.failed_calls
+            assert failed.error.kind == keys.ERR_DEADLINE_EXCEEDED
+            assert failed.attempts == 1 and not failed.error.retryable
+            backend.pending[0].set_result(IOResult(result={"row": 7}, budget_used_ms=43_000))
+            stats = rig.orchestrator.stats
+            await rig.until(lambda: stats.stale_waits == 1)
+            await asyncio.sleep(0.02)
+            assert stats.resume_send_failures == 0
+            assert peer.of_type(keys.MT_RESUME_CALL) == []
+            assert peer.of_type(keys.MT_CANCEL_CALL) == []  # nothing left to cancel
+            assert len(peer.of_type(keys.MT_EXECUTE_CALL)) == 1  # not retried
+
+    with caplog.at_level(logging.WARNING, logger="blockx"):
+        run(scenario())
+    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert noise == [], [r.getMessage() for r in noise]
 
 
 async def _parent_asks_for_child(peer: Any) -> tuple[Any, Any]:

@@ -3,17 +3,19 @@
 Sub-calls run next to their parent (same executor), chain, and are refused
 with their own kinds past ``MaxSubcallDepth`` or on a cycle. IO waits go to a
 small real backend: an asyncio handler that answers after a real delay and
-counts its requests.
+counts its requests. A wait that outlasts the call's budget ends the call when
+the budget runs out, not when the backend gives up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import WorkerSession, e2e_config
+from e2e_support import SLEEPER, WorkerSession, e2e_config, eventually
 
 from blockx.wire import RemoteError
 from blockx.worker.api import Call, Task, TaskPolicy
@@ -197,3 +199,78 @@ def test_a_task_without_a_backend_fails_io_clearly() -> None:
             assert error.kind == "io_error" and "no IO backend" in error.message
 
         session.run(scenario())
+
+
+class HangingBackend:
+    """A backend that gives up only after ``timeout`` seconds (a node that never answers,
+    behind a client's timeouts and retries): then ``io_error``, retryable."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.requests = 0
+        self.answered = 0
+
+    async def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> IOResult:
+        self.requests += 1
+        try:
+            await asyncio.sleep(self.timeout)
+        finally:
+            self.answered += 1
+        return IOResult(
+            error=RemoteError(kind="io_error", message="node timed out", retryable=True),
+            budget_used_ms=int(self.timeout * 1000),
+        )
+
+
+CALLS_CHILD = "def _(p):\n    return function.call('reader', p)\n"
+
+
+@pytest.mark.parametrize("via_subcall", [False, True], ids=["io", "subcall"])
+def test_a_wait_that_outlasts_the_budget_ends_the_call_at_the_budget(
+    session: WorkerSession, caplog: pytest.LogCaptureFixture, via_subcall: bool
+) -> None:
+    backend = HangingBackend(timeout=3.0)
+
+    async def scenario() -> None:
+        worker = session.worker
+        stats = worker.orchestrator.stats
+        failures_before = stats.resume_send_failures
+        task = Task(
+            functions={"reader": READER, "parent": CALLS_CHILD},
+            calls=[Call("parent" if via_subcall else "reader", {"key": 1, "reads": 1})],
+            policy=TaskPolicy(call_budget_ms=300, max_attempts=3),
+            io_handler=backend,
+        )
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        result = await worker.run_task(task)
+        elapsed = loop.time() - started
+        # About the budget, well under the backend's 3 s.
+        assert 0.25 <= elapsed < 2.0, elapsed
+        [error] = result.errors
+        assert error.kind == "deadline_exceeded", error
+        assert not error.retryable and error.attempts == 1  # not retried
+        assert "300 ms" in error.message, error.message
+        if not via_subcall:
+            assert error.message.startswith("call budget of 300 ms ran out after waiting ")
+            assert "on IO blockdb.get_row (request req-" in error.message
+        assert backend.requests == 1
+        # The backend answers at last: the answer is dropped without a fuss.
+        await eventually(lambda: backend.answered == 1, timeout=10)
+        await asyncio.sleep(0.1)
+        assert stats.resume_send_failures == failures_before
+        adapter = worker.adapter
+        await eventually(
+            lambda: not any(adapter.reserved_calls(e) for e in worker.pool.executor_ids)
+        )
+        after = await worker.run_task(
+            Task(functions={"a": SLEEPER}, calls=[Call("a", {"s": 0, "i": 1})])
+        )
+        assert after.success and after.outputs == [{"i": 1}]
+
+    with caplog.at_level(logging.WARNING, logger="blockx"):
+        session.run(scenario())
+    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert noise == [], [r.getMessage() for r in noise]

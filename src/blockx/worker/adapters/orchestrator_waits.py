@@ -400,6 +400,12 @@ class WaitHandling:
         self._run(self._core.handle_attempt_failure(note.call_id, attempt, error, self._now_ms))
 
     def _apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
+        ctx = self._core.call_context(event.call_id)
+        if ctx is None or ctx.attempt_seq != event.attempt_seq or ctx.state is not _WAITING:
+            # The attempt ended while its IO was in flight (the executor cut the wait
+            # off at the call's budget, a cancel, a retry): nobody waits for this answer.
+            self.stats.stale_waits += 1
+            return
         self._resume_failed(event.call_id, event.attempt_seq, event.error, event.executor_id)
 
     def _resume_failed(
