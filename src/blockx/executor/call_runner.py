@@ -145,8 +145,24 @@ class CallRunner:
         running.ctx = ctx
         self._running = ctx
         alarm = self._alarm
-        if alarm.ready and (ctx.budget_ms or ctx.deadline_at is not None):
-            alarm.arm(ctx, value, now)
+        budget = ctx.budget_ms
+        if budget or ctx.deadline_at is not None:
+            # When this slice would overrun: what the finished slices, sleeps and waits
+            # left of the budget — less the ResumeCall's charge, counted on the far side
+            # of the switch — or the deadline, whichever comes first.
+            deadline = ctx.deadline_at
+            if budget:
+                left = budget - (ctx.cpu_s + ctx.sleep_s) * 1000.0 - ctx.wait_ms
+                if type(value) is ResumePayload:
+                    left -= value.charged_ms()
+                due = now + left / 1000.0
+                if deadline is not None and deadline < due:
+                    due = deadline
+            else:
+                due = deadline  # type: ignore[assignment]
+            ctx.expires_at = due
+            if alarm.ready:
+                alarm.arm(due, now)
         try:
             result = glet.throw(value) if throw else glet.switch(value)
         except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
@@ -231,11 +247,9 @@ class CallRunner:
     def _run_call(self, ctx: ExecContext) -> None:
         """Load and run the user function; send exactly one terminal frame."""
         try:
-            # Safe points, tested inline (the one expiry judge, no check_safe_point call
-            # unless it trips: then it raises).
-            if ctx.cancel_reason is not None or (
-                (ctx.budget_ms or ctx.deadline_at is not None) and ctx.deadline_expired_reason()
-            ):
+            # Safe points, tested inline: check_safe_point (and its judge) only once the
+            # call is cancelled or its slice's expiry passed; then it raises.
+            if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
                 ctx.check_safe_point()  # before the user function
             target = self.registry.load_callable(
                 ctx.task_id,
@@ -252,9 +266,7 @@ class CallRunner:
                 output = target(args[0])  # suspended call would keep that C stack
             else:
                 output = target(*args)
-            if ctx.cancel_reason is not None or (
-                (ctx.budget_ms or ctx.deadline_at is not None) and ctx.deadline_expired_reason()
-            ):
+            if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
                 ctx.check_safe_point()  # before return
             ctx.state = ExecState.DONE  # user code is over: no preemption from here
         except GreenletExit as exc:

@@ -315,6 +315,7 @@ class ExecContext:
         "debug_capture",
         "enqueued_at",
         "entry_selector",
+        "expires_at",
         "finished",
         "function_code_digest",
         "function_id",
@@ -392,6 +393,10 @@ class ExecContext:
         self.slice_started = 0.0  # non-zero while the greenlet runs
         self.queue_wait_s = 0.0
         self.deadline_at: float | None = None  # the local call-timeout latch, if armed
+        # When the budget (or the deadline) runs out if the running slice goes on: set by
+        # the scheduler as each slice starts (inf: unlimited). Safe points compare the
+        # clock with it and ask deadline_expired_reason, the judge, only once it passed.
+        self.expires_at = math.inf
         self.suspended_at = 0.0  # when the last slice ended: the wait in progress began
         # The due time of this call's one live wait-limit timer (0.0: none; see timers.py).
         self.wait_timer_due = 0.0

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from greenlet import getcurrent
 
-from .context import ExecContext, ExecState, ResumePayload, running
+from .context import ExecState, running
 from .errors import DeadlineSignalExpired
 
 __all__ = ["ALARM_INTERVAL_S", "DeadlineAlarm", "on_deadline_signal"]
@@ -94,33 +94,17 @@ class DeadlineAlarm:
         if self.enabled:
             self.ready = _getsignal(signal.SIGALRM) is on_deadline_signal
 
-    def arm(self, ctx: ExecContext, value: Any, now: float) -> None:
-        """Make sure SIGALRM fires by the time ``ctx`` would overrun its budget.
-
-        ``value`` is what the scheduler is about to switch in: a ``ResumePayload``
-        whose ``budgetUsedMs`` is charged on the far side of the switch counts
-        already. ``now`` is the start of that slice (``ctx.slice_started``). Call
-        only when :attr:`ready`.
+    def arm(self, due: float, now: float) -> None:
+        """Make sure SIGALRM fires by ``due`` (monotonic seconds): when the call about
+        to run would overrun its budget or deadline (``ExecContext.expires_at``, computed
+        by the scheduler as the slice starts at ``now``). Call only when :attr:`ready`.
         """
-        budget = ctx.budget_ms
-        remaining: float | None
-        if budget and ctx.deadline_at is None:
-            # remaining_s() inline for the common case (two Python calls per slice): the
-            # slice starts at ``now``, so only the finished slices, sleeps and waits count.
-            remaining = (budget - (ctx.cpu_s + ctx.sleep_s) * 1000.0 - ctx.wait_ms) / 1000.0
-        else:
-            remaining = ctx.remaining_s(now)
-            if remaining is None:
-                return
-        if type(value) is ResumePayload and ctx.budget_ms:
-            remaining -= value.charged_ms() / 1000.0
-        remaining = max(remaining, 0.001)
-        due = now + remaining
         # Earlier than the armed expiry, or that one already fired (the timer is then
         # only ticking every ALARM_INTERVAL_S): aim at this call's expiry.
         if due < self.due or self.due <= now:
+            remaining = max(due - now, 0.001)
             signal.setitimer(signal.ITIMER_REAL, remaining, ALARM_INTERVAL_S)
-            self.due = due
+            self.due = now + remaining
 
     def disarm(self) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0.0, 0.0)

@@ -606,10 +606,9 @@ class SdkBridge:
         a framework exception when the call is cancelled or out of budget
         (:class:`WaitDeadlineExceededError` when the wait itself was cut off).
         """
-        limited = ctx.budget_ms or ctx.deadline_at is not None
-        # Safe points, tested inline (the one expiry judge, no check_safe_point call
-        # unless it trips: then it raises).
-        if ctx.cancel_reason is not None or (limited and ctx.deadline_expired_reason()):
+        # Safe points, tested inline: check_safe_point (and its judge) only once the call
+        # is cancelled or its slice's expiry passed (ExecContext.expires_at); then it raises.
+        if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
             ctx.check_safe_point()
         host = self._host
         request_id = host.next_request_id()
@@ -664,7 +663,7 @@ class SdkBridge:
             )
         if resumed.budget_used_ms and wait_kind != WAIT_FUNCTION_CODE:
             ctx.wait_ms += resumed.budget_used_ms  # code fetches are not charged
-        if ctx.cancel_reason is not None or (limited and ctx.deadline_expired_reason()):
+        if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
             ctx.check_safe_point()
         if resumed.error is not None:
             raise _map_resume_error(wait_kind, resumed.error)
@@ -680,6 +679,7 @@ class SdkBridge:
         waited_s = ctx.wait_cut_off_at() - ctx.suspended_at
         waited_ms = max(_ceil(waited_s * 1000.0 - _CLOCK_NOISE_MS), 0)
         ctx.wait_ms += waited_ms
+        ctx.expires_at = -math.inf  # used up within this slice: every later safe point trips
         reason = ctx.deadline_expired_reason()
         if reason is None:  # float rounding at the very edge: the budget ran out all the same
             reason = REASON_BUDGET_EXHAUSTED if ctx.budget_ms else REASON_DEADLINE_PASSED
