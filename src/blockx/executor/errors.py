@@ -71,6 +71,9 @@ class CallCancelledError(BaseException):
     True when no terminal frame may be sent (attempt replaced, transport lost).
     """
 
+    #: How the last line of the user's traceback names it (not the internal class path).
+    display_name: str = "Cancelled"
+
     def __init__(
         self,
         reason: str,
@@ -93,9 +96,20 @@ class CallDeadlineExceededError(BaseException):
 
     error_kind: str = keys.ERR_DEADLINE_EXCEEDED
     retryable: bool = False
+    #: How the last line of the user's traceback names it (not the internal class path).
+    display_name: str = "DeadlineExceeded"
 
     def __init__(self, reason: str, *, used_ms: float = 0.0, budget_ms: int = 0) -> None:
-        if budget_ms:
+        if reason == REASON_BUDGET_EXHAUSTED and budget_ms:
+            text = (
+                f"call budget of {budget_ms} ms used up: {used_ms:.1f} ms of CPU, sleeps, IO "
+                "and sub-calls"
+            )
+        elif reason == REASON_DEADLINE_PASSED:
+            text = "call deadline passed"
+            if budget_ms:
+                text += f": used {used_ms:.1f} ms of a {budget_ms} ms budget"
+        elif budget_ms:
             text = f"call {reason}: used {used_ms:.1f} ms of a {budget_ms} ms budget"
         else:
             text = f"call {reason}"

@@ -266,6 +266,9 @@ def _format_one(
     if summaries:
         text = "Traceback (most recent call last):\n"
         text += "".join(traceback.StackSummary.from_list(summaries).format())
+    display_name = getattr(type(exc), "display_name", None)
+    if display_name is not None:  # the executor ended the call: its name, not our class path
+        return f"{text}{display_name}: {exc}\n"
     return text + "".join(traceback.format_exception_only(type(exc), exc))
 
 

@@ -159,7 +159,9 @@ class TestSafePoints:
         h.run()
         failure = h.failure("c1")
         assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
-        assert "101.0 ms of a 100 ms budget" in failure[keys.FP_ERROR_MESSAGE]
+        assert failure[keys.FP_ERROR_MESSAGE] == (
+            "call budget of 100 ms used up: 101.0 ms of CPU, sleeps, IO and sub-calls"
+        )
 
     def test_a_sleep_longer_than_the_budget_wakes_at_the_budget_and_fails(self, h: Harness) -> None:
         h.execute(

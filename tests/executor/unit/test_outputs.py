@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 from executor_harness import Harness
 
+from blockx.executor.errors import (
+    REASON_BUDGET_EXHAUSTED,
+    CallCancelledError,
+    DeadlineSignalExpired,
+)
 from blockx.executor.outputs import (
     MAX_ERROR_MESSAGE_CHARS,
     MAX_ERROR_STACK_CHARS,
     MAX_LOCAL_VAR_REPR_CHARS,
     MAX_LOCAL_VARS,
+    format_user_stack,
 )
 from blockx.wire import MAX_FRAME_BYTES, keys
 
@@ -241,3 +247,25 @@ class TestFailures:
     def test_a_failure_carries_the_budget_used(self, h: Harness) -> None:
         _run(h, "def _(p):\n    clock.advance_ms(7)\n    raise ValueError\n")
         assert h.failure("c1")[keys.FP_BUDGET_USED_MS] == 7
+
+
+def test_a_call_the_executor_ended_is_named_by_what_happened_not_by_our_class_path() -> None:
+    """The stack's last line says ``DeadlineExceeded`` / ``Cancelled``, as a user reads it,
+    not ``blockx.executor.errors.DeadlineSignalExpired``."""
+    code = compile("def _():\n    raise exc\n", "<blockx:f>", "exec")
+    for exc, line in (
+        (
+            DeadlineSignalExpired(REASON_BUDGET_EXHAUSTED, used_ms=300.1, budget_ms=300),
+            "DeadlineExceeded: call budget of 300 ms used up: 300.1 ms of CPU, sleeps, IO and "
+            "sub-calls",
+        ),
+        (CallCancelledError("user_request"), "Cancelled: call cancelled: user_request"),
+    ):
+        namespace: dict[str, object] = {"exc": exc}
+        exec(code, namespace)
+        try:
+            namespace["_"]()  # type: ignore[operator]
+        except BaseException as raised:  # the framework signals are BaseException
+            stack = format_user_stack(raised)
+        assert stack.splitlines()[-1] == line, stack
+        assert 'File "<blockx:f>", line 2' in stack
