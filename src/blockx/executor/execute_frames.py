@@ -11,7 +11,7 @@ straight into :class:`ExecuteCallFrame` by msgspec, which checks every type
 PROTOCOL.md gives (``callBudgetMs`` an int, ``ancestry`` a list of strings,
 ...); the two range checks msgspec cannot express follow. The runtime then
 builds the call's context from the struct's attributes
-(:meth:`~blockx.executor.runtime.ExecutorRuntime.handle_inbound_message`).
+(:meth:`~blockx.executor.inbound_frames.InboundFrames._handle_execute_frame`).
 
 Anything else — another message type, another key order, a missing required
 member, a value of the wrong type or range — returns None, and the frame takes

@@ -9,7 +9,8 @@ the session's reader/writer threads and the heartbeat thread never switch.
 
 Inbound frames arrive through :meth:`ExecutorRuntime.handle_inbound_message`
 (from ``session.drain_incoming()`` inside :meth:`run_until_idle`, or fed
-directly by tests). They map onto three semantic entry points:
+directly by tests); :mod:`.inbound_frames` reads them and maps them onto three
+semantic entry points, which live here:
 
 * :meth:`submit_call` — admission (capacity for top-level calls, a resident
   parent for sub-calls), attempt replacement, then the context joins the
@@ -33,6 +34,10 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   (``_step_context``: terminate, resume, or first switch), one switch into its
   greenlet (``_run_slice``), ending it (``_terminate_context``), the call body
   on its greenlet (``_run_call``) and its one terminal frame (``_finish*``);
+* :mod:`.inbound_frames` (``InboundFrames``, inherited) — the worker's frames:
+  ``handle_inbound_message`` and the per-``messageType`` readers behind it
+  (typed ``ExecuteCall`` / ``ResumeCall`` frames, dict envelopes), which drop
+  or fail malformed input and call the entry points above;
 * :mod:`.greenlet_pool` — the resident greenlets (PERFORMANCE.md: a fresh
   greenlet costs ~8 µs, a reused one ~0.5 µs). Each loops "take a context, run
   it to its terminal frame, switch back ``CALL_FINISHED``"; one whose user
@@ -78,19 +83,7 @@ from typing import Any, Final, Protocol
 
 from blockx.sdk.runtime import set_provider
 from blockx.wire import decode_frame, encode_frame
-from blockx.wire.keys import (
-    DEFAULT_CANCEL_REASON,
-    F_CALL_ID,
-    F_MESSAGE_TYPE,
-    F_PAYLOAD,
-    F_REQUEST_ID,
-    FP_ATTEMPT_SEQ,
-    FP_REASON,
-    MT_CANCEL_CALL,
-    MT_EXECUTE_CALL,
-    MT_HEARTBEAT_ACK,
-    MT_RESUME_CALL,
-)
+from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
 from .call_runner import CallRunner, admission_failure
 from .context import (
@@ -111,12 +104,11 @@ from .errors import (
     AdmissionError,
     ExecutorCapacityExhausted,
     ExecutorClosedError,
-    InvalidExecuteCall,
     SubcallParentNotResident,
 )
-from .execute_frames import ExecuteCallFrame, ResumeCallFrame
 from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
 from .heartbeat import MetricsLike, heartbeat_payload
+from .inbound_frames import InboundFrames
 from .module_registry import ModuleRegistry
 from .restricted_runtime import restricted_namespace
 from .sdk_bridge import SLEEP_WAKE, WAIT_CUT_OFF, SdkBridge
@@ -163,7 +155,7 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ExecutorRuntime(CallRunner):
+class ExecutorRuntime(CallRunner, InboundFrames):
     """The contexts table, the run queues and the three entry points (see the module doc).
 
     ``session`` is the transport (None in unit tests: sent frames collect in
@@ -286,137 +278,6 @@ class ExecutorRuntime(CallRunner):
             f"wait_limits={len(self._timers.wait_limits)}, pool={len(self._pool)}"
             f"{', transport lost' if self._transport_lost else ''})"
         )
-
-    # --- inbound ------------------------------------------------------------------------
-
-    def handle_inbound_message(
-        self, envelope: dict[str, Any], sidecar: bytes | None = None
-    ) -> None:
-        """Handle one decoded frame from the worker. Never raises on bad peer input.
-
-        Unknown message types and malformed frames are logged and dropped
-        (counted in :meth:`stats`); a malformed ExecuteCall is failed.
-        Scheduler thread only, never from inside a call.
-        """
-        if current_context() is not None:
-            raise RuntimeError("handle_inbound_message called from inside a call")
-        self._handle_inbound(envelope, sidecar)
-
-    def _handle_inbound(
-        self,
-        envelope: dict[str, Any] | ExecuteCallFrame | ResumeCallFrame,
-        sidecar: bytes | None,
-    ) -> None:
-        """:meth:`handle_inbound_message` once the caller is known to be the scheduler."""
-        if isinstance(envelope, ResumeCallFrame):  # a result, decoded and checked by the reader
-            resume = envelope.payload
-            self.resume_call(
-                envelope.callId,
-                envelope.requestId,
-                ResumePayload(resume.resumeKind, resume.result, None, resume.budgetUsedMs),
-            )
-            return
-        if isinstance(envelope, ExecuteCallFrame):  # decoded and checked by the reader
-            self._handle_execute_frame(envelope)
-            return
-        try:
-            message_type = envelope.get(F_MESSAGE_TYPE) if type(envelope) is dict else None
-            if message_type == MT_RESUME_CALL:
-                self._handle_resume(envelope, sidecar)
-            elif message_type == MT_EXECUTE_CALL:
-                self._handle_execute(envelope)
-            elif message_type == MT_CANCEL_CALL:
-                self._handle_cancel(envelope)
-            elif message_type == MT_HEARTBEAT_ACK:
-                self._counters["heartbeat_acks"] += 1
-            elif type(message_type) is str:
-                self._counters["unknown_message_dropped"] += 1
-                _log.warning("dropped a frame of unknown messageType %r", message_type)
-            else:
-                self._counters["invalid_message_dropped"] += 1
-                _log.warning("dropped a frame without a messageType")
-        except Exception:
-            self._counters["inbound_errors"] += 1
-            _log.exception("failed to handle an inbound frame")
-
-    def _handle_execute(self, envelope: dict[str, Any]) -> None:
-        call_id = envelope.get(F_CALL_ID)
-        if type(call_id) is not str or not call_id:
-            self._counters["invalid_message_dropped"] += 1
-            _log.warning("dropped an ExecuteCall without a callId")
-            return
-        payload = envelope.get(F_PAYLOAD)
-        try:
-            ctx = ExecContext.from_execute_call(call_id, payload, clock=self._monotonic)
-        except InvalidExecuteCall as exc:
-            live = self._contexts.get(call_id)
-            if live is not None and exc.attempt_seq <= live.attempt_seq:
-                # A duplicate: never disturb the live attempt.
-                self._counters["invalid_message_dropped"] += 1
-                _log.warning("dropped an invalid ExecuteCall for live call %s: %s", call_id, exc)
-                return
-            if live is not None:
-                # A newer attempt, malformed or not, replaces the live one (the worker
-                # now waits for the new attempt's terminal frame only): it is failed below.
-                self._replace_existing_attempt(live)
-            _log.warning("refused an invalid ExecuteCall: %s", exc, extra={"callId": call_id})
-            self._counters["calls_refused"] += 1
-            self._send_failed(call_id, exc.task_id, exc.attempt_seq, admission_failure(exc))
-            return
-        self.submit_call(ctx)
-
-    def _handle_execute_frame(self, frame: ExecuteCallFrame) -> None:
-        """An ExecuteCall the reader decoded typed (:mod:`.execute_frames`): valid by
-        construction, so the context is built straight from its members."""
-        try:
-            p = frame.payload
-            ctx = ExecContext(  # positional: measurably cheaper on the per-call path
-                frame.callId,
-                p.taskId,
-                p.functionId,
-                p.functionCodeDigest,
-                self._monotonic,
-                p.entrySelector,
-                p.args,
-                p.parentCallId,
-                p.callKey,
-                p.ancestry,
-                p.callBudgetMs,
-                p.attemptSeq,
-                p.audit,
-                p.debug,
-            )
-            self.submit_call(ctx)
-        except Exception:
-            self._counters["inbound_errors"] += 1
-            _log.exception("failed to handle an inbound frame")
-
-    def _handle_resume(self, envelope: dict[str, Any], sidecar: bytes | None) -> None:
-        call_id = envelope.get(F_CALL_ID)
-        request_id = envelope.get(F_REQUEST_ID)
-        payload = envelope.get(F_PAYLOAD)
-        if type(call_id) is not str or type(request_id) is not str:
-            self._counters["invalid_message_dropped"] += 1
-            _log.warning("dropped a ResumeCall without callId/requestId")
-            return
-        self.resume_call(call_id, request_id, ResumePayload.from_wire(payload, sidecar))
-
-    def _handle_cancel(self, envelope: dict[str, Any]) -> None:
-        call_id = envelope.get(F_CALL_ID)
-        if type(call_id) is not str:
-            self._counters["invalid_message_dropped"] += 1
-            return
-        payload = envelope.get(F_PAYLOAD)
-        reason: Any = DEFAULT_CANCEL_REASON
-        attempt_seq: Any = 0
-        if type(payload) is dict:
-            reason = payload.get(FP_REASON) or DEFAULT_CANCEL_REASON
-            attempt_seq = payload.get(FP_ATTEMPT_SEQ, 0)
-        if type(reason) is not str:
-            reason = DEFAULT_CANCEL_REASON
-        if type(attempt_seq) is not int:
-            attempt_seq = 0
-        self.cancel_call(call_id, reason, attempt_seq=attempt_seq)
 
     # --- the three semantic entry points ---------------------------------------------------
 
