@@ -68,7 +68,9 @@ def make_runtime() -> ExecutorRuntime:
     return ExecutorRuntime("bench", session=BenchSession(), registry=registry, max_inflight=0)
 
 
-def envelopes(count: int, task_id: str, reads: int | None = None) -> list[Frame]:
+def envelopes(
+    count: int, task_id: str, reads: int | None = None, budget_ms: int = 5000
+) -> list[Frame]:
     """ExecuteCalls of the trivial function, or (``reads`` set) of one doing ``reads`` reads."""
     function_id, digest = ("trivial", DIGEST) if reads is None else ("n_reads", N_READS_DIGEST)
     return [
@@ -86,7 +88,8 @@ def envelopes(count: int, task_id: str, reads: int | None = None) -> list[Frame]
                     keys.FP_ENTRY_SELECTOR: "_",
                     keys.FP_PARENT_CALL_ID: None,
                     keys.FP_ANCESTRY: [],
-                    keys.FP_CALL_BUDGET_MS: 5000,  # the worker's default call_deadline_ms
+                    # 5000: the worker's default call_deadline_ms.
+                    keys.FP_CALL_BUDGET_MS: budget_ms,
                     keys.FP_AUDIT: None,
                     keys.FP_DEBUG: False,
                 },

@@ -18,7 +18,8 @@ Two sides, each the way the real process runs it:
 * **executor** — ``ExecutorRuntime`` over bench/executor_runtime_loop.py's
   in-memory session, fed ExecuteCall frames decoded by the reader's own typed
   decoder, 128 per ``run_until_idle``; then calls doing ``--reads`` IO waits,
-  each answered with a ResumeCall as soon as its CallWaiting is out.
+  each answered with a ResumeCall as soon as its CallWaiting is out. Calls carry
+  the worker's default budget (5000 ms; ``--budget-ms 0``: none).
 
     .venv/bin/python bench/opcodes.py [--side worker|executor|both] [--top 25]
 """
@@ -127,12 +128,13 @@ def typed_resume(call_id: str, request_id: str) -> Frame:
 def executor_side(args: argparse.Namespace) -> None:
     runtime = erl.make_runtime()
     try:
-        erl.batched(runtime, typed_frames(erl.envelopes(1000, "warm")))
-        frames = typed_frames(erl.envelopes(args.calls, "run"))
+        budget = args.budget_ms
+        erl.batched(runtime, typed_frames(erl.envelopes(1000, "warm", budget_ms=budget)))
+        frames = typed_frames(erl.envelopes(args.calls, "run", budget_ms=budget))
         with OpcodeCounter() as counter:
             erl.batched(runtime, frames)
         counter.report(f"executor, {args.calls} trivial calls", args.calls, args.top)
-        frames = typed_frames(erl.envelopes(args.io_calls, "io", args.reads))
+        frames = typed_frames(erl.envelopes(args.io_calls, "io", args.reads, budget_ms=budget))
         with OpcodeCounter() as counter:
             erl.io_waits(runtime, frames, typed_resume)
         counter.report(
@@ -150,6 +152,9 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--io-mode", choices=("immediate", "delayed"), default="immediate")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--budget-ms", type=int, default=5000, help="executor calls' callBudgetMs (0: none)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.side in ("worker", "both"):
