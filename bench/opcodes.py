@@ -15,6 +15,8 @@ Two sides, each the way the real process runs it:
   fake executors (their code and the bench backends are left out of the count):
   ``--calls`` trivial calls, then ``--io-calls`` calls doing ``--reads`` IO waits
   each, answered at once (``IOResult``) or after 2 ms (``--io-mode delayed``);
+  The same reads once more through what ``blockx run`` uses: an IOSubsystem task
+  scope (read cache, singleflight, statistics) over blockdb on a SQLite file;
 * **executor** — ``ExecutorRuntime`` over bench/executor_runtime_loop.py's
   in-memory session, fed ExecuteCall frames decoded by the reader's own typed
   decoder, 128 per ``run_until_idle``; then calls doing ``--reads`` IO waits,
@@ -81,6 +83,68 @@ class OpcodeCounter:
 
 
 # --- worker -----------------------------------------------------------------------------------
+
+
+class ScopeSwitch:
+    """The worker's IO handler: whichever product scope (TaskIOScope) is current."""
+
+    def __init__(self) -> None:
+        self.scope: Any = None
+
+    def handle_io(self, task_id: str, call_id: str, payload: Any, sidecar: Any) -> Any:
+        return self.scope.handle_io(task_id, call_id, payload, sidecar)
+
+
+async def product_io_side(args: argparse.Namespace) -> None:
+    """The fake executors' reads through what `blockx run` uses: an IOSubsystem's task
+    scope (read cache, singleflight, statistics) over blockdb on a SQLite file. The
+    SQLite thread's own Python is not counted (it runs off the loop)."""
+    import tempfile
+
+    from blockx.worker.io import IOResult
+    from blockx.worker.io.registry import IOSubsystem
+
+    config = load_config(env={}).replace(**{"pool.executor_count": 2})
+    reads, n = args.reads, args.io_calls
+    with tempfile.TemporaryDirectory() as data_dir:
+        io = IOSubsystem({"data_dir": data_dir})
+        switch = ScopeSwitch()
+        try:
+            filler = io.task_scope("fill")
+            rows = [{"key": k, "v": k} for k in range((n + 500) * reads)]
+            answer = await filler.handle_io(
+                "fill",
+                "fill/c0",
+                {
+                    "backend": "blockdb",
+                    "operation": "upsert_rows",
+                    "ioKind": "write",
+                    "params": {"table": "t", "rows": rows},
+                },
+                None,
+            )
+            assert type(answer) is IOResult and answer.error is None, answer
+            filler.close()
+            clock = [0.0]
+            async with Worker(config, spawner=wi.IdleSpawner(), io_handlers=switch) as worker:
+                for i in range(2):
+                    conn = worker.adapter._new_connection()
+                    fake = wi.FakeExecutor(f"exec-{i}", conn, reads, clock)
+                    conn.connection_made(fake)  # type: ignore[arg-type]
+                    fake.heartbeat()
+                await worker.wait_ready()
+                switch.scope = io.task_scope("warm")
+                await wi._timed(worker, 500, reads, clock)
+                switch.scope = io.task_scope("measured")  # a cold read cache
+                with OpcodeCounter() as counter:
+                    await wi._timed(worker, n, reads, clock)
+        finally:
+            await io.close()
+    counter.report(
+        f"worker, {n} calls of {reads} reads through the product's IO scope + SQLite (misses)",
+        n,
+        args.top,
+    )
 
 
 async def worker_side(args: argparse.Namespace) -> None:
@@ -159,6 +223,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     if args.side in ("worker", "both"):
         run(worker_side(args))
+        run(product_io_side(args))
     if args.side in ("executor", "both"):
         executor_side(args)
 

@@ -104,21 +104,27 @@ class OperationStats:
             self._parent.record_rejected()
 
     def record_call(self, seconds: float, failed: bool) -> None:
-        """One backend call that took ``seconds`` (and failed or not)."""
-        self.requests += 1
-        self.backend_calls += 1
-        if failed:
-            self.errors += 1
+        """One backend call that took ``seconds`` (and failed or not).
+
+        Once per backend call, for this node and each parent: a loop with the bucket
+        found once, not a call (and a logarithm) per level.
+        """
         ms = seconds * 1000.0
-        self.total_ms += ms
-        if ms > self.max_ms:
-            self.max_ms = ms
-        histogram = self._histogram
-        if histogram is None:
-            histogram = self._histogram = [0] * _BUCKETS
-        histogram[_bucket(seconds)] += 1
-        if self._parent is not None:
-            self._parent.record_call(seconds, failed)
+        bucket = _bucket(seconds)
+        node: OperationStats | None = self
+        while node is not None:
+            node.requests += 1
+            node.backend_calls += 1
+            if failed:
+                node.errors += 1
+            node.total_ms += ms
+            if ms > node.max_ms:
+                node.max_ms = ms
+            histogram = node._histogram
+            if histogram is None:
+                histogram = node._histogram = [0] * _BUCKETS
+            histogram[bucket] += 1
+            node = node._parent
 
     # --- reading --------------------------------------------------------------------------------
 
