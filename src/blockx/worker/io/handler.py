@@ -52,7 +52,10 @@ __all__ = [
 ERR_IO_ERROR: Final = keys.ERR_IO_ERROR
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: a frozen dataclass builds itself with object.__setattr__ per field, ~2.5x
+# the bytecodes of plain assignments, and one is built per IO answer (two for a read the
+# cache keeps). Treat it as immutable all the same: a cached one answers many waits.
+@dataclass(slots=True, kw_only=True)
 class IOResult:
     """The answer to one IO wait: a result or an error, plus what it cost.
 
