@@ -85,6 +85,16 @@ class OpcodeCounter:
 # --- worker -----------------------------------------------------------------------------------
 
 
+async def attach_fakes(worker: Worker, reads: int, clock: list[float]) -> None:
+    """Fill the worker's two executor slots with worker_inprocess.py's fake executors."""
+    for i in range(2):
+        conn = worker.adapter._new_connection()
+        fake = wi.FakeExecutor(f"exec-{i}", conn, reads, clock)
+        conn.connection_made(fake)  # type: ignore[arg-type]
+        fake.heartbeat()
+    await worker.wait_ready()
+
+
 class ScopeSwitch:
     """The worker's IO handler: whichever product scope (TaskIOScope) is current."""
 
@@ -127,12 +137,7 @@ async def product_io_side(args: argparse.Namespace) -> None:
             filler.close()
             clock = [0.0]
             async with Worker(config, spawner=wi.IdleSpawner(), io_handlers=switch) as worker:
-                for i in range(2):
-                    conn = worker.adapter._new_connection()
-                    fake = wi.FakeExecutor(f"exec-{i}", conn, reads, clock)
-                    conn.connection_made(fake)  # type: ignore[arg-type]
-                    fake.heartbeat()
-                await worker.wait_ready()
+                await attach_fakes(worker, reads, clock)
                 switch.scope = io.task_scope("warm")
                 await wi._timed(worker, 500, reads, clock)
                 switch.scope = io.task_scope("measured")  # a cold read cache
@@ -155,12 +160,7 @@ async def worker_side(args: argparse.Namespace) -> None:
         async with Worker(
             config, spawner=wi.IdleSpawner(), io_handlers={"blockdb": backend}
         ) as worker:
-            for i in range(2):
-                conn = worker.adapter._new_connection()
-                fake = wi.FakeExecutor(f"exec-{i}", conn, reads, clock)
-                conn.connection_made(fake)  # type: ignore[arg-type]
-                fake.heartbeat()
-            await worker.wait_ready()
+            await attach_fakes(worker, reads, clock)
             await wi._timed(worker, 500, reads, clock)  # warm-up
             with OpcodeCounter() as counter:
                 await wi._timed(worker, n, reads, clock)
