@@ -38,6 +38,7 @@ __all__ = ["OutboundSends"]
 
 _dumps = orjson.dumps
 _pack_length = struct.Struct(">I").pack
+_new_note = tuple.__new__
 
 _MT_EXECUTE_CALL: Final = keys.MT_EXECUTE_CALL
 _MT_RESUME_CALL: Final = keys.MT_RESUME_CALL
@@ -191,7 +192,10 @@ class OutboundSends:
         else:
             frame = encode_frame(envelope, sidecar)
         conn.enqueue_control(
-            frame, ControlSend(executor_id, _MT_RESUME_CALL, call_id, request_id, token), call_id
+            frame,
+            # ControlSend(...) without its Python-level __new__ (once per IO wait).
+            _new_note(ControlSend, (executor_id, _MT_RESUME_CALL, call_id, request_id, token)),
+            call_id,
         )
 
     def send_cancel_call(
