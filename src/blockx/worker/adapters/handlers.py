@@ -149,7 +149,26 @@ class InboundHandlers:
                 attempt: object = payload.attemptSeq
             else:
                 message_type = envelope[_F_MESSAGE_TYPE]
-                if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
+                if message_type == _MT_CALL_WAITING:
+                    # The common case, inline and first (once per IO wait): a well-formed
+                    # io / subcall wait collected for the batch. Anything else about it
+                    # goes to _handle_call_waiting below.
+                    call_id = envelope.get(_F_CALL_ID)
+                    request_id = envelope.get(_F_REQUEST_ID)
+                    payload = envelope.get(_F_PAYLOAD)
+                    if (
+                        call_frames is not None
+                        and type(call_id) is str
+                        and type(request_id) is str
+                        and type(payload) is dict
+                        and type(payload.get(_FP_TASK_ID)) is str
+                        and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
+                    ):
+                        call_frames.append(
+                            (_MT_CALL_WAITING, call_id, payload, request_id, frame[1])
+                        )
+                        continue
+                elif message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
                     call_id = envelope.get(_F_CALL_ID)
                     payload = envelope.get(_F_PAYLOAD)
                     if type(call_id) is not str or type(payload) is not dict:
@@ -176,21 +195,6 @@ class InboundHandlers:
                     )
                 continue
             if message_type == _MT_CALL_WAITING:
-                # The common case, inline (once per IO wait): a well-formed io / subcall wait
-                # collected for the batch. Everything else takes _handle_call_waiting.
-                call_id = envelope.get(_F_CALL_ID)
-                request_id = envelope.get(_F_REQUEST_ID)
-                payload = envelope.get(_F_PAYLOAD)
-                if (
-                    call_frames is not None
-                    and type(call_id) is str
-                    and type(request_id) is str
-                    and type(payload) is dict
-                    and type(payload.get(_FP_TASK_ID)) is str
-                    and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
-                ):
-                    call_frames.append((_MT_CALL_WAITING, call_id, payload, request_id, frame[1]))
-                    continue
                 error = self._handle_call_waiting(state, conn, envelope, frame[1], call_frames)
                 if error is not None:
                     break
