@@ -29,6 +29,13 @@ down the output gets :data:`OUTPUT_GRACE_S` to drain — what a reader that
 does not read leaves queued then is dropped, counted on stderr. A second
 signal exits at once (``os._exit``), whatever the writer thread is stuck in.
 
+stderr (log records, the progress line, the final texts) goes through a
+:class:`~blockx.cli_console.StderrWriter` for the whole command: the loop never
+waits for it either; a full queue (1 MiB) drops lines and counts them (diagnostics
+must not slow the work). The final texts are never dropped; at the end stderr gets
+:data:`~blockx.cli_console.STDERR_GRACE_S` without a byte taken before the command
+gives up on it and exits with its status.
+
 Progress (stderr, only when it is a terminal): at most 8 redraws a second,
 drawn by :class:`~blockx.cli_console.Progress` from the dispatcher's
 per-task counters, which the run's ticker reads (:func:`_task_progress`).
@@ -42,7 +49,7 @@ executors are stopped); 141 the output pipe was closed.
 
 This module owns the command's three steps (input checks, the run on the
 worker, the verdict), :class:`RunOptions` and the signal handling. stderr
-(log records, the progress line) is :mod:`blockx.cli_console`'s, the rows'
+(log records, the progress line, its writer thread) is :mod:`blockx.cli_console`'s, the rows'
 writer thread :mod:`blockx.cli_output`'s; ``blockx validate`` (the input
 checks alone) is :mod:`blockx.cli_validate`.
 """

@@ -132,3 +132,18 @@ def drain(fd: int) -> bytes:
         chunks.append(chunk)
     os.set_blocking(fd, True)
     return b"".join(chunks)
+
+
+def streamed_task(tmp_path: Path, count: int, body: str, *, task_id: str = "streamed") -> Path:
+    """A task file whose ``count`` calls (a calls file) call ``f(i)`` for i in 0..count-1;
+    ``body``: the lines of ``f``'s entry ``def _(i):``, indented by 4."""
+    write(
+        tmp_path / "calls.jsonl",
+        "".join(f'{{"function": "f", "args": {i}}}\n' for i in range(count)),
+    )
+    source = "".join(f"          {line}\n" for line in body.splitlines())
+    return write(
+        tmp_path / "task.yaml",
+        f"task_id: {task_id}\nfunctions:\n  f:\n    source: |\n      import time\n"
+        f"      def _(i):\n{source}calls_file: calls.jsonl\n",
+    )

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, wait_for_exit, wait_until_pipe_is_full, write
+from cli_support import clean_env, streamed_task, wait_for_exit, wait_until_pipe_is_full
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,21 +25,7 @@ pytestmark = [
 
 def _rows_task(tmp_path: Path, count: int, pad: int) -> Path:
     """A streamed task of ``count`` calls; call i returns ``{"i": i, "pad": "x" * pad}``."""
-    write(
-        tmp_path / "calls.jsonl",
-        "".join(f'{{"function": "f", "args": {i}}}\n' for i in range(count)),
-    )
-    return write(
-        tmp_path / "task.yaml",
-        (
-            "functions:\n"
-            "  f:\n"
-            "    source: |\n"
-            "      def _(i):\n"
-            f"          return {{'i': i, 'pad': 'x' * {pad}}}\n"
-            "calls_file: calls.jsonl\n"
-        ),
-    )
+    return streamed_task(tmp_path, count, f"return {{'i': i, 'pad': 'x' * {pad}}}")
 
 
 def _start(task: Path, err: Path, *args: str) -> subprocess.Popen[bytes]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, jsonl, wait_for_exit, wait_until_pipe_is_full, write
+from cli_support import clean_env, jsonl, streamed_task, wait_for_exit, wait_until_pipe_is_full
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,27 +29,13 @@ DROP_NOTICE = re.compile(
 def _printing_task(tmp_path: Path, count: int, lines: int, sleep_s: float = 0.0) -> Path:
     """A streamed task of ``count`` calls; call i prints ``lines`` numbered lines of ~100
     characters (then sleeps ``sleep_s``) and returns ``{"i": i}``."""
-    write(
-        tmp_path / "calls.jsonl",
-        "".join(f'{{"function": "f", "args": {i}}}\n' for i in range(count)),
+    body = (
+        f"for j in range({lines}):\n"
+        "    print(f'call {i} line {j} ' + 'x' * 80)\n"
+        f"time.sleep({sleep_s})\n"
+        "return {'i': i}"
     )
-    return write(
-        tmp_path / "task.yaml",
-        (
-            "task_id: printing\n"
-            "functions:\n"
-            "  f:\n"
-            "    source: |\n"
-            "      import time\n"
-            "      def _(i):\n"
-            f"          for j in range({lines}):\n"
-            "              print(f'call {i} line {j} ' + 'x' * 80)\n"
-            f"          if {sleep_s}:\n"
-            f"              time.sleep({sleep_s})\n"
-            "          return {'i': i}\n"
-            "calls_file: calls.jsonl\n"
-        ),
-    )
+    return streamed_task(tmp_path, count, body, task_id="printing")
 
 
 def _start(task: Path, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[bytes]:
