@@ -17,26 +17,49 @@ the text with :meth:`Console.show_progress` — ``total`` is the inline list's
 length or the calls file's line count from the pre-run check. The rate is
 taken over the last 3 s.
 
+During ``blockx run`` the console writes through a :class:`StderrWriter`
+(:meth:`Console.attach`): a thread of its own writes stderr, so the event loop
+never waits for it (a pipe nobody drains, a supervisor that stopped reading).
+Diagnostics must not slow the work, so its queue is bounded
+(:data:`STDERR_MAX_PENDING_BYTES`) and, when it is full, lines are dropped and
+counted until the writer has caught up (its queue ran empty); then it writes
+one line saying how many (``blockx: warning: 1,234 stderr lines dropped:
+stderr was not read fast enough``), before anything queued later. Lines that are
+written keep their order. Progress redraws are coalesced: a frame still
+queued is replaced by the next one, and none is queued while lines are being
+dropped. The final texts (report, summary) are queued after
+:meth:`StderrWriter.keep_all`, which lifts the bound (they are bounded
+themselves and the loop is gone); :meth:`Console.detach` then waits for them
+to be written as long as the reader takes something every
+:data:`STDERR_GRACE_S`, and gives up otherwise (the command exits on time).
+
 The number and text helpers (:func:`count_text`, :func:`plural`,
 :func:`indent`, :func:`print_problems`) are shared by the progress line,
 :mod:`blockx.cli_run`, :mod:`blockx.cli_validate` and :mod:`blockx.cli_report`,
 so every count and every problem reads the same way. This module
-imports nothing from BlockX.
+imports nothing from BlockX but the writer thread (:mod:`blockx.cli_writer`).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
-from typing import IO, Final
+from typing import IO, Any, Final
+
+from blockx.cli_writer import WriterThread, open_std_stream
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
+    "STDERR_GRACE_S",
+    "STDERR_MAX_PENDING_BYTES",
     "Console",
     "Progress",
+    "StderrWriter",
     "count_text",
     "indent",
     "plural",
@@ -48,30 +71,183 @@ __all__ = [
 PROGRESS_INTERVAL_S: Final = 0.125
 
 
+#: stderr lines queued for the writer before further ones are dropped (and counted).
+STDERR_MAX_PENDING_BYTES: Final = 1024 * 1024
+#: At the end, how long stderr may take nothing before the command stops waiting for it (s).
+STDERR_GRACE_S: Final = 2.0
+
+_CLEAR_LINE: Final = b"\r\x1b[K"
+
+
+class StderrWriter(WriterThread):
+    """stderr's lines and progress frames, written by the thread ``blockx-stderr``.
+
+    Never blocks and never raises for the stream: a full queue drops lines (counted, and
+    said once the writer caught up), a reader that went away drops everything. Any thread
+    may put. ``stream``: what stands for stderr (default ``sys.stderr``; it needs ``fileno``
+    and ``flush``); an :class:`OSError` when it is closed.
+    """
+
+    def __init__(
+        self, stream: Any = None, *, max_pending_bytes: int = STDERR_MAX_PENDING_BYTES
+    ) -> None:
+        stream = stream or sys.stderr
+        fd, nonblocking = open_std_stream(stream, "stderr")
+        super().__init__(fd, nonblocking, name="blockx-stderr")
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._max_pending_bytes = max_pending_bytes
+        self._frame_last = False  # the last thing queued is a progress frame (shown, once written)
+        self._dropping = False  # a line was dropped: drop all until the queue ran empty
+        self._unreported = 0  # lines dropped and not yet said
+        self._bounded = True
+        #: Lines dropped in all.
+        self.lines_dropped = 0
+        self._start()
+
+    def __repr__(self) -> str:
+        return (
+            f"StderrWriter({self.lines} lines written, {self._pending_bytes} bytes pending, "
+            f"{self.lines_dropped} lines dropped, dropping={self._dropping}, "
+            f"nonblocking={self._nonblocking}, failure={self._failure!r})"
+        )
+
+    def put_line(self, text: str) -> None:
+        """Queue ``text`` (one or more lines) and a newline — or drop it when the queue is full."""
+        data = (text + "\n").encode(self._encoding, "backslashreplace")
+        with self._lock:
+            if self._closed_for_puts():
+                return
+            if self._bounded and (
+                self._dropping or self._pending_bytes + len(data) > self._max_pending_bytes
+            ):
+                self._dropping = True
+                self._unreported += text.count("\n") + 1
+                self.lines_dropped += text.count("\n") + 1
+                return
+            self._queue_line(data)
+
+    def put_frame(self, frame: str) -> None:
+        """Queue a progress frame (``\\r...``), replacing one still queued; skipped while
+        lines are dropped."""
+        data = frame.encode(self._encoding, "backslashreplace")
+        with self._lock:
+            if self._closed_for_puts():
+                return
+            if self._frame_last and self._queue:  # the last item queued: not taken yet
+                self._pending_bytes += len(data) - len(self._queue[-1])
+                self._queue[-1] = data
+            elif not self._dropping and self._pending_bytes + len(data) <= self._max_pending_bytes:
+                self._queue_bytes(data, 0)
+                self._frame_last = True
+
+    def clear_frame(self) -> None:
+        """Queue the clearing of the progress line, if one is shown."""
+        with self._lock:
+            if self._frame_last and not self._closed_for_puts():
+                self._queue_bytes(_CLEAR_LINE, 0)
+                self._frame_last = False
+
+    def keep_all(self) -> None:
+        """From now on no line is dropped (the final texts); the count of those dropped so
+        far is queued first."""
+        with self._lock:
+            self._bounded = False
+            if not self._closed_for_puts():
+                self._report_dropped()
+
+    def close(self, grace: float | None = STDERR_GRACE_S) -> bool:
+        """Write what is queued, waiting as long as the reader takes something every
+        ``grace`` s; then give up. True when it gave up (what was left is lost)."""
+        return self._finish(grace, while_progressing=True)
+
+    def write_at_once(self, text: str) -> None:
+        """Best effort, from any thread, never blocking on a pipe: ``text`` now, ahead of
+        what is queued (the second signal's last word)."""
+        fd = self._fd if self._nonblocking else 2
+        try:
+            os.write(fd, text.encode(self._encoding, "backslashreplace"))
+        except OSError:
+            pass
+
+    def _closed_for_puts(self) -> bool:
+        return self._closing or self._abandoned or self._failure is not None
+
+    def _queue_line(self, data: bytes) -> None:
+        if self._frame_last:
+            data = _CLEAR_LINE + data
+            self._frame_last = False
+        self._queue_bytes(data, 1)
+
+    def _report_dropped(self) -> None:
+        if self._unreported:
+            lines = f"{self._unreported:,} stderr line{'' if self._unreported == 1 else 's'}"
+            notice = f"blockx: warning: {lines} dropped: stderr was not read fast enough\n"
+            self._queue_line(notice.encode())
+            self._unreported = 0
+
+    def _on_idle(self) -> None:
+        """The writer caught up: say how many lines were dropped, and take lines again."""
+        if self._failure is None:
+            self._report_dropped()
+        self._dropping = False
+
+
 class Console:
-    """stderr: log records, the progress line (redrawn in place) and the final texts."""
+    """stderr: log records, the progress line (redrawn in place) and the final texts —
+    written directly, or through a :class:`StderrWriter` once attached."""
 
     def __init__(self, stream: IO[str], *, tty: bool) -> None:
         self.stream = stream
         self.tty = tty
         self._line_shown = False
+        self.writer: StderrWriter | None = None
+
+    def __repr__(self) -> str:
+        return f"Console(tty={self.tty}, line_shown={self._line_shown}, writer={self.writer!r})"
+
+    def attach(self, writer: StderrWriter) -> None:
+        """From now on write through ``writer``."""
+        self.clear_progress()
+        self.writer = writer
+
+    def detach(self, grace: float = STDERR_GRACE_S) -> bool:
+        """Write directly again, once the writer has written what is queued (see
+        :meth:`StderrWriter.close`); True when it gave up on some of it."""
+        writer, self.writer = self.writer, None
+        return writer.close(grace) if writer is not None else False
 
     def clear_progress(self) -> None:
-        if self._line_shown:
+        if self.writer is not None:
+            self.writer.clear_frame()
+        elif self._line_shown:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
             self._line_shown = False
 
     def show_progress(self, text: str) -> None:
         width = shutil.get_terminal_size((100, 24)).columns
-        self.stream.write("\r" + text[: max(width - 1, 20)] + "\x1b[K")
+        frame = "\r" + text[: max(width - 1, 20)] + "\x1b[K"
+        if self.writer is not None:
+            self.writer.put_frame(frame)
+            return
+        self.stream.write(frame)
         self.stream.flush()
         self._line_shown = True
 
     def print(self, text: str = "") -> None:
+        if self.writer is not None:
+            self.writer.put_line(text)
+            return
         self.clear_progress()
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def write_at_once(self, text: str) -> None:
+        """``text`` now, whatever is queued or blocked (the second signal: see cli_run)."""
+        if self.writer is not None:
+            self.writer.write_at_once(text)
+        else:
+            os.write(2, text.encode())
 
 
 def print_problems(console: Console, problems: Sequence[str]) -> None:

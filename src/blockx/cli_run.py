@@ -29,6 +29,13 @@ down the output gets :data:`OUTPUT_GRACE_S` to drain — what a reader that
 does not read leaves queued then is dropped, counted on stderr. A second
 signal exits at once (``os._exit``), whatever the writer thread is stuck in.
 
+stderr (log records, the progress line, the final texts) goes through a
+:class:`~blockx.cli_console.StderrWriter` for the whole command: the loop never
+waits for it either; a full queue (1 MiB) drops lines and counts them (diagnostics
+must not slow the work). The final texts are never dropped; at the end stderr gets
+:data:`~blockx.cli_console.STDERR_GRACE_S` without a byte taken before the command
+gives up on it and exits with its status.
+
 Progress (stderr, only when it is a terminal): at most 8 redraws a second,
 drawn by :class:`~blockx.cli_console.Progress` from the dispatcher's
 per-task counters, which the run's ticker reads (:func:`_task_progress`).
@@ -42,7 +49,7 @@ executors are stopped); 141 the output pipe was closed.
 
 This module owns the command's three steps (input checks, the run on the
 worker, the verdict), :class:`RunOptions` and the signal handling. stderr
-(log records, the progress line) is :mod:`blockx.cli_console`'s, the rows'
+(log records, the progress line, its writer thread) is :mod:`blockx.cli_console`'s, the rows'
 writer thread :mod:`blockx.cli_output`'s; ``blockx validate`` (the input
 checks alone) is :mod:`blockx.cli_validate`.
 """
@@ -62,8 +69,10 @@ from typing import Any, Final
 from blockx.cli_config import Settings, UsageError, build_settings
 from blockx.cli_console import (
     PROGRESS_INTERVAL_S,
+    STDERR_GRACE_S,
     Console,
     Progress,
+    StderrWriter,
     indent,
     plural,
     print_problems,
@@ -133,16 +142,17 @@ def _task_progress(worker: Any, handle: Any) -> tuple[int, int, int] | None:
 
 class _Interruption:
     """SIGINT/SIGTERM during the run, handled on the event loop (which never waits for
-    stdout: see :mod:`blockx.cli_output`).
+    stdout or stderr: see :mod:`blockx.cli_output`, :mod:`blockx.cli_console`).
 
     The first signal is noted in ``outcome.interrupted`` and cancels ``main`` while the
     task runs or the output drains; while the worker shuts down it is only noted (the
     drain that follows is then bounded). A second signal ends the process at once.
     """
 
-    def __init__(self, outcome: RunOutcome, main: asyncio.Task[Any]) -> None:
+    def __init__(self, outcome: RunOutcome, main: asyncio.Task[Any], console: Console) -> None:
         self.outcome = outcome
         self.main = main
+        self.console = console
         self.cancel_main = True
         self.installed: list[int] = []
 
@@ -176,7 +186,7 @@ class _Interruption:
             again = (
                 "again" if name == self.outcome.interrupted else f"after {self.outcome.interrupted}"
             )
-            os.write(2, f"\nblockx: {name} {again}: exiting at once\n".encode())
+            self.console.write_at_once(f"\nblockx: {name} {again}: exiting at once\n")
             os._exit(128 + signum)
 
 
@@ -192,7 +202,7 @@ async def _run_task(
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
-    interruption = _Interruption(outcome, main)
+    interruption = _Interruption(outcome, main, console)
     interruption.install(loop)
     t0 = time.monotonic()
     try:
@@ -371,11 +381,33 @@ async def _settle(handle: Any) -> Any:
 
 
 def run_command(options: RunOptions) -> int:
-    """``blockx run``; returns the exit status."""
+    """``blockx run``; returns the exit status.
+
+    stderr is written by a :class:`~blockx.cli_console.StderrWriter` from start to end
+    (when stderr is open): at the end it gets :data:`~blockx.cli_console.STDERR_GRACE_S`
+    without a byte read before the command gives up on it and exits with its status.
+    """
     stderr = sys.stderr
     tty = stderr.isatty()
     console = Console(stderr, tty=tty)
+    try:
+        console.attach(StderrWriter(stderr))
+    except OSError:  # stderr is closed: nothing to wait for
+        pass
     setup_logging(console, verbose=options.verbose, quiet=options.quiet)
+    try:
+        code = _run_command(options, console)
+    except KeyboardInterrupt:  # Ctrl-C outside the run's own handling
+        code = 130
+    try:
+        console.detach(STDERR_GRACE_S)
+    except KeyboardInterrupt:  # while waiting for stderr's reader: stop waiting, the run's
+        pass  # status stands
+    return code
+
+
+def _run_command(options: RunOptions, console: Console) -> int:
+    tty = console.tty
 
     # 1. Everything that can be wrong with the input, before anything starts.
     try:
@@ -442,6 +474,8 @@ def run_command(options: RunOptions) -> int:
             console.print("blockx: (run with -v for the traceback)")
         return EXIT_FAILED
     finally:
+        if console.writer is not None:  # the final texts: bounded, and the loop is gone
+            console.writer.keep_all()
         # Drained already unless the run broke down: then what is queued gets a moment.
         dropped = sink.close(timeout=OUTPUT_GRACE_S)
         if dropped:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from blockx.worker.config import CONFIG_FILE_ENV, iter_knobs
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
@@ -63,3 +69,81 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def wait_until_pipe_is_full(proc: subprocess.Popen[bytes], fd: int, timeout: float = 60) -> None:
+    """Wait until the pipe whose read end is ``fd`` holds all it can (nobody reads it)."""
+    capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    deadline = time.monotonic() + timeout
+    while True:
+        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        if queued >= capacity - 4096:
+            return
+        assert proc.poll() is None, "blockx run ended before the pipe was full"
+        assert time.monotonic() < deadline, f"the pipe holds only {queued} bytes"
+        time.sleep(0.02)
+
+
+def wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> float:
+    """Wait for the process to end (kill it past ``timeout`` and fail); the time it took."""
+    started = time.monotonic()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"blockx run did not end within {timeout} s")
+    return time.monotonic() - started
+
+
+class PipeStream:
+    """Stands in for ``sys.stdout`` or ``sys.stderr``: a pipe's write end (the test holds
+    the read end)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.encoding = "utf-8"
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def flush(self) -> None:
+        pass
+
+
+class Pipe:
+    def __init__(self) -> None:
+        self.read_end, self.write_end = os.pipe()
+        self.stream = PipeStream(self.write_end)
+        self.stdout = self.stream
+
+
+def drain(fd: int) -> bytes:
+    """What the pipe holds now, without waiting."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.set_blocking(fd, True)
+    return b"".join(chunks)
+
+
+def streamed_task(tmp_path: Path, count: int, body: str, *, task_id: str = "streamed") -> Path:
+    """A task file whose ``count`` calls (a calls file) call ``f(i)`` for i in 0..count-1;
+    ``body``: the lines of ``f``'s entry ``def _(i):``, indented by 4."""
+    write(
+        tmp_path / "calls.jsonl",
+        "".join(f'{{"function": "f", "args": {i}}}\n' for i in range(count)),
+    )
+    source = "".join(f"          {line}\n" for line in body.splitlines())
+    return write(
+        tmp_path / "task.yaml",
+        f"task_id: {task_id}\nfunctions:\n  f:\n    source: |\n      import time\n"
+        f"      def _(i):\n{source}calls_file: calls.jsonl\n",
+    )

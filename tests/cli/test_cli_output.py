@@ -4,20 +4,17 @@ counted), a second one at once; a slow reader gets every row, in order."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, write
+from cli_support import clean_env, streamed_task, wait_for_exit, wait_until_pipe_is_full
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,21 +25,7 @@ pytestmark = [
 
 def _rows_task(tmp_path: Path, count: int, pad: int) -> Path:
     """A streamed task of ``count`` calls; call i returns ``{"i": i, "pad": "x" * pad}``."""
-    write(
-        tmp_path / "calls.jsonl",
-        "".join(f'{{"function": "f", "args": {i}}}\n' for i in range(count)),
-    )
-    return write(
-        tmp_path / "task.yaml",
-        (
-            "functions:\n"
-            "  f:\n"
-            "    source: |\n"
-            "      def _(i):\n"
-            f"          return {{'i': i, 'pad': 'x' * {pad}}}\n"
-            "calls_file: calls.jsonl\n"
-        ),
-    )
+    return streamed_task(tmp_path, count, f"return {{'i': i, 'pad': 'x' * {pad}}}")
 
 
 def _start(task: Path, err: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -59,30 +42,9 @@ def _start(task: Path, err: Path, *args: str) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait_until_stdout_is_full(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def _wait_until_stdout_is_full(proc: subprocess.Popen[bytes]) -> None:
     assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
-    deadline = time.monotonic() + timeout
-    while True:
-        queued = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-        if queued >= capacity - 4096:
-            return
-        assert proc.poll() is None, "blockx run ended before its stdout was full"
-        assert time.monotonic() < deadline, f"stdout holds only {queued} bytes"
-        time.sleep(0.02)
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> float:
-    """Wait for the process to end (kill it past ``timeout`` and fail); the time it took."""
-    started = time.monotonic()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"blockx run did not end within {timeout} s")
-    return time.monotonic() - started
+    wait_until_pipe_is_full(proc, proc.stdout.fileno())
 
 
 def _executor_pids(err: str) -> list[int]:
@@ -117,7 +79,7 @@ def test_a_signal_ends_the_run_promptly_while_stdout_is_not_read(
         _wait_until_stdout_is_full(proc)
         time.sleep(0.5)
         proc.send_signal(signum)
-        took = _wait(proc, 30)
+        took = wait_for_exit(proc, 30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -156,7 +118,7 @@ def test_a_second_signal_exits_at_once_while_stdout_is_not_read(tmp_path: Path) 
         proc.send_signal(signal.SIGINT)
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        took = _wait(proc, 30)
+        took = wait_for_exit(proc, 30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -184,7 +146,7 @@ def test_a_slow_reader_gets_every_row_in_order_and_the_run_does_not_stall(
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
             time.sleep(0.005)
-        _wait(proc, 60)
+        wait_for_exit(proc, 60)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,62 +9,16 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cli_support import Pipe, drain
 
 from blockx.cli_output import OutputClosed, RowWriter
 
 
-class _PipeStdout:
-    """Stands in for ``sys.stdout``: a pipe's write end (the test holds the read end)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def flush(self) -> None:
-        pass
-
-
-class _Pipe:
-    def __init__(self) -> None:
-        self.read_end, self.write_end = os.pipe()
-        self.stdout = _PipeStdout(self.write_end)
-
-
-@pytest.fixture
-def pipe() -> Iterator[_Pipe]:
-    """stdout's stand-in: a pipe nobody reads unless the test does."""
-    pipe = _Pipe()
-    yield pipe
-    for fd in (pipe.write_end, pipe.read_end):
-        try:
-            os.close(fd)
-        except OSError:  # the test closed it (the reader went away)
-            pass
-
-
-def _drain(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.set_blocking(fd, True)
-    return b"".join(chunks)
-
-
 def test_rows_keep_their_order_and_a_full_queue_makes_the_producer_wait(
-    pipe: _Pipe,
+    pipe: Pipe,
 ) -> None:
     rows = [{"i": i, "pad": "x" * 500} for i in range(20_000)]  # ~10 MB
     bound = 256 * 1024
@@ -110,7 +64,7 @@ def test_rows_keep_their_order_and_a_full_queue_makes_the_producer_wait(
     assert [json.loads(line) for line in data.splitlines()] == rows
 
 
-def test_abandon_drops_the_unread_rows_and_counts_them_exactly(pipe: _Pipe) -> None:
+def test_abandon_drops_the_unread_rows_and_counts_them_exactly(pipe: Pipe) -> None:
     async def main() -> RowWriter:
         writer = RowWriter(None, stdout=pipe.stdout)
         writer.put_rows([{"i": i, "pad": "y" * 300} for i in range(2000)])  # ~600 KB
@@ -124,14 +78,14 @@ def test_abandon_drops_the_unread_rows_and_counts_them_exactly(pipe: _Pipe) -> N
         return writer
 
     writer = asyncio.run(main())
-    data = _drain(pipe.read_end)
+    data = drain(pipe.read_end)
     assert len(data) == writer.bytes
     whole = data.split(b"\n")[:-1]
     assert [json.loads(line)["i"] for line in whole] == list(range(writer.rows))
     assert writer.torn == (not data.endswith(b"\n"))
 
 
-def test_a_reader_that_goes_away_is_output_closed(pipe: _Pipe) -> None:
+def test_a_reader_that_goes_away_is_output_closed(pipe: Pipe) -> None:
     async def main() -> Any:
         writer = RowWriter(None, stdout=pipe.stdout)
         writer.put_rows([{"i": 0}])
@@ -139,7 +93,7 @@ def test_a_reader_that_goes_away_is_output_closed(pipe: _Pipe) -> None:
         return writer
 
     writer = asyncio.run(main())
-    assert _drain(pipe.read_end) == b'{"i":0}\n'
+    assert drain(pipe.read_end) == b'{"i":0}\n'
 
     async def after_close() -> None:
         os.close(pipe.read_end)  # the reader goes away (the fixture's close then fails: ok)
