@@ -519,7 +519,10 @@ def _run_command(options: RunOptions, console: Console) -> int:
     if not options.quiet:
         console.print(summary_text(spec, outcome, sink, executors))
     if options.summary_json is not None:
+        data = summary_json(outcome, sink, code)
+        # Lines of log and print() output dropped so far because stderr was not read.
+        data["stderr_lines_dropped"] = 0 if console.writer is None else console.writer.lines_dropped
         with open(options.summary_json, "w", encoding="utf-8") as f:
-            json.dump(summary_json(outcome, sink, code), f, indent=2)
+            json.dump(data, f, indent=2)
             f.write("\n")
     return code

@@ -4,6 +4,7 @@ counted), signals are handled; a reader that reads, even one that pauses, gets e
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -105,7 +106,7 @@ def test_a_run_whose_stderr_is_never_read_completes_and_exits_on_time(tmp_path: 
 def test_stderr_read_after_the_rows_has_the_drop_notice_and_the_summary(tmp_path: Path) -> None:
     count = 1500
     task = _printing_task(tmp_path, count, 20)
-    proc = _start(task)
+    proc = _start(task, "--summary-json", str(tmp_path / "summary.json"))
     try:
         reader, rows = _read_in_thread(proc)
         deadline = time.monotonic() + 60
@@ -126,6 +127,8 @@ def test_stderr_read_after_the_rows_has_the_drop_notice_and_the_summary(tmp_path
     dropped = sum(int(n.replace(",", "")) for n in notices)
     written = _assert_lines_in_order(err)
     assert written + dropped == count * 20
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stderr_lines_dropped"] == dropped
     # the final texts come whole, after everything else
     assert f"task printing: ok — {count:,} calls in" in err, err[-2000:]
     assert err.rstrip().splitlines()[-1].lstrip().startswith("time ")
