@@ -43,10 +43,12 @@ imports nothing from BlockX but the writer thread (:mod:`blockx.cli_writer`).
 from __future__ import annotations
 
 import collections
+import io
 import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import IO, Any, Final
@@ -192,29 +194,80 @@ class StderrWriter(WriterThread):
         self._dropping = False
 
 
+class _WriterStream(io.TextIOBase):
+    """``sys.stderr`` while a :class:`StderrWriter` is attached: whole lines go to the
+    writer, so code that writes to ``sys.stderr`` itself (a ``warnings`` message,
+    ``logging.lastResort``, a thread's traceback) cannot block the event loop either.
+    Any thread may write; a partial line waits for its newline (or :meth:`flush`)."""
+
+    def __init__(self, writer: StderrWriter, original: Any) -> None:
+        super().__init__()
+        self._writer = writer
+        self._original = original
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._original, "encoding", None) or "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return bool(self._original.isatty())
+
+    def fileno(self) -> int:
+        return int(self._original.fileno())
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            buffered = self._partial + text
+            head, newline, self._partial = buffered.rpartition("\n")
+        if newline:
+            self._writer.put_line(head)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            partial, self._partial = self._partial, ""
+        if partial:
+            self._writer.put_line(partial)
+
+
 class Console:
     """stderr: log records, the progress line (redrawn in place) and the final texts —
-    written directly, or through a :class:`StderrWriter` once attached."""
+    written directly, or through a :class:`StderrWriter` once attached (``sys.stderr``
+    then writes through it too)."""
 
     def __init__(self, stream: IO[str], *, tty: bool) -> None:
         self.stream = stream
         self.tty = tty
         self._line_shown = False
         self.writer: StderrWriter | None = None
+        self._saved_stderr: Any = sys.stderr  # what sys.stderr was before attach()
 
     def __repr__(self) -> str:
         return f"Console(tty={self.tty}, line_shown={self._line_shown}, writer={self.writer!r})"
 
     def attach(self, writer: StderrWriter) -> None:
-        """From now on write through ``writer``."""
+        """From now on write through ``writer``, and so does ``sys.stderr``."""
         self.clear_progress()
         self.writer = writer
+        self._saved_stderr = sys.stderr
+        sys.stderr = _WriterStream(writer, sys.stderr)
 
     def detach(self, grace: float = STDERR_GRACE_S) -> bool:
         """Write directly again, once the writer has written what is queued (see
         :meth:`StderrWriter.close`); True when it gave up on some of it."""
         writer, self.writer = self.writer, None
-        return writer.close(grace) if writer is not None else False
+        if writer is None:
+            return False
+        stand_in = sys.stderr
+        if isinstance(stand_in, _WriterStream):
+            stand_in.flush()
+            sys.stderr = self._saved_stderr
+        return writer.close(grace)
 
     def clear_progress(self) -> None:
         if self.writer is not None:

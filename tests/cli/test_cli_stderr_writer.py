@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -127,3 +129,50 @@ def test_close_gives_up_when_the_reader_takes_nothing_for_the_grace(pipe: Pipe) 
     started = time.monotonic()
     assert writer.close(0.3) is True
     assert time.monotonic() - started < 2
+
+
+ATTACHED_SCRIPT = """
+import logging, sys, threading, warnings
+from blockx.cli_console import Console, StderrWriter
+
+before = sys.stderr
+console = Console(sys.stderr, tty=False)
+writer = StderrWriter(sys.stderr)
+console.attach(writer)
+assert sys.stderr is not before
+print("printed to sys.stderr", file=sys.stderr)
+sys.stderr.write("in two ")
+sys.stderr.write("parts\\n")
+warnings.warn("a warning of someone else's", UserWarning, stacklevel=1)
+logging.getLogger("someone.else").warning("a record with no handler of its own")
+thread = threading.Thread(target=lambda: 1 / 0)
+thread.start()
+thread.join()
+sys.stderr.write("no newline yet")
+console.detach(5)
+assert sys.stderr is before
+print(writer.lines)
+"""
+
+
+def test_while_attached_sys_stderr_writes_through_the_writer_too() -> None:
+    """Code that writes to ``sys.stderr`` itself — a warning, a logger outside blockx with no
+    handler (``logging.lastResort``), a thread's traceback — goes through the writer while it
+    is attached (so it cannot block the loop either); detaching puts ``sys.stderr`` back.
+    A process of its own: pytest captures warnings and log records in process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", ATTACHED_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "printed to sys.stderr\nin two parts\n" in err
+    assert "UserWarning: a warning of someone else's" in err
+    assert "a record with no handler of its own" in err
+    assert "ZeroDivisionError: division by zero" in err
+    assert err.endswith("no newline yet\n")  # flushed at detach
+    # Every one of those lines went through the writer thread.
+    assert int(proc.stdout) == len(err.splitlines())
