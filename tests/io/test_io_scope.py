@@ -480,3 +480,32 @@ def test_config_errors_name_the_knob() -> None:
     assert config.cache_max_bytes == 1000
     assert config.blockdb.effective_engine == "postgres"
     assert load_io_config({"data_dir": "/d"}, env={}).sqlite_path == "/d/blockdb.sqlite3"
+
+
+def test_closing_a_scope_cancels_its_backend_calls_still_running() -> None:
+    """The task is over: a read or write still at its backend (an RPC request retrying a node
+    that does not answer, a wait the executor already cut off) is cancelled, not left to
+    run through every try. Its waiters, if any, get a retryable error."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t1")
+        read = scope.handle_io("t1", "c1", payload("gate", "get", {"table": "a"}), None)
+        write = scope.handle_io("t1", "c2", payload("gate", "put", {"table": "b"}, io_kind=W), None)
+        assert [future.done() for _op, _body, future in gate.open] == [False, False]
+        scope.close()
+        assert [future.cancelled() for _op, _body, future in gate.open] == [True, True]
+        for pending in (read, write):
+            result = await answer(pending)
+            assert result.error is not None and result.error.retryable
+            assert "cancelled" in result.error.message
+        # A scope closed with nothing running cancels nothing.
+        other = io.task_scope("t2")
+        done = other.handle_io("t2", "c3", payload("gate", "get", {"table": "c"}), None)
+        gate.open[-1][2].set_result(Reply({"v": 1}))
+        assert ok(await answer(done))["v"] == 1
+        other.close()
+        await io.close()
+
+    run(main())

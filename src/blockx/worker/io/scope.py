@@ -82,6 +82,7 @@ class _Flight:
         "domain",
         "generation",
         "key",
+        "pending",
         "scope",
         "started",
         "stats",
@@ -106,6 +107,8 @@ class _Flight:
         self.generation = scope._cache.generation(backend, prepared.domain)
         self.stats = stats
         self.write = write
+        #: The backend's future while the call runs (the scope cancels it when it closes).
+        self.pending: asyncio.Future[Any] | None = None
         loop = asyncio.get_running_loop()
         self.answer: asyncio.Future[IOResult] = loop.create_future()
         # Not loop.time(): uvloop's clock counts whole milliseconds, and most table reads
@@ -126,6 +129,9 @@ class _Flight:
             self.finish(_bug_reply(self.backend, prepared.operation, exc))
             return
         pending.add_done_callback(self._backend_done)
+        if not pending.done():
+            self.pending = pending
+            self.scope._running.add(self)
 
     def _backend_done(self, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
@@ -150,6 +156,9 @@ class _Flight:
 
     def finish(self, reply: Reply) -> None:
         scope = self.scope
+        if self.pending is not None:
+            self.pending = None
+            scope._running.discard(self)
         elapsed = time.perf_counter() - self.started
         self.stats.record_call(elapsed, reply.error is not None)
         result = reply.to_io_result()
@@ -179,6 +188,7 @@ class TaskIOScope:
         "_flights",
         "_op_stats",
         "_resolve",
+        "_running",
         "stats",
         "task_id",
     )
@@ -198,6 +208,8 @@ class TaskIOScope:
         self._backend_names = backend_names
         self._cache = ReadCache(max_entries=cache_max_entries, max_bytes=cache_max_bytes)
         self._flights: dict[Any, _Flight] = {}
+        # Every flight whose backend call is still running (reads and writes).
+        self._running: set[_Flight] = set()
         #: ``request_head`` -> counters (the scope's shortcut into ``stats``).
         self._op_stats: dict[str, OperationStats] = {}
         self._closed = False
@@ -219,10 +231,17 @@ class TaskIOScope:
         return len(self._flights)
 
     def close(self) -> None:
-        """Drop the cache; flights in progress still answer their waiters."""
+        """Drop the cache and cancel the backend calls still running: the task is over,
+        nobody waits for them (an RPC request stops at its next retry instead of going
+        through every try; a flight's waiters, if any, get a retryable ``cancelled``)."""
         self._closed = True
         self._cache.clear()
         self._flights.clear()
+        running, self._running = self._running, set()
+        for flight in running:
+            pending = flight.pending
+            if pending is not None and not pending.done():
+                pending.cancel()
 
     # --- IOHandler ------------------------------------------------------------------------------
 
