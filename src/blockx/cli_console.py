@@ -125,6 +125,10 @@ class StderrWriter(WriterThread):
                 self._dropping = True
                 self._unreported += text.count("\n") + 1
                 self.lines_dropped += text.count("\n") + 1
+                if self._writer_idle:
+                    # Nothing queued (one line bigger than the bound): the writer is idle
+                    # already — wake it to report the drop and take lines again.
+                    self._writer_wake.notify()
                 return
             self._queue_line(data)
 

@@ -176,3 +176,21 @@ def test_while_attached_sys_stderr_writes_through_the_writer_too() -> None:
     assert err.endswith("no newline yet\n")  # flushed at detach
     # Every one of those lines went through the writer thread.
     assert int(proc.stdout) == len(err.splitlines())
+
+
+def test_one_line_bigger_than_the_bound_is_dropped_alone(pipe: Pipe) -> None:
+    """A line larger than the whole queue's bound, put while nothing is queued, is dropped
+    and said — and the lines after it are written (they used to be dropped until the end:
+    nothing woke the idle writer to end the dropping)."""
+    writer = StderrWriter(pipe.stream, max_pending_bytes=1000)
+    _wait_until(lambda: writer._writer_idle)
+    writer.put_line("x" * 2000)
+    for i in range(5):
+        time.sleep(0.05)
+        writer.put_line(f"after {i}")
+    _wait_until(lambda: writer.lines == 6)
+    text = drain(pipe.read_end)
+    assert writer.lines_dropped == 1
+    assert [int(n) for n in NOTICE.findall(text)] == [1]
+    assert text.decode().splitlines()[1:] == [f"after {i}" for i in range(5)]
+    writer.close(5)

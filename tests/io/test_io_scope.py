@@ -494,7 +494,7 @@ def test_closing_a_scope_cancels_its_backend_calls_still_running() -> None:
         read = scope.handle_io("t1", "c1", payload("gate", "get", {"table": "a"}), None)
         write = scope.handle_io("t1", "c2", payload("gate", "put", {"table": "b"}, io_kind=W), None)
         assert [future.done() for _op, _body, future in gate.open] == [False, False]
-        scope.close()
+        scope.close(cancel_running=True)
         assert [future.cancelled() for _op, _body, future in gate.open] == [True, True]
         for pending in (read, write):
             result = await answer(pending)
@@ -505,7 +505,29 @@ def test_closing_a_scope_cancels_its_backend_calls_still_running() -> None:
         done = other.handle_io("t2", "c3", payload("gate", "get", {"table": "c"}), None)
         gate.open[-1][2].set_result(Reply({"v": 1}))
         assert ok(await answer(done))["v"] == 1
-        other.close()
+        other.close(cancel_running=True)
+        await io.close()
+
+    run(main())
+
+
+def test_a_scope_dropped_while_its_task_runs_lets_its_calls_answer() -> None:
+    """The subsystem drops the least recently used scope past ``max_task_scopes`` (and
+    ``end_task`` drops one) while its task may still run: its reads and writes in flight
+    answer as usual — a cancelled write would still be applied, then retried."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate, max_task_scopes=2)
+        read = io.handle_io("a", "a/c1", payload("gate", "get", {"table": "t"}), None)
+        write = io.handle_io("a", "a/c2", payload("gate", "put", {"table": "t"}, io_kind=W), None)
+        for task in ("b", "c"):  # "a" is dropped
+            io.handle_io(task, f"{task}/c1", payload("gate", "get", {"table": task}), None)
+        assert io.scope_of("a") is None
+        assert not any(future.cancelled() for _op, _body, future in gate.open)
+        gate.release("v")
+        assert ok(await answer(read))["result"] == "v"
+        assert ok(await answer(write))["result"] == "v"
         await io.close()
 
     run(main())

@@ -435,7 +435,8 @@ class Worker:
         self._handles.add(handle)
         driver.add_done_callback(lambda _d: self._handles.discard(handle))
         if own_scope is not None:
-            driver.add_done_callback(lambda _d: own_scope.close())
+            # The run is over: its backend calls still running are nobody's.
+            driver.add_done_callback(lambda _d: own_scope.close(cancel_running=True))
         return handle
 
     @classmethod

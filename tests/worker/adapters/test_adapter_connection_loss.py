@@ -171,6 +171,12 @@ def test_protocol_error_closes_the_connection_and_reports_lost(run, garbage) -> 
             keys.F_PAYLOAD: {keys.FP_TASK_ID: "t", keys.FP_WAIT_KIND: "teleport"},
         },
         {
+            keys.F_MESSAGE_TYPE: keys.MT_CALL_WAITING,
+            keys.F_CALL_ID: "c",
+            keys.F_REQUEST_ID: "r",
+            keys.F_PAYLOAD: {keys.FP_TASK_ID: "t", keys.FP_WAIT_KIND: ["io"]},
+        },  # not hashable: once a TypeError out of on_frames
+        {
             keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT,
             keys.F_PAYLOAD: {keys.FP_EXECUTOR_ID: "exec-9", keys.FP_HEARTBEAT_SEQ: 2},
         },  # another executor's heartbeat on this connection
@@ -181,6 +187,7 @@ def test_protocol_error_closes_the_connection_and_reports_lost(run, garbage) -> 
         "wrong-direction",
         "no-request-id",
         "bad-wait-kind",
+        "wait-kind-a-list",
         "foreign-heartbeat",
     ],
 )

@@ -69,7 +69,8 @@ _FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
 _FP_WAIT_KIND: Final = keys.FP_WAIT_KIND
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _WAIT_FUNCTION_CODE: Final = keys.WAIT_FUNCTION_CODE
-_ORCHESTRATOR_WAIT_KINDS: Final = frozenset({keys.WAIT_IO, keys.WAIT_SUBCALL})
+# A tuple, not a set: a waitKind that is not hashable (a list) is then just not one of them.
+_ORCHESTRATOR_WAIT_KINDS: Final = (keys.WAIT_IO, keys.WAIT_SUBCALL)
 
 #: HeartbeatAck never changes: encode it once.
 HEARTBEAT_ACK_FRAME: Final = encode_frame(

@@ -230,14 +230,19 @@ class TaskIOScope:
         """Reads in flight that can still be joined."""
         return len(self._flights)
 
-    def close(self) -> None:
-        """Drop the cache and cancel the backend calls still running: the task is over,
-        nobody waits for them (an RPC request stops at its next retry instead of going
-        through every try; a flight's waiters, if any, get a retryable ``cancelled``)."""
+    def close(self, *, cancel_running: bool = False) -> None:
+        """Drop the cache; flights in progress still answer their waiters — unless
+        ``cancel_running``: the run is over and nobody waits for them, so the backend calls
+        still running are cancelled (an RPC request stops at its next retry instead of going
+        through every try). Only the end of the scope's own run may ask that: a scope
+        dropped while its task runs (IOSubsystem's LRU, ``end_task``) must let a write
+        answer, since cancelling its future does not undo it."""
         self._closed = True
         self._cache.clear()
         self._flights.clear()
         running, self._running = self._running, set()
+        if not cancel_running:
+            return
         for flight in running:
             pending = flight.pending
             if pending is not None and not pending.done():
