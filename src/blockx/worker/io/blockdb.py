@@ -104,6 +104,7 @@ _PARAMS: Final[dict[str, tuple[str, ...]]] = {
     "upsert_rows": ("table", "rows", "key_field"),
     "delete_rows": ("table", "keys"),
 }
+_PARAM_SETS: Final = {operation: frozenset(names) for operation, names in _PARAMS.items()}
 
 
 class _Invalid(ValueError):
@@ -135,6 +136,8 @@ def _encode_part(part: Any, what: str) -> str:
 
 def encode_key(key: Any, what: str = "key") -> str:
     """The ``key`` column text of a key (see the module docstring); raises ValueError."""
+    if type(key) is int and _INT_MIN <= key <= _INT_MAX:
+        return f"{_INT_TAG}{key + _INT_OFFSET:020d}"  # the common case: 21 ASCII characters
     if type(key) is list or type(key) is tuple:
         if not 1 <= len(key) <= MAX_KEY_PARTS:
             raise _Invalid(
@@ -354,8 +357,8 @@ class BlockDBBackend:
     def prepare(
         self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
     ) -> PreparedRequest:
-        where = f"blockdb {operation}"
         expected = _PARAMS.get(operation)
+        where = f"blockdb {operation}"
         if expected is None:
             raise IORequestError(
                 f"blockdb has no operation {operation!r}; operations: "
@@ -380,7 +383,11 @@ class BlockDBBackend:
                 f"{where}: params must be an object with {', '.join(expected)}, "
                 f"got {_type_name(params)}"
             )
-        unknown = [name for name in params if name not in expected]
+        unknown = (
+            ()
+            if _PARAM_SETS[operation].issuperset(params)
+            else [name for name in params if name not in expected]
+        )
         if unknown:
             raise IORequestError(
                 f"{where}: unknown parameter {unknown[0]!r} (expected: {', '.join(expected)})"
