@@ -43,7 +43,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.worker.config import (
     CONFIG_FILE_ENV,
@@ -57,6 +57,9 @@ from blockx.worker.config_kinds import cpu_count
 from blockx.worker.io import config as io_config_module
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
 from blockx.worker.io.config import IOConfig, IOConfigError, load_io_config
+
+if TYPE_CHECKING:
+    from blockx.taskspec import TaskFile
 
 __all__ = [
     "KnobRow",
@@ -376,6 +379,32 @@ def build_settings(
         io = dataclasses.replace(io, data_dir=os.path.join(task_dir, io.data_dir))
         sources["io.data_dir"] = "default (next to the task file)"
     return Settings(worker=worker, io=io, sources=sources, config_file=config_file)
+
+
+def load_task_and_settings(
+    task: str,
+    *,
+    config_file: str | None = None,
+    sets: Sequence[str] = (),
+    executors: int | None = None,
+) -> tuple[TaskFile, int, Settings]:
+    """Step 1 of ``blockx run`` and all of ``blockx validate``'s input checks: the task
+    file (checked), its number of calls (a stream's file scanned) and the settings with
+    the task's ``io:`` applied. Raises :class:`~blockx.taskspec.SpecError` or
+    :class:`UsageError` listing the problems."""
+    from blockx.taskspec import load_task_file
+
+    spec = load_task_file(task)
+    count = spec.scan_calls_file() if spec.is_stream else len(spec.calls or ())
+    settings = build_settings(
+        config_file=config_file,
+        sets=sets,
+        executors=executors,
+        task_io=spec.io,
+        task_label=spec.label,
+        task_dir=str(spec.path.resolve().parent),
+    )
+    return spec, count, settings
 
 
 # --- the reference tables --------------------------------------------------------------------

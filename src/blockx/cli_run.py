@@ -66,7 +66,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from blockx.cli_config import Settings, UsageError, build_settings
+from blockx.cli_config import Settings, UsageError, load_task_and_settings
 from blockx.cli_console import (
     PROGRESS_INTERVAL_S,
     STDERR_GRACE_S,
@@ -91,7 +91,7 @@ from blockx.cli_report import (
     summary_text,
     write_errors,
 )
-from blockx.taskspec import SpecError, TaskFile, audit_supported, load_task_file
+from blockx.taskspec import SpecError, TaskFile, audit_supported
 
 __all__ = [
     "EXIT_FAILED",
@@ -411,15 +411,8 @@ def _run_command(options: RunOptions, console: Console) -> int:
 
     # 1. Everything that can be wrong with the input, before anything starts.
     try:
-        spec = load_task_file(options.task)
-        total = spec.scan_calls_file() if spec.is_stream else len(spec.calls or ())
-        settings = build_settings(
-            config_file=options.config,
-            sets=options.sets,
-            executors=options.executors,
-            task_io=spec.io,
-            task_label=spec.label,
-            task_dir=str(spec.path.resolve().parent),
+        spec, total, settings = load_task_and_settings(
+            options.task, config_file=options.config, sets=options.sets, executors=options.executors
         )
     except (SpecError, UsageError) as exc:
         print_problems(console, exc.problems)

@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-The task file is loaded and checked (:func:`blockx.taskspec.load_task_file`),
-every line of its calls file is scanned, the configuration is built from the
-same sources as a run's (:func:`blockx.cli_config.build_settings`); a problem
+The task file is loaded and checked, every line of its calls file is scanned,
+the configuration is built from the same sources as a run's — the very same
+step 1 as ``blockx run`` (:func:`blockx.cli_config.load_task_and_settings`); a problem
 in any of them ends the command with exit status 2, each problem on its own
 ``blockx: error:`` line of stderr. Then every function source is compiled
 (:meth:`blockx.taskspec.TaskFile.code_problems`, the worker's own check): a
@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from blockx.cli_config import UsageError, build_settings
+from blockx.cli_config import UsageError, load_task_and_settings
 from blockx.cli_console import Console, count_text, indent, print_problems
 from blockx.cli_report import EXIT_OK, EXIT_USAGE
-from blockx.taskspec import SpecError, TaskFile, load_task_file
+from blockx.taskspec import SpecError, TaskFile
 
 __all__ = ["validate_command"]
 
@@ -34,15 +34,7 @@ def validate_command(
     """``blockx validate``; returns the exit status (0 valid, 2 not)."""
     console = Console(sys.stderr, tty=False)
     try:
-        spec = load_task_file(task)
-        count = spec.scan_calls_file() if spec.is_stream else len(spec.calls or ())
-        build_settings(
-            config_file=config,
-            sets=sets,
-            task_io=spec.io,
-            task_label=spec.label,
-            task_dir=str(spec.path.resolve().parent),
-        )
+        spec, count, _settings = load_task_and_settings(task, config_file=config, sets=sets)
     except (SpecError, UsageError) as exc:
         print_problems(console, exc.problems)
         return EXIT_USAGE
