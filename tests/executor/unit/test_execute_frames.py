@@ -4,6 +4,7 @@ the typed path does not accept goes the generic way, with the generic path's ans
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ import pytest
 
 from blockx.executor.context import ExecContext, InvalidExecuteCall, ResumePayload
 from blockx.executor.execute_frames import ExecuteCallFrame, ResumeCallFrame, decode_inbound
+from blockx.executor.inbound_frames import InboundFrames
 from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire
 from blockx.worker.adapters.orchestrator_execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
@@ -45,31 +47,34 @@ def worker_body(
     return execute_body(prefix, cmd)
 
 
+class Submitted(InboundFrames):
+    """The runtime's frame reading on its own: what it submits is kept, not run."""
+
+    def __init__(self) -> None:
+        self._monotonic = lambda: 0.0
+        self._counters = collections.Counter()
+        self._contexts = {}
+        self.submitted: list[ExecContext] = []
+
+    def submit_call(self, ctx: ExecContext) -> bool:
+        self.submitted.append(ctx)
+        return True
+
+
 def via_dict(body: bytes) -> ExecContext:
-    envelope = loads_wire(body)  # the generic path's decoder (big ints exact)
-    return ExecContext.from_execute_call(
-        envelope[keys.F_CALL_ID], envelope[keys.F_PAYLOAD], clock=lambda: 0.0
-    )
+    """The context the runtime builds from the generic path's dict envelope."""
+    reader = Submitted()
+    reader._handle_inbound(loads_wire(body), None)  # the generic decoder (big ints exact)
+    [ctx] = reader.submitted
+    return ctx
 
 
 def via_struct(frame: ExecuteCallFrame) -> ExecContext:
-    p = frame.payload
-    return ExecContext(
-        frame.callId,
-        p.taskId,
-        p.functionId,
-        p.functionCodeDigest,
-        lambda: 0.0,
-        p.entrySelector,
-        p.args,
-        p.parentCallId,
-        p.callKey,
-        p.ancestry,
-        p.callBudgetMs,
-        p.attemptSeq,
-        p.audit,
-        p.debug,
-    )
+    """The context the runtime builds from the reader's typed frame."""
+    reader = Submitted()
+    reader._handle_inbound(frame, None)
+    [ctx] = reader.submitted
+    return ctx
 
 
 def same_context(a: ExecContext, b: ExecContext) -> None:
@@ -118,8 +123,11 @@ def _variant(**payload: Any) -> bytes:
 )
 def test_what_the_typed_path_refuses_is_refused_by_the_generic_one(body: bytes) -> None:
     assert decode_inbound(memoryview(body)) is None
-    with pytest.raises(InvalidExecuteCall):
-        via_dict(body)
+    envelope = loads_wire(body)
+    with pytest.raises(InvalidExecuteCall):  # the generic path's validator refuses it too
+        ExecContext.from_execute_call(
+            envelope[keys.F_CALL_ID], envelope[keys.F_PAYLOAD], clock=lambda: 0.0
+        )
 
 
 def test_other_frames_and_other_key_orders_go_the_generic_way() -> None:
