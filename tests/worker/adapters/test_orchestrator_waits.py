@@ -18,6 +18,7 @@ from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import source_digest
 from blockx.worker.core import CallState, DispatcherConfig, call_key
 from blockx.worker.io import IOResult
+from blockx.worker.task_run import TaskRun
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -57,14 +58,23 @@ def _io(peer: Any, frame: Any, request_id: str) -> None:
     )
 
 
+async def _waiting_on_io(
+    rig: OrchestratorRig, backend: Backend, policy: TaskPolicy | None = None
+) -> tuple[Any, TaskRun, Any]:
+    """A peer, a one-call task of CHILD served by ``backend``, and that call's ExecuteCall,
+    answered with a read (``req-1``): the peer, the task and the frame."""
+    peer = await rig.peer()
+    task = rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend, policy=policy)
+    [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+    _io(peer, frame, "req-1")
+    return peer, task, frame
+
+
 def test_io_wait_goes_to_the_tasks_handler_and_resumes_the_call(run) -> None:
     async def scenario() -> None:
         async with OrchestratorRig() as rig:
-            peer = await rig.peer()
             backend = Backend()
-            task = rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
+            peer, task, frame = await _waiting_on_io(rig, backend)
             await rig.until(lambda: backend.pending)
             ctx = rig.core.call_context("t1/c0")
             assert ctx is not None and ctx.state is CallState.WAITING
@@ -88,11 +98,7 @@ def test_io_wait_goes_to_the_tasks_handler_and_resumes_the_call(run) -> None:
 def test_an_immediate_io_answer_carries_its_sidecar(run) -> None:
     async def scenario() -> None:
         async with OrchestratorRig() as rig:
-            peer = await rig.peer()
-            backend = Backend(immediate=True)
-            rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
+            peer, _task, _frame = await _waiting_on_io(rig, Backend(immediate=True))
             [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
             assert resume.sidecar == b"raw"
             assert frame_payload(resume)["result"] == {"n": 1}
@@ -103,11 +109,8 @@ def test_an_immediate_io_answer_carries_its_sidecar(run) -> None:
 def test_a_failing_io_handler_fails_the_wait_as_io_error(run) -> None:
     async def scenario() -> None:
         async with OrchestratorRig() as rig:
-            peer = await rig.peer()
             backend = Backend()
-            rig.submit({"child": CHILD}, [Call("child", 1)], io_handler=backend)
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
+            peer, _task, _frame = await _waiting_on_io(rig, backend)
             await rig.until(lambda: backend.pending)
             backend.pending[0].set_exception(ConnectionError("backend down"))
             [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
@@ -121,16 +124,10 @@ def test_a_failing_io_handler_fails_the_wait_as_io_error(run) -> None:
 def test_a_resume_that_cannot_be_sent_fails_the_call_as_resume_send_failed(run) -> None:
     async def scenario() -> None:
         async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
-            peer = await rig.peer()
             rig.adapter.fail_resume.append(OutboxFullError("exec-0", call_id="t1/c0", depth=256))
-            task = rig.submit(
-                {"child": CHILD},
-                [Call("child", 1)],
-                io_handler=Backend(immediate=True),
-                policy=TaskPolicy(max_attempts=1),
+            peer, task, _frame = await _waiting_on_io(
+                rig, Backend(immediate=True), TaskPolicy(max_attempts=1)
             )
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
             converged = await task.done
             [failed] = converged.failed_calls
             assert failed.error.kind == "resume_send_failed" and failed.error.retryable
@@ -171,16 +168,10 @@ def test_an_io_answer_for_a_call_that_already_failed_is_dropped_quietly(
     # deadline_exceeded); the answer that comes later is nobody's, and no resume failure.
     async def scenario() -> None:
         async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
-            peer = await rig.peer()
             backend = Backend()
-            task = rig.submit(
-                {"child": CHILD},
-                [Call("child", 1)],
-                io_handler=backend,
-                policy=TaskPolicy(call_budget_ms=300, max_attempts=3),
+            peer, task, _frame = await _waiting_on_io(
+                rig, backend, TaskPolicy(call_budget_ms=300, max_attempts=3)
             )
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
             await rig.until(lambda: backend.pending)
             ctx = rig.core.call_context("t1/c0")
             assert ctx is not None and ctx.state is CallState.WAITING
@@ -368,16 +359,8 @@ def test_a_resume_queued_when_the_connection_dies_fails_the_call_as_transport_lo
 
     async def scenario() -> None:
         async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
-            peer = await rig.peer()
             backend = Backend()
-            task = rig.submit(
-                {"child": CHILD},
-                [Call("child", 1)],
-                io_handler=backend,
-                policy=TaskPolicy(max_attempts=1),
-            )
-            [frame] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
-            _io(peer, frame, "req-1")
+            peer, task, _frame = await _waiting_on_io(rig, backend, TaskPolicy(max_attempts=1))
             await rig.until(lambda: backend.pending)
             conn = rig.adapter.connection("exec-0")
             assert conn is not None
