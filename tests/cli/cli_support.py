@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.helpers.processes import process_is_gone
 
 from blockx.worker.config import CONFIG_FILE_ENV, iter_knobs
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
@@ -147,3 +149,17 @@ def streamed_task(tmp_path: Path, count: int, body: str, *, task_id: str = "stre
         f"task_id: {task_id}\nfunctions:\n  f:\n    source: |\n      import time\n"
         f"      def _(i):\n{source}calls_file: calls.jsonl\n",
     )
+
+
+def executor_pids(stderr: str) -> list[int]:
+    """The executors ``blockx run -v`` said it started, by pid."""
+    return [int(p) for p in re.findall(r"executor exec-\d+ started \(pid (\d+)\)", stderr)]
+
+
+def assert_executors_gone(pids: list[int], timeout: float = 10) -> None:
+    """Every one of ``pids`` ends within ``timeout`` (none outlives ``blockx run``)."""
+    assert pids
+    deadline = time.monotonic() + timeout
+    while not all(process_is_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(process_is_gone(pid) for pid in pids), "an executor outlived blockx run"

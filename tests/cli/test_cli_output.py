@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, streamed_task, wait_for_exit, wait_until_pipe_is_full
+from cli_support import (
+    assert_executors_gone,
+    clean_env,
+    executor_pids,
+    streamed_task,
+    wait_for_exit,
+    wait_until_pipe_is_full,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,27 +52,6 @@ def _start(task: Path, err: Path, *args: str) -> subprocess.Popen[bytes]:
 def _wait_until_stdout_is_full(proc: subprocess.Popen[bytes]) -> None:
     assert proc.stdout is not None
     wait_until_pipe_is_full(proc, proc.stdout.fileno())
-
-
-def _executor_pids(err: str) -> list[int]:
-    return [int(p) for p in re.findall(r"executor exec-\d+ started \(pid (\d+)\)", err)]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
-
-
-def _assert_executors_gone(pids: list[int]) -> None:
-    assert pids
-    deadline = time.monotonic() + 10
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_gone(pid) for pid in pids), "an executor outlived blockx run"
 
 
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -105,7 +91,7 @@ def test_a_signal_ends_the_run_promptly_while_stdout_is_not_read(
     assert [json.loads(line)["i"] for line in lines] == list(range(rows_written))
     succeeded = int(re.search(r"calls +([\d,]+) succeeded", err).group(1).replace(",", ""))
     assert rows_written + rows_dropped == succeeded  # every row of an ended call accounted
-    _assert_executors_gone(_executor_pids(err))
+    assert_executors_gone(executor_pids(err))
 
 
 def test_a_second_signal_exits_at_once_while_stdout_is_not_read(tmp_path: Path) -> None:
@@ -128,7 +114,7 @@ def test_a_second_signal_exits_at_once_while_stdout_is_not_read(tmp_path: Path) 
     assert "blockx: SIGINT again: exiting at once" in err
     assert "interrupted (SIGINT)" not in err  # gone before the summary, as asked
     assert took < 5, err
-    _assert_executors_gone(_executor_pids(err))  # the parent-death signal
+    assert_executors_gone(executor_pids(err))  # the parent-death signal
 
 
 def test_a_slow_reader_gets_every_row_in_order_and_the_run_does_not_stall(

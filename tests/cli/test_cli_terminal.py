@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, copy_example, jsonl, write
+from cli_support import assert_executors_gone, clean_env, copy_example, executor_pids, jsonl, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -95,19 +95,6 @@ def test_no_progress_line_without_a_terminal_unless_asked(tmp_path: Path) -> Non
     assert "calls/s  retries" in proc.stderr  # forced on
 
 
-def _pids_of_executors(stderr: str) -> list[int]:
-    return [int(p) for p in re.findall(r"executor exec-\d+ started \(pid (\d+)\)", stderr)]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
-
-
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_cancels_the_task_and_stops_the_executors(
     tmp_path: Path, signum: int, status: int
@@ -153,12 +140,9 @@ def test_a_signal_cancels_the_task_and_stops_the_executors(
     assert "task " in err and f"interrupted ({name})" in err
     rows = jsonl(out)
     assert 0 < len(rows) < 200  # what ended before the signal was written
-    pids = _pids_of_executors(err)
+    pids = executor_pids(err)
     assert pids, err
-    deadline = time.monotonic() + 10
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_gone(pid) for pid in pids), "an executor outlived blockx run"
+    assert_executors_gone(pids)
 
 
 def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tests.helpers.processes import process_is_gone
+
 from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
 from blockx.worker.adapters.callbacks import AdapterCallbacks
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
@@ -237,17 +239,6 @@ async def eventually(
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout}s")
         await asyncio.sleep(step)
-
-
-def process_is_gone(pid: int) -> bool:
-    """No such process, or only a zombie waiting for its (non-reaping) new parent."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-    return state in (b"Z", b"X")
 
 
 def execute_payload(attempt: int = 1, args: Any = None) -> dict[str, Any]:

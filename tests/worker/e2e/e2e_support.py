@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from tests.helpers.processes import process_is_gone
+
 from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
 from blockx.worker.api import Call, Task, TaskPolicy
 from blockx.worker.app import Worker
@@ -44,17 +46,6 @@ def e2e_config(**overrides: Any) -> WorkerConfig:
     """A config from defaults (the environment ignored) with :data:`E2E_KNOBS` and ``overrides``
     (dotted names: ``e2e_config(**{"pool.executor_count": 1})``)."""
     return load_config(env={}).replace(**{**E2E_KNOBS, **overrides})
-
-
-def process_is_gone(pid: int) -> bool:
-    """No such process, or a zombie about to be reaped by someone else."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-    return state in (b"Z", b"X")
 
 
 class RecordingSpawner(ProcessSpawner):
