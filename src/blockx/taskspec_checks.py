@@ -112,40 +112,33 @@ class _Lines:
 
     def line(self, path: tuple[Any, ...]) -> int | None:
         """The line of the field at ``path``, or of its deepest ancestor found."""
-        import yaml  # type: ignore[import-untyped,unused-ignore]
-
-        node = self._node
-        for part in path:
-            if isinstance(node, yaml.MappingNode):
-                for key, value in node.value:
-                    if getattr(key, "value", None) == part:
-                        node = value
-                        break
-                else:
-                    break
-            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-                if not 0 <= part < len(node.value):
-                    break
-                node = node.value[part]
-            else:
-                break
+        node, _found = self._walk(path)
         return int(node.start_mark.line) + 1 if node is not None else None
 
     def node(self, path: tuple[Any, ...]) -> Any:
+        """The YAML node at ``path`` exactly, or None."""
+        node, found = self._walk(path)
+        return node if found else None
+
+    def _walk(self, path: tuple[Any, ...]) -> tuple[Any, bool]:
+        """The node at ``path`` and True, or the deepest one found on the way and False."""
         import yaml  # type: ignore[import-untyped,unused-ignore]
 
         node = self._node
         for part in path:
+            child = None
             if isinstance(node, yaml.MappingNode):
                 for key, value in node.value:
                     if getattr(key, "value", None) == part:
-                        node = value
+                        child = value
                         break
-                else:
-                    return None
-            else:
-                return None
-        return node
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                if 0 <= part < len(node.value):
+                    child = node.value[part]
+            if child is None:
+                return node, False
+            node = child
+        return node, True
 
 
 class _NoLines:
