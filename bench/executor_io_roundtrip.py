@@ -33,17 +33,8 @@ from tests.helpers.pipelined_driver import (
 
 from blockx.wire import Frame, encode_frame, keys
 
-N_READS = """\
-from blockx.sdk import get_provider
-
-
-def _(n):
-    provider = get_provider()
-    total = 0
-    for i in range(n):
-        total += provider.read_req("blockdb", "get_row", {"i": i})["v"]
-    return {"total": total}
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from executor_runtime_loop import N_READS, execute_envelope
 
 
 def call_maker(
@@ -51,26 +42,7 @@ def call_maker(
 ) -> Callable[[int], bytes]:
     def make(i: int) -> bytes:
         return encode_frame(
-            orjson.dumps(
-                {
-                    keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
-                    keys.F_CALL_ID: f"{task_id}/c{i}",
-                    keys.F_PAYLOAD: {
-                        keys.FP_TASK_ID: task_id,
-                        keys.FP_FUNCTION_ID: "n_reads",
-                        keys.FP_FUNCTION_CODE_DIGEST: digest,
-                        keys.FP_ARGS: reads,
-                        keys.FP_CALL_KEY: f"n_reads:{i}",
-                        keys.FP_ATTEMPT_SEQ: 1,
-                        keys.FP_ENTRY_SELECTOR: "_",
-                        keys.FP_PARENT_CALL_ID: None,
-                        keys.FP_ANCESTRY: [],
-                        keys.FP_CALL_BUDGET_MS: budget_ms,
-                        keys.FP_AUDIT: None,
-                        keys.FP_DEBUG: False,
-                    },
-                }
-            )
+            orjson.dumps(execute_envelope(task_id, i, "n_reads", digest, reads, budget_ms))
         )
 
     return make

@@ -68,33 +68,42 @@ def make_runtime() -> ExecutorRuntime:
     return ExecutorRuntime("bench", session=BenchSession(), registry=registry, max_inflight=0)
 
 
+def execute_envelope(
+    task_id: str, i: int, function_id: str, digest: str, args: Any, budget_ms: int = 5000
+) -> dict[str, Any]:
+    """Call ``i``'s ExecuteCall with every payload key, as the worker writes it (5000 ms:
+    the worker's default ``call_deadline_ms``)."""
+    return {
+        keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
+        keys.F_CALL_ID: f"{task_id}/c{i}",
+        keys.F_PAYLOAD: {
+            keys.FP_TASK_ID: task_id,
+            keys.FP_FUNCTION_ID: function_id,
+            keys.FP_FUNCTION_CODE_DIGEST: digest,
+            keys.FP_ARGS: args,
+            keys.FP_CALL_KEY: f"{function_id}:{i}",
+            keys.FP_ATTEMPT_SEQ: 1,
+            keys.FP_ENTRY_SELECTOR: "_",
+            keys.FP_PARENT_CALL_ID: None,
+            keys.FP_ANCESTRY: [],
+            keys.FP_CALL_BUDGET_MS: budget_ms,
+            keys.FP_AUDIT: None,
+            keys.FP_DEBUG: False,
+        },
+    }
+
+
 def envelopes(
     count: int, task_id: str, reads: int | None = None, budget_ms: int = 5000
 ) -> list[Frame]:
     """ExecuteCalls of the trivial function, or (``reads`` set) of one doing ``reads`` reads."""
-    function_id, digest = ("trivial", DIGEST) if reads is None else ("n_reads", N_READS_DIGEST)
+    if reads is None:
+        return [
+            Frame(execute_envelope(task_id, i, "trivial", DIGEST, i, budget_ms))
+            for i in range(count)
+        ]
     return [
-        Frame(
-            {
-                keys.F_MESSAGE_TYPE: keys.MT_EXECUTE_CALL,
-                keys.F_CALL_ID: f"{task_id}/c{i}",
-                keys.F_PAYLOAD: {
-                    keys.FP_TASK_ID: task_id,
-                    keys.FP_FUNCTION_ID: function_id,
-                    keys.FP_FUNCTION_CODE_DIGEST: digest,
-                    keys.FP_ARGS: i if reads is None else reads,
-                    keys.FP_CALL_KEY: f"{function_id}:{i}",
-                    keys.FP_ATTEMPT_SEQ: 1,
-                    keys.FP_ENTRY_SELECTOR: "_",
-                    keys.FP_PARENT_CALL_ID: None,
-                    keys.FP_ANCESTRY: [],
-                    # 5000: the worker's default call_deadline_ms.
-                    keys.FP_CALL_BUDGET_MS: budget_ms,
-                    keys.FP_AUDIT: None,
-                    keys.FP_DEBUG: False,
-                },
-            }
-        )
+        Frame(execute_envelope(task_id, i, "n_reads", N_READS_DIGEST, reads, budget_ms))
         for i in range(count)
     ]
 
