@@ -23,6 +23,7 @@ in ``stats.stale_events``. Nothing here raises on a peer's behalf.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from .commands import DispatchCallCmd, DispatchCommand, UnbindCall
@@ -39,8 +40,8 @@ __all__ = [
     "confirm_bind",
     "live_attempt",
     "pending_bind",
-    "resume_attempt",
-    "suspend_attempt",
+    "resume_attempts",
+    "suspend_attempts",
 ]
 
 _READY: Final = CallState.READY
@@ -130,34 +131,36 @@ def confirm_bind(
         bind_parked_children(core, ctx, out)
 
 
-def suspend_attempt(core: CoreState, call_id: str, attempt_seq: int) -> None:
-    """``CallWaiting`` (io / subcall): RUNNING -> WAITING.
+def suspend_attempts(core: CoreState, waits: Iterable[WaitingCall]) -> None:
+    """``CallWaiting`` (io / subcall) of each ``(call_id, attempt_seq)``, in order:
+    RUNNING -> WAITING. One loop for a read's waits (once per wait: ``live_attempt``,
+    inlined); a single event is a batch of one."""
+    calls = core.calls
+    stats = core.stats
+    for call_id, attempt_seq in waits:
+        ctx = calls.get(call_id)
+        if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
+            stats.stale_events += 1
+        elif ctx.state is _RUNNING:
+            ctx.state = _WAITING  # RUNNING -> WAITING is in CALL_TRANSITIONS
+        elif ctx.state is not _WAITING:
+            stats.stale_events += 1
 
-    Inlined in ``DispatcherCore.handle_calls_waiting`` (the batch form): keep the two in step.
-    """
-    # live_attempt, inlined (once per wait).
-    ctx = core.calls.get(call_id)
-    if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-        core.stats.stale_events += 1
-    elif ctx.state is _RUNNING:
-        ctx.state = _WAITING  # RUNNING -> WAITING is in CALL_TRANSITIONS
-    elif ctx.state is not _WAITING:
-        core.stats.stale_events += 1
 
-
-def resume_attempt(core: CoreState, call_id: str, attempt_seq: int) -> None:
-    """The ``ResumeCall`` was flushed: WAITING -> RUNNING.
-
-    Inlined in ``DispatcherCore.handle_calls_resumed`` (the batch form): keep the two in step.
-    """
-    # live_attempt, inlined (once per wait).
-    ctx = core.calls.get(call_id)
-    if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-        core.stats.stale_events += 1
-    elif ctx.state is _WAITING:
-        ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
-    elif ctx.state is not _RUNNING:
-        core.stats.stale_events += 1
+def resume_attempts(core: CoreState, resumes: Iterable[ResumedCall]) -> None:
+    """The ``ResumeCall`` of each ``(call_id, attempt_seq)`` was flushed, in order:
+    WAITING -> RUNNING (like :func:`suspend_attempts`: one loop, a single event is a
+    batch of one)."""
+    calls = core.calls
+    stats = core.stats
+    for call_id, attempt_seq in resumes:
+        ctx = calls.get(call_id)
+        if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
+            stats.stale_events += 1
+        elif ctx.state is _WAITING:
+            ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
+        elif ctx.state is not _RUNNING:
+            stats.stale_events += 1
 
 
 def complete_attempt(

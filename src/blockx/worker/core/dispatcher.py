@@ -168,8 +168,8 @@ from .attempts import (
     confirm_bind,
     live_attempt,
     pending_bind,
-    resume_attempt,
-    suspend_attempt,
+    resume_attempts,
+    suspend_attempts,
 )
 from .commands import BindCall, DispatchCommand
 from .config import DispatcherConfig
@@ -419,7 +419,7 @@ class DispatcherCore:
         """
         self._enter("handle_call_waiting")
         try:
-            suspend_attempt(self._core, call_id, attempt_seq)
+            suspend_attempts(self._core, ((call_id, attempt_seq),))
             return []
         finally:
             self._running = None
@@ -428,17 +428,7 @@ class DispatcherCore:
         """``handle_call_waiting`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
         self._enter("handle_calls_waiting")
         try:
-            # suspend_attempt, inlined: once per wait.
-            calls = self._core.calls
-            stats = self._core.stats
-            for call_id, attempt_seq in waits:
-                ctx = calls.get(call_id)
-                if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-                    stats.stale_events += 1
-                elif ctx.state is _RUNNING:
-                    ctx.state = _WAITING  # RUNNING -> WAITING is in CALL_TRANSITIONS
-                elif ctx.state is not _WAITING:
-                    stats.stale_events += 1
+            suspend_attempts(self._core, waits)
             return []
         finally:
             self._running = None
@@ -447,7 +437,7 @@ class DispatcherCore:
         """The ``ResumeCall`` reached the executor: WAITING -> RUNNING. Returns ``[]``."""
         self._enter("handle_call_resumed")
         try:
-            resume_attempt(self._core, call_id, attempt_seq)
+            resume_attempts(self._core, ((call_id, attempt_seq),))
             return []
         finally:
             self._running = None
@@ -456,17 +446,7 @@ class DispatcherCore:
         """``handle_call_resumed`` for each ``(call_id, attempt_seq)``, in order. Returns ``[]``."""
         self._enter("handle_calls_resumed")
         try:
-            # resume_attempt, inlined: once per wait.
-            calls = self._core.calls
-            stats = self._core.stats
-            for call_id, attempt_seq in resumes:
-                ctx = calls.get(call_id)
-                if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-                    stats.stale_events += 1
-                elif ctx.state is _WAITING:
-                    ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
-                elif ctx.state is not _RUNNING:
-                    stats.stale_events += 1
+            resume_attempts(self._core, resumes)
             return []
         finally:
             self._running = None
