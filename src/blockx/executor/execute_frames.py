@@ -37,7 +37,7 @@ from typing import Any, Final
 import msgspec
 
 from blockx.wire import keys
-from blockx.wire.frames import typed_union_hook
+from blockx.wire.frames import TypedHook
 
 __all__ = [
     "ExecuteCallFrame",
@@ -103,6 +103,6 @@ def _acceptable(frame: ExecuteCallFrame | ResumeCallFrame) -> bool:
 
 #: The reader's hook: an :class:`ExecuteCallFrame` or a :class:`ResumeCallFrame`, or
 #: None to decode the frame the generic way.
-decode_inbound: Final = typed_union_hook(
+decode_inbound: Final = TypedHook(
     {keys.MT_EXECUTE_CALL: ExecuteCallFrame, keys.MT_RESUME_CALL: ResumeCallFrame}, _acceptable
 )

@@ -54,7 +54,6 @@ __all__ = [
     "encode_frame",
     "encode_frame_with_value",
     "typed_hook",
-    "typed_union_hook",
 ]
 
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
@@ -167,8 +166,8 @@ def encode_frame_with_value(
 
 
 class TypedHook:
-    """A :class:`FrameDecoder` ``typed`` hook for one or more message types (see
-    :func:`typed_hook`).
+    """A :class:`FrameDecoder` ``typed`` hook for one or more message types
+    (``{messageType: tagged msgspec.Struct}``; :func:`typed_hook` for one).
 
     Callable on a frame body; :class:`FrameDecoder` also reads :attr:`prefix` and
     checks it inline, so a frame of another type costs no Python call. With
@@ -220,12 +219,6 @@ def typed_hook(message_type: str, struct: type[Any], accept: Callable[[Any], boo
     returns None: the frame is then decoded the generic way, with its errors.
     """
     return TypedHook({message_type: struct}, accept)
-
-
-def typed_union_hook(structs: dict[str, type[Any]], accept: Callable[[Any], bool]) -> TypedHook:
-    """:func:`typed_hook` for several message types at once (``{messageType: struct}``,
-    each struct tagged with its type): ``accept`` sees whichever struct was decoded."""
-    return TypedHook(structs, accept)
 
 
 def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
@@ -284,31 +277,21 @@ class FrameDecoder:
     One per connection, reused for its whole life. Not thread-safe: the owner
     (a reader thread or an asyncio protocol) is its only caller.
 
-    ``typed``, when given, sees each plain frame body first and may return an
-    object standing for the whole envelope (e.g. a ``msgspec.Struct`` decoded
-    and validated in one C pass); that object is the frame's ``envelope``. It
-    returns None for anything it does not take — a frame it does not know or a
-    value it does not accept — and the frame is decoded as usual, so every
-    error is still the generic path's. The executor uses it for ExecuteCall.
+    ``typed``, a :class:`TypedHook`, sees each plain frame body that starts with
+    its prefix (compared inline: a frame of another type costs no call) and may
+    return an object standing for the whole envelope (a ``msgspec.Struct``
+    decoded and validated in one C pass); that object is the frame's
+    ``envelope``. It returns None for anything it does not take, and the frame
+    is decoded as usual, so every error is still the generic path's. The
+    executor uses it for ExecuteCall and ResumeCall, the worker for CallCompleted.
     """
 
     __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed", "_typed_prefix")
 
-    def __init__(
-        self,
-        *,
-        limit: int = MAX_FRAME_BYTES,
-        typed: Callable[[memoryview], Any] | None = None,
-    ) -> None:
+    def __init__(self, *, limit: int = MAX_FRAME_BYTES, typed: TypedHook | None = None) -> None:
         self._buffer = bytearray()
-        # A TypedHook's prefix is checked inline (no call for a frame of another type);
-        # any other callable sees every plain body.
-        if isinstance(typed, TypedHook):
-            self._typed: Callable[[memoryview], Any] | None = typed.decode_matching
-            self._typed_prefix: bytes | None = typed.prefix
-        else:
-            self._typed = typed
-            self._typed_prefix = None
+        self._typed = None if typed is None else typed.decode_matching
+        self._typed_prefix = b"" if typed is None else typed.prefix
         self._limit = limit
         self._error: ProtocolError | None = None
         # Bytes needed before the next frame can complete (a hint for readers).
@@ -346,7 +329,7 @@ class FrameDecoder:
         limit = self._limit
         typed = self._typed
         typed_prefix = self._typed_prefix
-        typed_size = 0 if typed_prefix is None else len(typed_prefix)
+        typed_size = len(typed_prefix)
         frames: list[Frame] = []
         self._need = HEADER_SIZE
         try:
@@ -365,9 +348,7 @@ class FrameDecoder:
                 # precise ProtocolError. Saves four Python calls per frame.
                 envelope: Any = None
                 if size and view[start] != _MAGIC_FIRST:
-                    if typed is not None and (
-                        typed_prefix is None or body[:typed_size] == typed_prefix
-                    ):
+                    if typed is not None and body[:typed_size] == typed_prefix:
                         envelope = typed(body)
                         if envelope is not None:
                             frames.append(_new_frame(Frame, (envelope, None)))
