@@ -24,17 +24,10 @@ import sys
 from collections.abc import Sequence
 
 from blockx import __version__
+from blockx.cli_exit import EXIT_OK, EXIT_SIGPIPE, EXIT_STATUS_HELP, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
 
-_EXIT_CODES = """\
-exit status:
-  0    every call succeeded
-  1    the task failed, or at least one call failed (each failed call is reported)
-  2    bad usage, task file, calls file or configuration (nothing was run)
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM): the task was cancelled
-  141  the output pipe was closed (e.g. `| head`)
-"""
 
 _MAIN_DESCRIPTION = """\
 BlockX runs huge numbers of calls of plain, synchronous Python functions on a
@@ -93,7 +86,7 @@ examples:
   blockx run task.yaml --quiet --errors failed.jsonl || echo "some calls failed"
 
 """
-    + _EXIT_CODES
+    + EXIT_STATUS_HELP
 )
 
 _VALIDATE_DESCRIPTION = """\
@@ -284,7 +277,7 @@ def _config_command(args: argparse.Namespace) -> int:
     except (SpecError, UsageError) as exc:
         for problem in exc.problems:
             print(f"blockx: error: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     rows = settings.rows()
     if args.json:
         print(
@@ -296,7 +289,7 @@ def _config_command(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
-        return 0
+        return EXIT_OK
     knob_w = max(len(r.knob) for r in rows)
     value_w = min(max(len(r.value) for r in rows), 40)
     print(f"{'KNOB':<{knob_w}}  {'VALUE':<{value_w}}  SOURCE")
@@ -304,7 +297,7 @@ def _config_command(args: argparse.Namespace) -> int:
         print(f"{r.knob:<{knob_w}}  {r.value:<{value_w}}  {r.source}")
     if settings.config_file:
         print(f"\nconfiguration file: {settings.config_file}")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(devnull, sys.stdout.fileno())
         except OSError:  # pragma: no cover
             pass
-        return 141
+        return EXIT_SIGPIPE
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -325,7 +318,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.command == "run":
         from blockx.cli_run import RunOptions, run_command
 

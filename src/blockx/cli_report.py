@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from blockx.cli_console import count_text, indent, plural
+from blockx.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
 from blockx.cli_output import RowWriter
 from blockx.taskspec import TaskFile
 
@@ -56,14 +57,6 @@ __all__ = [
     "summary_text",
     "write_errors",
 ]
-
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_SIGPIPE: Final = 141
-
-#: The exit status of a run interrupted by a signal: 128 + its number.
-INTERRUPTED_STATUS: Final = {"SIGINT": 130, "SIGTERM": 143}
 
 #: Failed calls shown in the report; the rest are counted ("… and N more").
 MAX_REPORTED: Final = 20

@@ -398,7 +398,7 @@ def run_command(options: RunOptions) -> int:
     try:
         code = _run_command(options, console)
     except KeyboardInterrupt:  # Ctrl-C outside the run's own handling
-        code = 130
+        code = INTERRUPTED_STATUS["SIGINT"]
     try:
         console.detach(STDERR_GRACE_S)
     except KeyboardInterrupt:  # while waiting for stderr's reader: stop waiting, the run's
@@ -456,7 +456,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
         outcome = run(_run_task(spec, settings, sink, console, total, show_progress))
     except KeyboardInterrupt:  # a second Ctrl-C
         console.print("blockx: interrupted")
-        return 130
+        return INTERRUPTED_STATUS["SIGINT"]
     except Exception as exc:  # the worker could not start or broke down: say what, briefly
         console.print(f"blockx: error: the run failed: {type(exc).__name__}: {exc}")
         if options.verbose:

@@ -237,3 +237,22 @@ def test_configuration_docs_list_every_knob_and_are_in_sync() -> None:
         knob = "io." + (f"{section}.{name}" if section else name)
         assert knob in docs and docs[knob][0] == variable and docs[knob][2], knob
         assert f"`{knob}`" in text and f"`{variable}`" in text
+
+
+def test_help_lists_every_exit_status_the_command_returns() -> None:
+    """The help's table is made from the constants the command returns, and lists each."""
+    from blockx.cli_exit import (
+        EXIT_FAILED,
+        EXIT_OK,
+        EXIT_SIGPIPE,
+        EXIT_STATUS_HELP,
+        EXIT_USAGE,
+        INTERRUPTED_STATUS,
+    )
+
+    out = blockx("run", "--help").stdout
+    assert EXIT_STATUS_HELP.splitlines()[1] in out
+    statuses = {EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SIGPIPE, *INTERRUPTED_STATUS.values()}
+    for status in statuses:
+        assert f" {status} " in EXIT_STATUS_HELP, status
+    assert statuses == {0, 1, 2, 130, 141, 143}
