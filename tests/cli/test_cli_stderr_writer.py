@@ -103,7 +103,22 @@ def test_progress_frames_coalesce_while_the_writer_is_behind(pipe: Pipe) -> None
     assert data == b"x" * 100_000 + b"\n\rframe 99\x1b[K\r\x1b[Kdone\n"
 
 
+def _fill(fd: int) -> None:
+    """Write lines of ``fill`` into the pipe ``fd`` until it takes no more."""
+    os.set_blocking(fd, False)
+    try:
+        while True:
+            os.write(fd, b"fill\n" * 64)
+    except BlockingIOError:
+        pass
+    finally:
+        os.set_blocking(fd, True)
+
+
 def test_after_keep_all_nothing_is_dropped_and_the_count_comes_first(pipe: Pipe) -> None:
+    # The pipe is full from the start: the writer cannot catch up (and report) before
+    # keep_all, however the threads are scheduled.
+    _fill(pipe.write_end)
     writer = StderrWriter(pipe.stream, max_pending_bytes=4096)
     for i in range(10_000):
         writer.put_line(f"early {i}")
