@@ -32,7 +32,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 if TYPE_CHECKING:
     from .context import ExecContext
 
-__all__ = ["CALL_FINISHED", "POOL_MAX_IDLE", "RETIRE", "ResidentGreenletPool"]
+__all__ = ["CALL_FINISHED", "POOL_MAX_IDLE", "RETIRE", "Marker", "ResidentGreenletPool"]
 
 _log = logging.getLogger("blockx.executor")
 
@@ -40,7 +40,9 @@ _log = logging.getLogger("blockx.executor")
 POOL_MAX_IDLE: Final = 256
 
 
-class _Marker:
+class Marker:
+    """A named sentinel switched between greenlets (compared by identity)."""
+
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
@@ -51,9 +53,9 @@ class _Marker:
 
 
 #: What a pool greenlet switches to the scheduler when its call has ended.
-CALL_FINISHED: Final = _Marker("call-finished")
+CALL_FINISHED: Final = Marker("call-finished")
 #: What the scheduler switches into an idle pool greenlet to end it.
-RETIRE: Final = _Marker("retire")
+RETIRE: Final = Marker("retire")
 
 
 class ResidentGreenletPool:

@@ -98,6 +98,7 @@ from .errors import (  # the framework signals are re-exported where the seed ke
     CallDeadlineExceededError,
     WaitDeadlineExceededError,
 )
+from .greenlet_pool import Marker
 
 if TYPE_CHECKING:
     from .context import ExecContext
@@ -123,25 +124,15 @@ __all__ = [
 ]
 
 
-class _Marker:
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
 #: What a call's greenlet hands the scheduler when it suspends in a wait.
-SUSPENDED: Final = _Marker("suspended")
+SUSPENDED: Final = Marker("suspended")
 #: The resume value of a cooperative sleep whose timer is due.
-SLEEP_WAKE: Final = _Marker("sleep-wake")
+SLEEP_WAKE: Final = Marker("sleep-wake")
 #: The resume value of an IO / sub-call wait the runtime cut off at the call's
 #: budget or deadline (``ExecutorRuntime._cut_off_wait``).
-WAIT_CUT_OFF: Final = _Marker("wait-cut-off")
+WAIT_CUT_OFF: Final = Marker("wait-cut-off")
 #: A code-fetch follower's resume value when its leader ended without an outcome.
-_RETRY_FETCH: Final = _Marker("retry-fetch")
+_RETRY_FETCH: Final = Marker("retry-fetch")
 
 _ceil = math.ceil
 #: Float noise tolerated when rounding the time a cut-off wait is charged up to whole
