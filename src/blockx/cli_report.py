@@ -258,11 +258,15 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         totals = io_stats.totals()
         calls = totals["backend_calls"]
         mean = totals["total_ms"] / calls if calls else 0.0
+        # Reads cancelled because nobody waited for them any more: only when there were some.
+        abandoned = totals["abandoned"]
+        gone = f", {count_text(abandoned)} abandoned" if abandoned else ""
         lines.append(
             f"  io        {count_text(totals['requests'])} requests: "
             f"{count_text(calls)} backend calls, {count_text(totals['cache_hits'])} cached, "
-            f"{count_text(totals['singleflight_joins'])} joined, {count_text(totals['errors'])} "
-            f"errors; backend calls mean {mean:,.2f} ms, max {totals['max_ms']:,.2f} ms"
+            f"{count_text(totals['singleflight_joins'])} joined{gone}, "
+            f"{count_text(totals['errors'])} errors; backend calls mean {mean:,.2f} ms, "
+            f"max {totals['max_ms']:,.2f} ms"
         )
         lines.append(indent(io_stats.format_table(), "            "))
     else:

@@ -6,7 +6,8 @@ or, when ``bind_fails`` says so, ``handle_bind_failed``) unless ``defer_binds``
 holds it for the test to answer later (``answer_bind``); a ``DispatchCallCmd``
 makes the attempt "running" on its executor until the test completes or fails
 it; ``ResumeParentCall`` is delivered and answered with ``handle_call_resumed``;
-``ArmCallRetry`` timers are kept until the test fires them. Every command is
+``ArmCallRetry`` timers are kept until the test fires them; ``ReleaseWait`` is
+recorded (``released``) and must hand back a handle the call held. Every command is
 checked against what the runtime knows: no unknown call or executor, nothing
 sent to a lost executor, no ``CancelCallCmd`` for an attempt that was never
 sent, one ``StopCallProduction`` and one ``ConvergeTaskCalls`` per phase. Time
@@ -34,6 +35,7 @@ from blockx.worker.core import (
     DispatcherConfig,
     DispatcherCore,
     ExecutorSnapshot,
+    ReleaseWait,
     ResumeParentCall,
     StopCallProduction,
     SubcallIdSequence,
@@ -92,6 +94,8 @@ class Runtime:
     resumes: list[ResumeParentCall] = field(default_factory=list)
     from_cache: list[CompleteCallFromCache] = field(default_factory=list)
     cancelled: list[CancelCallCmd] = field(default_factory=list)
+    #: Every ReleaseWait executed, in order.
+    released: list[ReleaseWait] = field(default_factory=list)
     #: Every root call id registered, and every sub-call id the core created.
     known_calls: set[str] = field(default_factory=set)
     known_executors: set[str] = field(default_factory=set)
@@ -149,6 +153,12 @@ class Runtime:
                     )
             elif isinstance(cmd, CompleteCallFromCache):
                 self.from_cache.append(cmd)
+            elif isinstance(cmd, ReleaseWait):
+                if cmd.handle is None:
+                    raise HarnessError(f"{cmd!r} releases nothing")
+                if any(r.handle is cmd.handle for r in self.released):
+                    raise HarnessError(f"{cmd!r}: that handle was released before")
+                self.released.append(cmd)
             elif isinstance(cmd, StopCallProduction):
                 if cmd.task_id in self.stopped:
                     raise HarnessError(f"StopCallProduction twice for {cmd.task_id}")

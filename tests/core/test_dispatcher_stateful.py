@@ -1,9 +1,12 @@
 """Hypothesis: the dispatcher core's invariants under any interleaving of events.
 
 The machine registers one-shot tasks and streams, releases calls, and then
-interleaves completions, failures (retryable or not), sub-call requests,
-executor loss, snapshot changes (health, capacity, stalls), bind failures,
-retries coming due, stream batches, task cancellation and stale re-deliveries.
+interleaves completions, failures (retryable or not), sub-call requests, IO
+waits (a handle in the call's ``wait_handle``, answered or not), executor loss,
+snapshot changes (health, capacity, stalls), bind failures, retries coming due,
+stream batches, task cancellation and stale re-deliveries. Every IO wait's
+handle ends exactly one way: answered (cleared by the resume), or handed back
+once in a ``ReleaseWait``.
 After every step the core's full recount (``check_invariants``) must hold and
 every command must name a known call and executor (the harness checks); at
 teardown everything is driven to the end and every task must have converged
@@ -31,6 +34,7 @@ from blockx.worker.core import (
     CallError,
     CallRetryPolicy,
     CallSpec,
+    CallState,
     ConvergeTaskCalls,
     DispatcherConfig,
     DispatcherCore,
@@ -39,6 +43,15 @@ from blockx.worker.core import (
 
 EXECUTORS = ("exec-0", "exec-1", "exec-2")
 MAX_TASKS = 5
+
+
+@dataclass(frozen=True)
+class WaitToken:
+    """An IO wait's handle (the runtime's future): equal by value, so a deep-copied
+    twin core hands back an equal one."""
+
+    serial: int
+    call_id: str
 
 
 @dataclass
@@ -59,6 +72,9 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.ended_attempts: list[tuple[str, int]] = []
         self.fail_binds = False
         self.cancels = 0
+        #: Every IO wait's handle attached, and those whose answer was delivered.
+        self.io_waits: list[WaitToken] = []
+        self.answered: set[WaitToken] = set()
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -218,7 +234,8 @@ class DispatcherMachine(RuleBasedStateMachine):
                 return
             call_id = data.draw(st.sampled_from(self._running()))
             if action == "subcall":
-                rt.request_subcall(call_id, function_id=function, args=str(arg))
+                if self._wait_handle(call_id) is None:  # one suspended on IO sends nothing
+                    rt.request_subcall(call_id, function_id=function, args=str(arg))
                 continue
             self.ended_attempts.append((call_id, rt.running[call_id].attempt_seq))
             if action == "complete":
@@ -276,6 +293,10 @@ class DispatcherMachine(RuleBasedStateMachine):
         items = [(call_id, rt.running[call_id].attempt_seq) for call_id in ids]
         if stale:
             items.append((ids[-1], items[-1][1] - 1))
+        for call_id in ids:  # an IO wait among them is answered now
+            handle = self._wait_handle(call_id)
+            if handle is not None:
+                self.answered.add(handle)
         twin = self._twin()
         for call_id, seq in items:
             assert twin.handle_call_waiting(call_id, seq) == []
@@ -285,6 +306,38 @@ class DispatcherMachine(RuleBasedStateMachine):
             assert twin.handle_call_resumed(call_id, seq) == []
         assert rt.core.handle_calls_resumed(items) == []
         self._assert_same(rt.core, twin, ids)
+
+    def _wait_handle(self, call_id: str) -> WaitToken | None:
+        ctx = self.runtime.core.call_context(call_id)
+        return None if ctx is None else ctx.wait_handle  # type: ignore[return-value]
+
+    @precondition(lambda self: bool(self._running()))
+    @rule(data=st.data())
+    def wait_on_io(self, data: st.DataObject) -> None:
+        """A running call suspends on IO; the runtime attaches the request's handle."""
+        rt = self.runtime
+        call_id = data.draw(st.sampled_from(self._running()))
+        ctx = rt.core.call_context(call_id)
+        assert ctx is not None
+        if ctx.state is not CallState.RUNNING:
+            return  # already waiting (on IO or a sub-call)
+        rt.run(rt.core.handle_call_waiting(call_id, rt.running[call_id].attempt_seq))
+        assert ctx.state is CallState.WAITING
+        token = WaitToken(len(self.io_waits), call_id)
+        ctx.wait_handle = token
+        self.io_waits.append(token)
+
+    def _open_io_waits(self) -> list[WaitToken]:
+        return [t for t in self.io_waits if self._wait_handle(t.call_id) is t]
+
+    @precondition(lambda self: bool(self._open_io_waits()))
+    @rule(data=st.data())
+    def answer_io(self, data: st.DataObject) -> None:
+        """An IO wait's answer is delivered: the call runs again."""
+        rt = self.runtime
+        token = data.draw(st.sampled_from(self._open_io_waits()))
+        self.answered.add(token)
+        rt.run(rt.core.handle_call_resumed(token.call_id, rt.running[token.call_id].attempt_seq))
 
     @precondition(lambda self: bool(self.runtime.pending_binds))
     @rule(data=st.data())
@@ -427,6 +480,17 @@ class DispatcherMachine(RuleBasedStateMachine):
             self.rt.core.check_invariants()
 
     @invariant()
+    def io_waits_end_one_way(self) -> None:
+        """Each handle is held by its waiting call, or was answered, or released once."""
+        if self.rt is None:
+            return
+        released = [cmd.handle for cmd in self.rt.released]
+        for token in self.io_waits:
+            held = self._wait_handle(token.call_id) is token
+            ends = held + (token in self.answered) + released.count(token)
+            assert ends == 1, (token, held, token in self.answered, released.count(token))
+
+    @invariant()
     def converged_tasks_add_up(self) -> None:
         if self.rt is None:
             return
@@ -509,6 +573,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert rt.core.task_ids() == []
         assert rt.core.call_context("t0/c0") is None
         self.converged_tasks_add_up()
+        self.io_waits_end_one_way()
+        event(f"IO waits released: {len(rt.released) > 0}")
 
 
 DispatcherMachine.TestCase.settings = settings(

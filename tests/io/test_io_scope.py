@@ -51,9 +51,11 @@ class GateBackend:
         return future
 
     def release(self, result: Any = "ok", *, error: Reply | None = None) -> None:
-        """Answer every open call."""
+        """Answer every open call (a cancelled one is skipped, as a backend must)."""
         calls, self.open = self.open, []
         for operation, body, future in calls:
+            if future.done():
+                continue
             reply = (
                 error
                 if error is not None
@@ -82,7 +84,8 @@ def test_identical_concurrent_reads_make_one_backend_call() -> None:
             scope.handle_io("t1", f"c{i}", payload("gate", "get", params), None) for i in range(50)
         ]
         assert gate.calls == 1
-        assert all(p is pending[0] for p in pending)  # one future, one done callback each
+        # One backend call; each waiter has a future of its own (its cancel is its own).
+        assert len({id(p) for p in pending}) == 50
         gate.release("v")
         results = [await answer(p) for p in pending]
         assert {ok(r)["result"] for r in results} == {"v"}
@@ -199,7 +202,7 @@ def test_reads_overlapping_a_write_are_not_cached_nor_joined() -> None:
         after = scope.handle_io("t", "r2", read, None)  # must not join r1
         assert after is not before and gate.calls == 3
         during = scope.handle_io("t", "r3", read, None)  # joins r2 (same generation)
-        assert during is after
+        assert during is not after and gate.calls == 3
         gate.release()
         for p in (before, write, after):
             await answer(p)
@@ -269,9 +272,9 @@ def test_uncacheable_reads_are_still_deduplicated() -> None:
         p = payload("gate", "get", {"cacheable": False})
         a = scope.handle_io("t", "a", p, None)
         b = scope.handle_io("t", "b", p, None)
-        assert a is b and gate.calls == 1
+        assert gate.calls == 1 and scope.stats.operation("gate", "get").singleflight_joins == 1
         gate.release()
-        await answer(a)
+        assert await answer(a) == await answer(b)
         assert len(scope.cache) == 0
         io.task_scope("x")
         await io.close()
@@ -292,9 +295,9 @@ def test_capability_calls_are_cached_only_with_a_cache_key() -> None:
         keyed = payload("gate", "sign", {"m": 1}, io_kind=C, cache_key="sig-1")
         c = scope.handle_io("t", "c", keyed, None)
         d = scope.handle_io("t", "d", keyed, None)
-        assert c is d and gate.calls == 3
+        assert gate.calls == 3 and scope.stats.operation("gate", "sign").singleflight_joins == 1
         gate.release()
-        await answer(c)
+        assert await answer(c) == await answer(d)
         assert type(scope.handle_io("t", "e", keyed, None)) is IOResult
         await io.close()
 
@@ -334,9 +337,10 @@ def test_a_disabled_cache_still_joins_identical_reads() -> None:
         scope = io.task_scope("t")
         p = payload("gate", "get", {})
         a = scope.handle_io("t", "a", p, None)
-        assert scope.handle_io("t", "b", p, None) is a
+        b = scope.handle_io("t", "b", p, None)
+        assert gate.calls == 1
         gate.release()
-        await answer(a)
+        assert await answer(a) == await answer(b)
         assert type(scope.handle_io("t", "c", p, None)) is not IOResult
         gate.release()
         await io.close()
@@ -528,6 +532,120 @@ def test_a_scope_dropped_while_its_task_runs_lets_its_calls_answer() -> None:
         gate.release("v")
         assert ok(await answer(read))["result"] == "v"
         assert ok(await answer(write))["result"] == "v"
+        await io.close()
+
+    run(main())
+
+
+def test_a_read_keeps_running_while_one_of_its_waiters_is_left() -> None:
+    """The worker cancels a waiter's future when its call stops waiting (budget cut-off,
+    failure, cancel): that waiter only. The read goes on for the others — whether the
+    one that left started it or joined it — and its answer is cached as usual."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"table": "prices", "k": 1})
+        for leaver in (0, 1):
+            scope.cache.clear()
+            waiters = [scope.handle_io("t", f"c{i}", p, None) for i in range(2)]
+            assert gate.calls == leaver + 1  # one backend call each round
+            assert waiters[leaver].cancel()
+            [(_op, _body, backend_future)] = gate.open
+            assert not backend_future.cancelled() and scope.in_flight == 1
+            gate.release("v")
+            assert ok(await answer(waiters[1 - leaver]))["result"] == "v"
+            assert waiters[leaver].cancelled()
+            assert type(scope.handle_io("t", "c9", p, None)) is IOResult  # cached
+        op = scope.stats.operation("gate", "get")
+        assert (op.backend_calls, op.singleflight_joins, op.abandoned) == (2, 2, 0)
+        await io.close()
+
+    run(main())
+
+
+def test_a_read_whose_waiters_all_left_is_cancelled_and_forgotten() -> None:
+    """Every waiter gone while the backend call runs: the backend's future is cancelled
+    (an RPC request stops at its next try), the flight is dropped — an identical read
+    later makes a call of its own — and the read counts as abandoned, not as a call."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"table": "prices", "k": 1})
+        first, joined = (scope.handle_io("t", f"c{i}", p, None) for i in range(2))
+        [(_op, _body, backend_future)] = gate.open
+        assert joined.cancel() and not backend_future.cancelled()
+        assert first.cancel()
+        assert backend_future.cancelled() and scope.in_flight == 0
+        assert not first.cancel()  # a second cancel changes nothing
+        op = scope.stats.operation("gate", "get")
+        assert (op.requests, op.backend_calls, op.errors, op.abandoned) == (2, 0, 0, 1)
+        assert op.max_ms == 0  # no latency recorded for it
+        assert scope.stats.totals()["abandoned"] == 1
+        assert io.stats.operation("gate", "get").abandoned == 1  # rolled up
+        assert "abandoned" in scope.stats.format_table()
+        assert scope.stats.as_dict()["operations"][0]["abandoned"] == 1
+        await asyncio.sleep(0)  # the cancelled backend future's callbacks run: nothing
+        again = scope.handle_io("t", "c2", p, None)
+        assert gate.calls == 2 and type(again) is not IOResult
+        gate.release("fresh")
+        assert ok(await answer(again))["result"] == "fresh"
+        assert len(scope.cache) == 1
+        await io.close()
+
+    run(main())
+
+
+def test_a_write_or_an_unkeyed_capability_call_runs_on_when_its_waiter_left() -> None:
+    """Cancelling a write does not undo it: its waiter's future is cancelled, the write
+    runs to its answer (which still invalidates the table). So does a capability call
+    without a cacheKey (it may have effects too)."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        read = payload("gate", "get", {"table": "prices"})
+        first = scope.handle_io("t", "r", read, None)
+        gate.release("old")
+        await answer(first)
+        assert type(scope.handle_io("t", "r", read, None)) is IOResult  # cached
+        write = scope.handle_io(
+            "t", "w", payload("gate", "put", {"table": "prices"}, io_kind=W), None
+        )
+        sign = scope.handle_io("t", "s", payload("gate", "sign", {"m": 1}, io_kind=C), None)
+        assert write.cancel() and sign.cancel()
+        assert [future.cancelled() for _op, _body, future in gate.open] == [False, False]
+        gate.release("done")
+        await asyncio.sleep(0)
+        for name in ("put", "sign"):
+            op = scope.stats.operation("gate", name)
+            assert (op.backend_calls, op.abandoned) == (1, 0)
+        assert type(scope.handle_io("t", "r", read, None)) is not IOResult  # invalidated
+        gate.release()
+        await io.close()
+
+    run(main())
+
+
+def test_a_read_with_one_waiter_is_cancelled_when_it_leaves_but_not_after_its_answer() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        alone = scope.handle_io("t", "a", payload("gate", "get", {"k": 1}), None)
+        [(_op, _body, backend_future)] = gate.open
+        assert alone.cancel() and backend_future.cancelled() and scope.in_flight == 0
+        answered = scope.handle_io("t", "b", payload("gate", "get", {"k": 2}), None)
+        gate.release("v")
+        assert ok(await answer(answered))["result"] == "v"
+        assert not answered.cancel()  # answered: nothing to leave
+        op = scope.stats.operation("gate", "get")
+        assert (op.requests, op.backend_calls, op.abandoned) == (2, 1, 1)
         await io.close()
 
     run(main())

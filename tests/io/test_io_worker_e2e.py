@@ -3,6 +3,7 @@ executors, through a Worker whose IO is the real subsystem: SQLite and the JSON-
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from collections.abc import Iterator
@@ -12,11 +13,12 @@ import pytest
 from jsonrpc_node import ALICE, BOB, CONTRACT, FakeNode, balance
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "worker", "e2e"))
-from e2e_support import WorkerSession, e2e_config
+from e2e_support import SLEEPER, WorkerSession, e2e_config
 
 from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.io.backend import PreparedRequest, Reply
 from blockx.worker.io.config import load_io_config
-from blockx.worker.io.registry import IOSubsystem
+from blockx.worker.io.registry import IOSubsystem, default_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -191,3 +193,88 @@ def test_each_run_reads_through_its_own_cache_even_under_one_task_id(
         assert io.scope_of("demo") is None  # nothing routed by the user's id is kept
     finally:
         session.run(io.close())
+
+
+class NeverAnswers:
+    """A backend whose reads never answer (a node that hangs): it notes when each
+    request started and when its future was cancelled (event-loop clock)."""
+
+    name = "never"
+
+    def __init__(self) -> None:
+        self.started: list[float] = []
+        self.cancelled: list[float] = []
+
+    def prepare(
+        self, io_kind: str, operation: str, params: Any, sidecar: bytes | None
+    ) -> PreparedRequest:
+        return PreparedRequest(operation, params, domain=None, cacheable=True)
+
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self.started.append(loop.time())
+
+        def note(done: asyncio.Future[Reply]) -> None:
+            if done.cancelled():
+                self.cancelled.append(loop.time())
+
+        future.add_done_callback(note)
+        return future
+
+    async def close(self) -> None:
+        return None
+
+
+HANGS = """
+from blockx.sdk import get_provider
+
+def _(p):
+    return get_provider().read_req("never", "get", {"key": p["key"]})
+"""
+
+
+def test_a_read_cut_off_at_the_budget_stops_its_backend_call_while_the_run_goes_on() -> None:
+    """Two calls wait on one read (singleflight) of a backend that never answers; the
+    executor cuts both waits off at the calls' 500 ms budget. Once the second is gone
+    nobody waits for the read: its backend future is cancelled then — not when the run
+    ends, which slower calls keep going for another second or more."""
+    budget_ms, sleep_s = 500, 0.3
+    never = NeverAnswers()
+    registry = default_registry()
+    registry.register("never", never)
+    io = IOSubsystem(load_io_config({}, env={}), registry)
+    # Three calls in flight at once: the two readers, then the sleepers one after another.
+    config = e2e_config(**{"pool.executor_count": 1, "dispatcher.task_max_inflight_calls": 3})
+    # Two different calls (equal ones would share one run: the call singleflight)...
+    calls = [Call("hangs", {"key": 1, "n": n}) for n in range(2)]  # ... reading one key
+    calls += [Call("sleeper", {"s": sleep_s, "i": i}) for i in range(15)]
+    with WorkerSession(config) as session:
+
+        async def scenario() -> tuple[Any, float, float]:
+            loop = asyncio.get_running_loop()
+            try:
+                task = Task(
+                    functions={"hangs": HANGS, "sleeper": SLEEPER},
+                    calls=calls,
+                    policy=TaskPolicy(call_budget_ms=budget_ms, failure="continue"),
+                )
+                task.io_handler = io  # a scope of its own for the run, closed at its end
+                started = loop.time()
+                result = await session.worker.run_task(task)
+                return result, started, loop.time()
+            finally:
+                await io.close()
+
+        result, started, ended = session.run(scenario())
+    assert len(result.errors) == 2, result.errors
+    for error in result.errors:
+        assert error.kind == "deadline_exceeded", error
+        assert error.message.startswith(f"call budget of {budget_ms} ms ran out after waiting ")
+    assert len(result.outputs) == 15
+    assert len(never.started) == 1  # one backend call for both readers
+    [cancelled] = never.cancelled
+    assert cancelled - started < budget_ms / 1000 + 1.0, (cancelled - started, ended - started)
+    assert ended - cancelled > 0.5, (cancelled - started, ended - started)
+    op = io.stats.operation("never", "get")
+    assert (op.requests, op.singleflight_joins, op.abandoned, op.backend_calls) == (2, 1, 1, 0)

@@ -318,9 +318,42 @@ def test_through_a_task_scope_identical_reads_share_one_request_and_are_cached(
             # eth_blockNumber moves: joined while in flight, never cached
             number = payload("rpc", "eth_blockNumber", params())
             a = scope.handle_io("t", "n1", number, None)
-            assert scope.handle_io("t", "n2", number, None) is a
-            await answer(a)
+            b = scope.handle_io("t", "n2", number, None)
+            assert scope.stats.operation("rpc", "eth_blockNumber").singleflight_joins == 1
+            assert await answer(a) == await answer(b)
             assert type(scope.handle_io("t", "n3", number, None)) is not IOResult
 
     run(main())
     assert node.bodies[0] == 2  # BOB once (19 joined) + ALICE, in one batch
+
+
+def test_a_read_nobody_waits_for_stops_retrying_at_its_next_try(node: FakeNode) -> None:
+    """A node that keeps failing: the read retries every ~100 ms. Once its only waiter
+    leaves (the worker cancels its future: the call's budget ran out), the scope
+    cancels the backend call and the client sends no further try."""
+    node.faults = ["503"] * 50
+    config = load_io_config(
+        {
+            "rpc": {
+                "endpoints": {"eth": [node.url]},
+                "max_attempts": 50,
+                "backoff_base_ms": 100,
+                "backoff_max_ms": 100,
+            }
+        },
+        env={},
+    )
+
+    async def main() -> None:
+        async with IOSubsystem(config) as io:
+            scope = io.task_scope("t")
+            waiter = scope.handle_io("t", "c", payload("rpc", "eth_chainId", params()), None)
+            await asyncio.sleep(0.35)
+            tries = len(node.bodies)
+            assert tries >= 2
+            assert waiter.cancel()
+            await asyncio.sleep(0.5)  # ~5 more tries, had it gone on
+            assert len(node.bodies) <= tries + 1  # at most the one already on its way
+            assert scope.stats.operation("rpc", "eth_chainId").abandoned == 1
+
+    run(main())

@@ -14,6 +14,7 @@ from orchestrator_rig import OrchestratorRig, frame_payload, reply_completed, re
 
 from blockx.wire import keys
 from blockx.worker.adapters.errors import OutboxFullError
+from blockx.worker.adapters.orchestrator_events import TaskCancelRequested
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import source_digest
 from blockx.worker.core import CallState, DispatcherConfig, call_key
@@ -89,8 +90,10 @@ def test_io_wait_goes_to_the_tasks_handler_and_resumes_the_call(run) -> None:
                 "budgetUsedMs": 12,
             }
             await rig.until(lambda: ctx.state is CallState.RUNNING)  # flushed -> resumed
+            assert ctx.wait_handle is None  # answered: nothing left to release
             reply_completed(peer, frame, {"ok": 1})
             assert (await task.done).success and task.io_calls == 1
+            assert rig.orchestrator.stats.io_waits_released == 0
 
     run(scenario())
 
@@ -160,12 +163,13 @@ def test_a_resume_send_failure_is_retried_like_any_retryable_failure(run) -> Non
     run(scenario())
 
 
-def test_an_io_answer_for_a_call_that_already_failed_is_dropped_quietly(
+def test_the_io_request_of_a_call_that_failed_while_waiting_is_cancelled_quietly(
     run, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The executor ends a call whose IO wait outlasted its budget while the worker still
     # waits for the backend: the call fails with that error, not retried (like any
-    # deadline_exceeded); the answer that comes later is nobody's, and no resume failure.
+    # deadline_exceeded); nobody waits for the answer any more, so the handler's future is
+    # cancelled at once (IOHandler's contract) — no ResumeCall, no resume failure.
     async def scenario() -> None:
         async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
             backend = Backend()
@@ -180,10 +184,12 @@ def test_an_io_answer_for_a_call_that_already_failed_is_dropped_quietly(
             [failed] = converged.failed_calls
             assert failed.error.kind == keys.ERR_DEADLINE_EXCEEDED
             assert failed.attempts == 1 and not failed.error.retryable
-            backend.pending[0].set_result(IOResult(result={"row": 7}, budget_used_ms=43_000))
+            assert backend.pending[0].cancelled()
             stats = rig.orchestrator.stats
-            await rig.until(lambda: stats.stale_waits == 1)
-            await asyncio.sleep(0.02)
+            assert stats.io_waits_released == 1
+            assert ctx.wait_handle is None
+            await asyncio.sleep(0.02)  # its done callback runs: it knows nobody waits
+            assert stats.stale_waits == 0
             assert stats.resume_send_failures == 0
             assert peer.of_type(keys.MT_RESUME_CALL) == []
             assert peer.of_type(keys.MT_CANCEL_CALL) == []  # nothing left to cancel
@@ -193,6 +199,33 @@ def test_an_io_answer_for_a_call_that_already_failed_is_dropped_quietly(
         run(scenario())
     noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert noise == [], [r.getMessage() for r in noise]
+
+
+@pytest.mark.parametrize("how", ["executor_lost", "task_cancelled"])
+def test_a_wait_left_unanswered_cancels_the_handlers_future(run, how: str) -> None:
+    # Whatever ends the waiting attempt, the handler's future is cancelled at once:
+    # nobody waits for it any more (IOHandler's contract).
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            backend = Backend()
+            peer, task, _frame = await _waiting_on_io(rig, backend, TaskPolicy(max_attempts=1))
+            await rig.until(lambda: backend.pending)
+            ctx = rig.core.call_context("t1/c0")
+            assert ctx is not None and ctx.wait_handle is backend.pending[0]
+            if how == "executor_lost":
+                peer.close()
+            else:
+                rig.orchestrator.post(TaskCancelRequested(task_id=task.task_id, reason="user"))
+            converged = await task.done
+            assert converged.failed_count + converged.cancelled_count == 1
+            assert backend.pending[0].cancelled()
+            assert rig.orchestrator.stats.io_waits_released == 1
+            assert ctx.wait_handle is None
+            await asyncio.sleep(0.02)  # the cancelled future's callback answers nobody
+            assert not peer.of_type(keys.MT_RESUME_CALL)
+            assert rig.orchestrator.stats.stale_waits == 0
+
+    run(scenario())
 
 
 async def _parent_asks_for_child(peer: Any) -> tuple[Any, Any]:

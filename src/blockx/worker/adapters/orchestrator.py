@@ -42,6 +42,8 @@ runs of completions, waits and resumes to the core's batch entry points
 ``CancelCallCmd``           ``mark_draining`` + best-effort ``send_cancel_call``
 ``ArmCallRetry``            ``loop.call_later`` posting :class:`RetryDue`
 ``ResumeParentCall``        ``ResumeCall(subcall)`` to the parent (:mod:`.orchestrator_waits`)
+``ReleaseWait``             cancel the IO handler's future of a wait left unanswered
+                            (:mod:`.orchestrator_waits`)
 ``StopCallProduction``,     reported to the task's :class:`~blockx.worker.task_run.TaskRun`
 ``BatchSettled``,
 ``ConvergeTaskCalls``
@@ -83,6 +85,7 @@ from blockx.worker.core import (
     DispatchCommand,
     DispatcherCore,
     ExecutorSnapshot,
+    ReleaseWait,
     ResumeParentCall,
     StopCallProduction,
     UnbindCall,
@@ -155,6 +158,7 @@ class OrchestratorStats:
         "executors_killed",
         "handler_errors",
         "io_waits",
+        "io_waits_released",
         "resume_send_failures",
         "send_failures",
         "stale_waits",
@@ -170,6 +174,8 @@ class OrchestratorStats:
         self.executors_killed = 0
         self.handler_errors = 0
         self.io_waits = 0
+        #: IO waits left unanswered whose future was cancelled (ReleaseWait).
+        self.io_waits_released = 0
         self.resume_send_failures = 0
         self.send_failures = 0
         self.stale_waits = 0
@@ -277,6 +283,7 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             ArmCallRetry: self._execute_arm_retry,
             CompleteCallFromCache: self._execute_complete_from_cache,
             ResumeParentCall: self._execute_resume_parent,
+            ReleaseWait: self._execute_release_wait,
             StopCallProduction: self._execute_stop_production,
             BatchSettled: self._execute_batch_settled,
             ConvergeTaskCalls: self._execute_converge,

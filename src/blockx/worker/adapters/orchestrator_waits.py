@@ -19,7 +19,12 @@ The actor then
      coroutine runs as one task (IO is naturally concurrent; per-call actor
      work stays task-free). When the answer comes, the ``ResumeCall`` is queued
      straight from the callback — it does not touch the core — and only a
-     failure to queue it becomes an event (:class:`ResumeNotQueued`);
+     failure to queue it becomes an event (:class:`ResumeNotQueued`). While
+     the call waits, the future sits in its context's ``wait_handle``: if the
+     attempt leaves the wait unanswered (it failed — the executor cut the wait
+     off at the call's budget —, was cancelled, its executor was lost) the core
+     hands it back in a ``ReleaseWait`` and the future is cancelled, which
+     stops the backend request nobody waits for (IOHandler's contract);
    * ``subcall`` — the child's digest from the task's pinned code view, its
      arguments encoded canonically, and ``handle_subcall_request``: the core
      checks depth, cycles and the requesting executor, and answers with a
@@ -44,7 +49,7 @@ import asyncio
 import logging
 import time
 from functools import partial as _partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import orjson
 
@@ -52,6 +57,7 @@ from blockx.wire import EncodeError, NotSerializableError, RemoteError, keys
 from blockx.worker.core import (
     CallError,
     CallState,
+    ReleaseWait,
     ResumedCall,
     ResumeParentCall,
     SubcallRequest,
@@ -97,6 +103,9 @@ _WAIT_SUBCALL: Final = keys.WAIT_SUBCALL
 _Fragment = orjson.Fragment
 _isfuture = asyncio.isfuture
 _Future = asyncio.Future
+#: The message of the cancel of an IO answer nobody waits for any more (ReleaseWait):
+#: its done callback then knows there is no wait to answer.
+_RELEASED: Final = "blockx: the call no longer waits for this IO answer"
 _monotonic = time.monotonic
 
 
@@ -139,7 +148,10 @@ class WaitHandling:
 
         The hot path of IO-bound work (once per wait): ``_start_io`` is inlined
         here and an IO answer comes back through a ``partial`` of
-        :meth:`_io_answered` (no per-wait Python object to build).
+        :meth:`_io_answered` (no per-wait Python object to build). A future
+        answer is also put in the call's ``wait_handle`` (one attribute store), so
+        that an attempt leaving the wait unanswered can cancel it
+        (:meth:`_execute_release_wait`).
         """
         core = self._core
         waits: list[WaitingCall] = []
@@ -189,7 +201,8 @@ class WaitHandling:
                 if type(answer) is IOResult:
                     io_answered(executor_id, call_id, request_id, attempt, started, answer)
                     continue
-                if type(answer) is not _Future and not _isfuture(answer):  # C future: no check
+                # A C future (or TaskIOScope's subclass of it): no Python-level check.
+                if not isinstance(answer, _Future) and not _isfuture(answer):
                     try:
                         answer = asyncio.ensure_future(answer)
                     except TypeError:
@@ -210,6 +223,8 @@ class WaitHandling:
                 answer.add_done_callback(
                     _partial(io_answered, executor_id, call_id, request_id, attempt, started)
                 )
+                # Only while the call waits: cleared by the core when the answer is delivered.
+                ctx.wait_handle = answer
             except Exception:
                 stats.handler_errors += 1
                 _log.exception("dispatch actor: serving the wait of %s failed", call_id)
@@ -234,7 +249,9 @@ class WaitHandling:
         else:
             try:
                 answer = outcome.result()  # one call on the common path
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                if exc.args and exc.args[0] == _RELEASED:
+                    return  # released (_execute_release_wait): there is no wait to answer
                 answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
             except BaseException as exc:  # whatever the future holds (as future.exception())
                 _log.error("IO request of %s failed: %r", call_id, exc)
@@ -266,6 +283,26 @@ class WaitHandling:
             )
         except (SendError, EncodeError) as exc:
             self.post(ResumeNotQueued(call_id, attempt, exc, executor_id))
+
+    def _execute_release_wait(self, cmd: ReleaseWait) -> None:
+        """The attempt left its IO wait unanswered: cancel the future ``handle_io`` gave.
+
+        IOHandler's contract: the worker cancels that future when nobody waits for it
+        any more (a coroutine's task: the coroutine is cancelled); TaskIOScope then stops
+        a read's backend call once its last waiter is gone. The cancel's message tells
+        the future's done callback (:meth:`_io_answered`) not to answer: there is no
+        wait any more (a handler that swallows the message gets its error answer sent,
+        refused for the released reservation or dropped by the executor as stale).
+        """
+        handle = cast("asyncio.Future[Any]", cmd.handle)
+        try:
+            released = handle.cancel(_RELEASED)
+        except Exception:
+            self.stats.handler_errors += 1
+            _log.exception("cancelling the IO request of %s failed", cmd.call_id)
+            return
+        if released:
+            self.stats.io_waits_released += 1
 
     # --- subcall ------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from .commands import DispatchCallCmd, DispatchCommand, UnbindCall
-from .lifecycle import CoreState, finish_call
+from .lifecycle import CoreState, finish_call, release_wait
 from .state import DispatchCallContext
 from .subcalls import bind_parked_children
 from .types import CallOutcome, CallState
@@ -159,6 +159,7 @@ def resume_attempts(core: CoreState, resumes: Iterable[ResumedCall]) -> None:
             stats.stale_events += 1
         elif ctx.state is _WAITING:
             ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
+            ctx.wait_handle = None  # answered: nothing of this wait to release
         elif ctx.state is not _RUNNING:
             stats.stale_events += 1
 
@@ -182,6 +183,8 @@ def complete_attempt(
     ):
         core.stats.stale_events += 1
         return
+    if ctx.wait_handle is not None:  # completed while waiting (the resume's note is late)
+        release_wait(ctx, out)
     ex = ctx.executor
     assert ex is not None
     ctx.budget_used_ms = budget_used_ms

@@ -31,6 +31,10 @@ How the runtime executes each command:
 ``CompleteCallFromCache`` nothing is required (metrics, traces): the core has
                           recorded the result; for a sub-call a
                           ``ResumeParentCall`` follows
+``ReleaseWait``           nobody waits for the answer of the call's IO wait any
+                          more (its attempt failed, was cancelled, its executor
+                          was lost): release ``handle``, the call's
+                          ``wait_handle`` (cancel the IO handler's future)
 ``StopCallProduction``    tell the stream producer to stop committing batches
 ``BatchSettled``          hand the batch's outputs on; return one credit to the
                           stream producer
@@ -40,7 +44,8 @@ How the runtime executes each command:
 
 Two shapes, for one measured reason (see :mod:`.records`): the commands issued
 per call (``BindCall``, ``DispatchCallCmd``, ``UnbindCall``, ``CancelCallCmd``,
-``ArmCallRetry``, ``CompleteCallFromCache``, ``ResumeParentCall``) are slotted
+``ArmCallRetry``, ``CompleteCallFromCache``, ``ResumeParentCall``,
+``ReleaseWait``) are slotted
 :class:`~.records.Record` classes -- immutable by convention, built
 positionally on the core's hot paths (~0.2 µs each instead of 0.75-1.8 µs as
 frozen keyword-only dataclasses); the per-task ones (``StopCallProduction``,
@@ -65,6 +70,7 @@ __all__ = [
     "ConvergeTaskCalls",
     "DispatchCallCmd",
     "DispatchCommand",
+    "ReleaseWait",
     "ResumeParentCall",
     "StopCallProduction",
     "UnbindCall",
@@ -311,6 +317,26 @@ class ResumeParentCall(Record):
         self.budget_used_ms = budget_used_ms
 
 
+class ReleaseWait(Record):
+    """Nobody waits for the answer of ``call_id``'s IO wait any more: release ``handle``.
+
+    Emitted when an attempt that is WAITING with a ``wait_handle`` leaves the wait
+    other than by its answer (it failed -- a cut-off at its budget included --, was
+    cancelled, or its executor was lost). ``handle`` is what the runtime put in the
+    call's ``wait_handle``; the core has cleared the slot.
+    """
+
+    __slots__ = ("call_id", "handle", "task_id")
+    call_id: str
+    task_id: str
+    handle: object
+
+    def __init__(self, call_id: str, task_id: str, handle: object) -> None:
+        self.call_id = call_id
+        self.task_id = task_id
+        self.handle = handle
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StopCallProduction:
     """Tell a stream's producer to stop: the task stopped dispatching."""
@@ -367,6 +393,7 @@ DispatchCommand = (
     | ArmCallRetry
     | CompleteCallFromCache
     | ResumeParentCall
+    | ReleaseWait
     | StopCallProduction
     | BatchSettled
     | ConvergeTaskCalls

@@ -82,6 +82,12 @@ The runtime's side of the contract:
   cannot be sent, report ``handle_attempt_failure`` for the parent with kind
   ``resume_send_failed`` (retryable). ``waitKind=function_code`` does not
   concern the core: do not call ``handle_call_waiting`` for it.
+* A wait served by something that can be stopped (an IO request): put it in
+  the call's ``wait_handle`` right after ``handle_call_waiting`` (the one slot of
+  the core's state the runtime writes). The core clears it when the wait is
+  answered (``handle_call_resumed``) and returns it in a ``ReleaseWait`` when
+  the attempt leaves the wait any other way (it fails, its budget ran out while
+  it waited, it is cancelled, its executor is lost): stop the request then.
 * Refresh the snapshot (``handle_executor_snapshot_updated``) before
   ``handle_executor_lost``, so that retries do not pick the dead executor.
 * After ``ConvergeTaskCalls`` the core has forgotten the task: drop any later

@@ -76,6 +76,8 @@ def _check_call(core: CoreState, ctx: DispatchCallContext) -> list[str]:
             problems.append(f"{ctx!r}: waiting before its bind was confirmed")
     elif ctx.executor is not None:
         problems.append(f"{ctx!r}: holds an executor while {state.value}")
+    if ctx.wait_handle is not None and state is not CallState.WAITING:
+        problems.append(f"{ctx!r}: holds a wait handle while {state.value}")
     places = [ctx.queued, ctx.retry_armed, ctx.parked, ctx.sf_waiting]
     if state is CallState.READY:
         if sum(places) > 1:

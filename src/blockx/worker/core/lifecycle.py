@@ -18,6 +18,13 @@ transitions of a call, each keeping the counters that depend on it in step:
   sub-call's parent (``ResumeParentCall``), and stop a fast-fail task.
 * :func:`fail_attempt` is the seed's ``handleAttemptFailure``: retry with
   backoff, or end the call as FAILED.
+* :func:`release_wait`: an attempt leaves its IO wait other than by its answer
+  (it fails, is cancelled, completes while waiting): the runtime's
+  ``wait_handle`` goes back in a ``ReleaseWait`` (the runtime cancels the
+  request nobody waits for any more). Called by :func:`fail_attempt`,
+  :func:`cancel_call` and ``complete_attempt`` -- the only ways a live attempt
+  ends --; a wait answered as usual costs the core only the slot's clearing on
+  resume (``resume_attempts``).
 * :func:`start_subcall` / :func:`try_bind_subcall` run a new sub-call: cache,
   singleflight, then bind next to the parent or park it.
 
@@ -39,6 +46,7 @@ from .commands import (
     CancelReason,
     CompleteCallFromCache,
     DispatchCommand,
+    ReleaseWait,
     ResumeParentCall,
     UnbindCall,
 )
@@ -72,6 +80,7 @@ __all__ = [
     "live_roots",
     "mark_dirty",
     "release_executor",
+    "release_wait",
     "requeue_front",
     "set_call_terminal",
     "start_subcall",
@@ -208,6 +217,18 @@ def requeue_front(core: CoreState, ctx: DispatchCallContext) -> None:
     ctx.queued = True
     task.ready_queue.appendleft(ctx)
     core.scheduler.wake(task)
+
+
+def release_wait(ctx: DispatchCallContext, out: Out) -> None:
+    """``ctx``'s attempt leaves its wait unanswered: hand its ``wait_handle`` back.
+
+    Callers test ``ctx.wait_handle is not None`` first (a call that waits on
+    nothing, or whose wait was answered, costs one attribute test).
+    """
+    handle = ctx.wait_handle
+    if handle is not None:
+        ctx.wait_handle = None
+        out.append(ReleaseWait(ctx.call_id, ctx.task.task_id, handle))
 
 
 # --- the end of a call -----------------------------------------------------------
@@ -448,6 +469,8 @@ def cancel_call(
     """
     if ctx.state is _DONE:
         return
+    if ctx.wait_handle is not None:
+        release_wait(ctx, out)
     ex = ctx.executor
     if ex is not None and not ex.lost:
         if ctx.bound:
@@ -502,6 +525,8 @@ def fail_attempt(
     attempt. ``executor_lost``: the executor is gone with its reservations, so
     no ``UnbindCall``/``CancelCallCmd`` names it.
     """
+    if ctx.wait_handle is not None:
+        release_wait(ctx, out)
     task = ctx.task
     ex = ctx.executor
     release = ex is not None and not executor_lost

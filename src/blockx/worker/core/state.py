@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 Plain ``__slots__`` classes, owned and written only by the core (the runtime may
 read them through ``DispatcherCore.call_context`` / ``task_state`` but must not
-write them). One :class:`DispatchCallContext` exists per call for its whole
-life: a retry reuses it, bumping ``attempt_count`` and ``attempt_seq``. Its
-``state`` moves only along :data:`CALL_TRANSITIONS`, through :func:`move`;
-everything that counts calls (a task's terminal, in-flight and outcome
+write them -- with one exception: :attr:`DispatchCallContext.wait_handle`, the
+runtime's own slot, which the core only clears or hands back). One
+:class:`DispatchCallContext` exists per call for its whole life: a retry
+reuses it, bumping ``attempt_count`` and ``attempt_seq``. Its ``state`` moves
+only along :data:`CALL_TRANSITIONS`, through :func:`move`; everything that
+counts calls (a task's terminal, in-flight and outcome
 counters, a batch's remaining count, an executor's local inflight) is updated in
 :mod:`.lifecycle`, next to the transition that changes it.
 
@@ -108,6 +110,7 @@ class DispatchCallContext:
         "sf_waiting",
         "state",
         "task",
+        "wait_handle",
     )
 
     def __init__(
@@ -168,6 +171,12 @@ class DispatchCallContext:
         self.output: bytes | None = None
         #: The last attempt's error (the final one once DONE and FAILED).
         self.error: CallError | None = None
+        #: The runtime's slot, opaque to the core: what the runtime holds for the
+        #: current wait while its answer is outstanding (the IO handler's future). Set
+        #: by the runtime only while the call is WAITING; the core clears it when the
+        #: wait is answered (``handle_calls_resumed``) and hands it back in a
+        #: ``ReleaseWait`` when the attempt leaves the wait any other way.
+        self.wait_handle: object | None = None
 
     @property
     def task_id(self) -> str:
@@ -198,6 +207,7 @@ class DispatchCallContext:
                 ("backoff", self.retry_armed),
                 ("parked", self.parked),
                 ("sf-waiter", self.sf_waiting),
+                ("io-wait", self.wait_handle is not None),
             )
             if on
         ]

@@ -26,6 +26,23 @@ the returned awaitable — fails the wait with ``io_error`` (not retryable) and
 is logged. ``IOResult.budget_used_ms`` is charged to the call's budget; when
 it is ``None`` the orchestrator charges the wall time the request took.
 
+**Cancellation.** The worker cancels the future it got from ``handle_io``
+(a coroutine's: the task it runs it as, so the coroutine is cancelled) when
+nobody waits for it any more: the call's attempt failed or ended while it
+waited (its budget ran out — the executor cut the wait off —, its executor was
+lost), or it was cancelled — at most once per wait (a cancel that comes after
+the answer changes nothing), and nothing is sent to the executor for it. So a
+handler
+
+* that completes its futures itself checks ``future.done()`` before
+  ``set_result`` (a cancelled future refuses a result);
+* that hands the *same* future to several waits must not let one waiter's
+  cancel end the others' answer — give each waiter its own future
+  (:class:`~blockx.worker.io.scope.TaskIOScope` does, and stops a read's
+  backend call only when its last waiter is gone);
+* keeps a request that must finish once started (a write: cancelling does not
+  undo it) away from the cancel — a separate future, or ``asyncio.shield``.
+
 Real backends (``blockdb``, ``rpc``) arrive with the product issue: they plug in
 here, usually behind :class:`BackendRouter`, which routes by
 ``payload["backend"]``.
@@ -85,7 +102,8 @@ class IOHandler(Protocol):
         self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
     ) -> IOReturn:
         """Serve one ``CallWaiting(io)``. ``payload`` is the frame's payload (read it,
-        do not keep it); ``task_id`` is the task's id as the user gave it."""
+        do not keep it); ``task_id`` is the task's id as the user gave it. A returned
+        future is cancelled when nobody waits for it any more (module docstring)."""
         ...
 
 

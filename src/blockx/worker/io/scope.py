@@ -13,8 +13,8 @@ makes one). For each ``CallWaiting(io)`` it:
 
   1. from the task's :class:`~blockx.worker.io.cache.ReadCache` — an
      :class:`~blockx.worker.io.IOResult` returned at once (no future);
-  2. by joining an identical read in flight (*singleflight*): the same answer
-     future, one backend call for all of them;
+  2. by joining an identical read in flight (*singleflight*): one backend call
+     for all of them, each waiter with an answer future of its own;
   3. by a backend call of its own (a *flight*): the backend prepares the
      request (a refusal answers ``io_error`` at once) and executes it; when the
      answer arrives every waiter gets it, and a successful answer the backend
@@ -22,6 +22,18 @@ makes one). For each ``CallWaiting(io)`` it:
      ended meanwhile (the cache's generations).
 
   Errors are never cached; a flight's waiters share its error.
+
+  **Abandoned reads.** The worker cancels the future it got from ``handle_io``
+  when nobody waits for it any more (the call's attempt failed — its budget
+  ran out while it waited —, was cancelled, or its executor was lost). Each
+  waiter has a future of its own (a :class:`_ReadAnswer`): cancelling it takes
+  that one waiter off the flight, and the others still get the answer. When
+  the last waiter of a read is gone while its backend call runs, the backend's
+  future is cancelled (an RPC request stops at its next try), the flight is
+  forgotten (a later identical read starts afresh) and counted in
+  ``abandoned``. A write — or a capability call without a ``cacheKey`` — is
+  never cancelled: cancelling does not undo it, so it runs to its answer
+  whoever waits.
 
 * **writes** (``ioKind=write``) — never cached, never shared. A write
   invalidates the task's cached reads of the same backend and domain (for
@@ -72,8 +84,27 @@ _IO_CAPABILITY: Final = keys.IO_CAPABILITY
 _MAX_NAME: Final = 64
 
 
+class _ReadAnswer(asyncio.Future[IOResult]):
+    """One waiter's answer future.
+
+    Cancelling it (the worker does when the call no longer waits) takes this waiter
+    off its flight and nothing else: the other waiters still get the answer; when
+    none is left, a read's flight stops its backend call (a write's never does).
+    """
+
+    __slots__ = ("flight",)
+    flight: _Flight
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False  # answered already, or cancelled before
+        self.flight.waiter_left()
+        return True
+
+
 class _Flight:
-    """One backend call and the future every waiter of it is answered through."""
+    """One backend call and its waiters: the first one's future is ``answer``, each
+    later one (a singleflight join, reads only) has its own in ``joiners``."""
 
     __slots__ = (
         "answer",
@@ -81,11 +112,13 @@ class _Flight:
         "cacheable",
         "domain",
         "generation",
+        "joiners",
         "key",
         "pending",
         "scope",
         "started",
         "stats",
+        "waiters",
         "write",
     )
 
@@ -100,6 +133,8 @@ class _Flight:
         write: bool,
     ) -> None:
         self.scope = scope
+        #: The request bytes of a read (singleflight, cache); None: a write or an unkeyed
+        #: capability call, whose backend call is never cancelled.
         self.key = key
         self.backend = backend
         self.domain = prepared.domain
@@ -107,17 +142,68 @@ class _Flight:
         self.generation = scope._cache.generation(backend, prepared.domain)
         self.stats = stats
         self.write = write
-        #: The backend's future while the call runs (the scope cancels it when it closes).
+        #: The backend's future while the call runs (the scope cancels it when it closes,
+        #: or when every waiter of a read is gone).
         self.pending: asyncio.Future[Any] | None = None
-        loop = asyncio.get_running_loop()
-        self.answer: asyncio.Future[IOResult] = loop.create_future()
+        # No loop argument: the C future takes the running loop itself (and this saves
+        # the get_running_loop() call, once per backend call).
+        answer = self.answer = _ReadAnswer()
+        answer.flight = self
+        #: The answer futures of the waiters that joined; None: nobody did. ``waiters``
+        #: (those not gone, the first one included) is kept from the first join on.
+        self.joiners: list[_ReadAnswer] | None = None
         # Not loop.time(): uvloop's clock counts whole milliseconds, and most table reads
         # take less than one (the statistics would show 0 or 1 ms for each).
         self.started = time.perf_counter()
 
     def __repr__(self) -> str:
         kind = "write" if self.write else "read"
-        return f"_Flight({kind} {self.backend}/{self.stats.operation}, domain={self.domain!r})"
+        waiting = sum(not f.done() for f in (self.answer, *(self.joiners or ())))
+        return (
+            f"_Flight({kind} {self.backend}/{self.stats.operation}, domain={self.domain!r}, "
+            f"waiting={waiting}, running={self.pending is not None})"
+        )
+
+    def join(self) -> _ReadAnswer:
+        """One more waiter of this read: an answer future of its own."""
+        waiter = _ReadAnswer()
+        waiter.flight = self
+        joiners = self.joiners
+        if joiners is None:
+            self.joiners = [waiter]
+            # The first waiter may have left already (its call stopped waiting).
+            self.waiters = 1 if self.answer.done() else 2
+        else:
+            joiners.append(waiter)
+            self.waiters += 1
+        return waiter
+
+    def waiter_left(self) -> None:
+        """A waiter's answer future was cancelled: nobody waits for it any more.
+
+        When it was a read's last waiter and the backend call still runs, the call is
+        cancelled (its answer would go to nobody), the flight is forgotten so a later
+        identical read starts afresh, and it counts as ``abandoned`` (not as a backend
+        call: it never answered). A write, or an unkeyed capability call, runs on:
+        cancelling it would not undo it.
+        """
+        if self.key is None:
+            return
+        if self.joiners is not None:
+            self.waiters -= 1
+            if self.waiters:
+                return
+        pending = self.pending
+        if pending is None or pending.done():
+            return  # the answer is here or on its way: it still fills the cache
+        pending.remove_done_callback(self._backend_done)
+        self.pending = None
+        scope = self.scope
+        scope._running.discard(self)
+        if scope._flights.get(self.key) is self:
+            del scope._flights[self.key]
+        self.stats.record_abandoned()
+        pending.cancel()
 
     def start(self, backend: IOBackend, prepared: PreparedRequest) -> None:
         try:
@@ -163,8 +249,12 @@ class _Flight:
         self.stats.record_call(elapsed, reply.error is not None)
         result = reply.to_io_result()
         scope._flight_done(self, reply)
-        if not self.answer.done():
+        if not self.answer.done():  # a cancelled one: its waiter left
             self.answer.set_result(result)
+        if self.joiners is not None:
+            for waiter in self.joiners:
+                if not waiter.done():
+                    waiter.set_result(result)
 
 
 def _bug_reply(backend: str, operation: str, exc: BaseException) -> Reply:
@@ -338,7 +428,7 @@ class TaskIOScope:
             backend_name, flight.domain
         ):
             stats.record_join()
-            return flight.answer
+            return flight.join()
         backend = self._backend(backend_name, stats)
         if type(backend) is IOResult:
             return backend

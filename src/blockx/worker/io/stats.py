@@ -2,10 +2,13 @@
 
 Theory of operation
 -------------------
-Every IO wait a task scope answers is counted once in ``requests``; it was
+Every IO wait a task scope serves is counted once in ``requests``; it was
 answered from the cache (``cache_hits``), by joining an identical read already
 in flight (``singleflight_joins``), by being refused before reaching the
-backend (``rejected``), or by a backend call of its own (``backend_calls``).
+backend (``rejected``), or by a backend call of its own (``backend_calls``) --
+or that read's call was cancelled because every wait for it was gone before it
+answered (``abandoned``: the call's attempt failed, its budget ran out, it was
+cancelled or its executor was lost; no latency is recorded for it).
 ``errors`` counts backend calls that answered an error (refusals are counted in
 ``rejected`` and ``errors`` both). Latency is measured for backend calls only,
 on ``time.perf_counter`` (not the event loop's clock: uvloop's counts whole
@@ -51,6 +54,7 @@ class OperationStats:
     __slots__ = (
         "_histogram",
         "_parent",
+        "abandoned",
         "backend",
         "backend_calls",
         "cache_hits",
@@ -73,6 +77,7 @@ class OperationStats:
         self.rejected = 0
         self.cache_hits = 0
         self.singleflight_joins = 0
+        self.abandoned = 0
         self.total_ms = 0.0
         self.max_ms = 0.0
         self._histogram: list[int] | None = None
@@ -95,6 +100,14 @@ class OperationStats:
         parent = self._parent
         if parent is not None:
             parent.record_join()
+
+    def record_abandoned(self) -> None:
+        """A read's backend call cancelled: nobody waited for its answer any more."""
+        self.requests += 1
+        self.abandoned += 1
+        parent = self._parent
+        if parent is not None:
+            parent.record_abandoned()
 
     def record_rejected(self) -> None:
         self.requests += 1
@@ -155,6 +168,7 @@ class OperationStats:
             "rejected": self.rejected,
             "cache_hits": self.cache_hits,
             "singleflight_joins": self.singleflight_joins,
+            "abandoned": self.abandoned,
             "total_ms": round(self.total_ms, 3),
             "mean_ms": round(self.mean_ms, 3),
             "p50_ms": round(self.percentile_ms(0.50), 3),
@@ -199,6 +213,7 @@ class IOStats:
             "errors": sum(s.errors for s in ops),
             "cache_hits": sum(s.cache_hits for s in ops),
             "singleflight_joins": sum(s.singleflight_joins for s in ops),
+            "abandoned": sum(s.abandoned for s in ops),
             "total_ms": round(sum(s.total_ms for s in ops), 3),
             "max_ms": round(max((s.max_ms for s in ops), default=0.0), 3),
         }
@@ -213,14 +228,16 @@ class IOStats:
             return ""
         header = (
             f"{'backend/operation':<32} {'requests':>9} {'calls':>8} {'cached':>8} "
-            f"{'joined':>7} {'errors':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}"
+            f"{'joined':>7} {'abandoned':>9} {'errors':>7} {'p50 ms':>8} {'p95 ms':>8} "
+            f"{'max ms':>8}"
         )
         lines = [header]
         for s in self:
             name = f"{s.backend}/{s.operation}"
             lines.append(
                 f"{name:<32} {s.requests:>9} {s.backend_calls:>8} {s.cache_hits:>8} "
-                f"{s.singleflight_joins:>7} {s.errors:>7} {s.percentile_ms(0.5):>8.2f} "
+                f"{s.singleflight_joins:>7} {s.abandoned:>9} {s.errors:>7} "
+                f"{s.percentile_ms(0.5):>8.2f} "
                 f"{s.percentile_ms(0.95):>8.2f} {s.max_ms:>8.2f}"
             )
         return "\n".join(lines)
