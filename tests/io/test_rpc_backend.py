@@ -357,3 +357,33 @@ def test_a_read_nobody_waits_for_stops_retrying_at_its_next_try(node: FakeNode) 
             assert scope.stats.operation("rpc", "eth_chainId").abandoned == 1
 
     run(main())
+
+
+def test_a_batch_nobody_waits_for_stops_its_http_request_at_once(node: FakeNode) -> None:
+    """A node that hangs: once every request of a batch was cancelled, the batch's HTTP
+    request is dropped then, not when its timeout (10 s here) ends it."""
+    node.faults = ["hang"]
+    node.hang_s = 5.0
+    rpc = backend_for(node.url, timeout_s=10.0, max_attempts=1)
+
+    async def main() -> None:
+        try:
+            prepared = [
+                rpc.prepare(R, "eth_getBalance", params(who, "latest"), None)
+                for who in (ALICE, BOB)
+            ]
+            futures = [rpc.execute(p) for p in prepared]
+            await asyncio.sleep(0.3)
+            (client,) = rpc._chains.values()
+            (task,) = client._tasks
+            assert len(node.bodies) == 1 and not task.done()  # one batch, on its way
+            futures[0].cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # BOB still waits for it
+            futures[1].cancel()
+            await asyncio.sleep(0.05)
+            assert task.cancelled() and not client._tasks
+        finally:
+            await rpc.close()
+
+    run(main())

@@ -48,6 +48,7 @@ import logging
 import random
 import re
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Final
 
 import aiohttp
@@ -179,9 +180,23 @@ class _ChainClient:
         size = self.backend.config.max_batch
         loop = asyncio.get_running_loop()
         for start in range(0, len(pending), size):
-            task = loop.create_task(self._send(pending[start : start + size]))
+            batch = pending[start : start + size]
+            task = loop.create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            abandoned = partial(self._request_done, task, batch)
+            for request in batch:
+                request.future.add_done_callback(abandoned)
+
+    @staticmethod
+    def _request_done(
+        task: asyncio.Task[None], batch: list[_Request], future: asyncio.Future[Reply]
+    ) -> None:
+        """A request's future is done: when it was cancelled (nobody waits for it any more,
+        see TaskIOScope) and so is every other request of its batch, stop the batch now —
+        the HTTP request on its way included — rather than at its next try."""
+        if future.cancelled() and not task.done() and all(r.future.done() for r in batch):
+            task.cancel()
 
     async def close(self) -> None:
         if self._flush_handle is not None:
