@@ -245,6 +245,13 @@ class FakeExecutor:
 #: costs little. Nested phases are reported exclusive of the phases inside them.
 PHASES = (
     ("submit (encode args, prepare)", "blockx.worker.app:Worker", "submit"),
+    # A one-shot list's chunks after the first are checked and prepared by its driver.
+    ("submit (encode args, prepare)", "blockx.worker.one_shot:OneShotCalls", "_chunk_specs"),
+    (
+        "submit (encode args, prepare)",
+        "blockx.worker.core.dispatcher:DispatcherCore",
+        "prepare_call_batch_with_digests",
+    ),
     ("inbound: decode (wire)", "blockx.wire.frames:FrameDecoder", "feed"),
     ("inbound: adapter", "blockx.worker.adapters.handlers:InboundHandlers", "on_frames"),
     (
@@ -252,6 +259,7 @@ PHASES = (
         "blockx.worker.adapters.orchestrator_tasks:TaskEvents",
         "_apply_task_submitted",
     ),
+    ("actor: commit", "blockx.worker.adapters.orchestrator_tasks:TaskEvents", "_apply_call_chunk"),
     (
         "actor: completions",
         "blockx.worker.adapters.orchestrator:Orchestrator",
@@ -295,6 +303,7 @@ PHASES = (
         "handle_executors_bound",
     ),
     ("core: commit", "blockx.worker.core.dispatcher:DispatcherCore", "commit_call_phase"),
+    ("core: commit", "blockx.worker.core.dispatcher:DispatcherCore", "commit_call_chunk"),
     ("actor: run commands", "blockx.worker.adapters.orchestrator:Orchestrator", "_run"),
     ("actor: bind+send", "blockx.worker.adapters.orchestrator:Orchestrator", "_execute_binds"),
     ("actor: convergence", "blockx.worker.core.dispatcher:DispatcherCore", "flush_dirty_tasks"),

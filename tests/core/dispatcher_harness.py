@@ -258,6 +258,27 @@ class Runtime:
         self.run(self.core.commit_call_phase(prepared))
         return ids
 
+    def register_first_chunk(
+        self, task_id: str, calls: Sequence[CallSpec], total_count: int, **kw: object
+    ) -> list[str]:
+        """Commit the first chunk of a one-shot phase of ``total_count`` calls."""
+        prepared = self.core.prepare_call_phase_with_digests(
+            task_id,
+            calls,
+            digests_for(calls),
+            total_count=total_count,
+            **kw,  # type: ignore[arg-type]
+        )
+        ids = [f"{task_id}/c{i}" for i in range(total_count)]
+        self.known_calls.update(ids)
+        self.run(self.core.commit_call_phase(prepared))
+        return ids[: len(calls)]
+
+    def add_chunk(self, task_id: str, calls: Sequence[CallSpec]) -> list[DispatchCommand]:
+        """Commit the next chunk of a one-shot phase (``register_first_chunk``)."""
+        prepared = self.core.prepare_call_batch_with_digests(task_id, calls, digests_for(calls))
+        return self.run(self.core.commit_call_chunk(prepared))
+
     def open_stream(self, task_id: str, **kw: object) -> None:
         self.run(self.core.commit_call_stream(task_id, **kw))  # type: ignore[arg-type]
 

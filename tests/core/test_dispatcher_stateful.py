@@ -1,12 +1,12 @@
 """Hypothesis: the dispatcher core's invariants under any interleaving of events.
 
-The machine registers one-shot tasks and streams, releases calls, and then
-interleaves completions, failures (retryable or not), sub-call requests, IO
-waits (a handle in the call's ``wait_handle``, answered or not), executor loss,
-snapshot changes (health, capacity, stalls), bind failures, retries coming due,
-stream batches, task cancellation and stale re-deliveries. Every IO wait's
-handle ends exactly one way: answered (cleared by the resume), or handed back
-once in a ``ReleaseWait``.
+The machine registers one-shot tasks (whole, or chunk by chunk) and streams,
+releases calls, and then interleaves completions, failures (retryable or not),
+sub-call requests, IO waits (a handle in the call's ``wait_handle``, answered
+or not), executor loss, snapshot changes (health, capacity, stalls), bind
+failures, retries coming due, stream batches, one-shot chunks, task
+cancellation and stale re-deliveries. Every IO wait's handle ends exactly one
+way: answered (cleared by the resume), or handed back once in a ``ReleaseWait``.
 After every step the core's full recount (``check_invariants``) must hold and
 every command must name a known call and executor (the harness checks); at
 teardown everything is driven to the end and every task must have converged
@@ -60,6 +60,8 @@ class TaskModel:
     stream: bool
     calls: list[CallSpec] = field(default_factory=list)
     finished: bool = False
+    #: A one-shot phase registered in chunks: the chunks not committed yet.
+    chunks: list[list[CallSpec]] = field(default_factory=list)
 
 
 class DispatcherMachine(RuleBasedStateMachine):
@@ -75,6 +77,9 @@ class DispatcherMachine(RuleBasedStateMachine):
         #: Every IO wait's handle attached, and those whose answer was delivered.
         self.io_waits: list[WaitToken] = []
         self.answered: set[WaitToken] = set()
+        self.chunks_committed = 0
+        self.registering_cancels = 0
+        self.chunks_dropped = 0
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -159,6 +164,77 @@ class DispatcherMachine(RuleBasedStateMachine):
         calls = [spec("f", str(a)) for a in args]
         self.tasks[task_id] = TaskModel(task_id, stream=False, calls=calls, finished=True)
         self.runtime.register(task_id, calls, instance=instance, policy=self._policy(failure))
+
+    @precondition(lambda self: self.next_task < MAX_TASKS)
+    @rule(
+        first=st.lists(st.integers(0, 3), max_size=3),
+        rest=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=3),
+        failure=policies,
+        instance=instances,
+    )
+    def register_chunked_phase(
+        self,
+        first: list[int],
+        rest: list[list[int]],
+        failure: FailurePolicy | None,
+        instance: str | None,
+    ) -> None:
+        """A one-shot phase whose first chunk is committed now, the others by ``commit_chunk``."""
+        task_id = f"t{self.next_task}"
+        self.next_task += 1
+        first_calls = [spec("f", str(a)) for a in first]
+        chunks = [[spec("f", str(a)) for a in chunk] for chunk in rest]
+        every = first_calls + [call for chunk in chunks for call in chunk]
+        model = TaskModel(task_id, stream=False, calls=every)
+        model.chunks = chunks
+        model.finished = True
+        self.tasks[task_id] = model
+        self.runtime.register_first_chunk(
+            task_id,
+            first_calls,
+            len(model.calls),
+            instance=instance,
+            policy=self._policy(failure),
+        )
+
+    def _chunked(self) -> list[TaskModel]:
+        return [m for m in self.tasks.values() if m.chunks]
+
+    @precondition(lambda self: bool(self._chunked()))
+    @rule(data=st.data())
+    def commit_chunk(self, data: st.DataObject) -> None:
+        self._commit_chunk(data.draw(st.sampled_from(self._chunked())))
+
+    def _commit_chunk(self, model: TaskModel) -> None:
+        """The next chunk, in order; one for a task that stopped (or converged, which
+        the actor checks first) is dropped."""
+        rt = self.runtime
+        chunk = model.chunks.pop(0)
+        stopped = model.task_id in rt.stopped
+        if stopped:
+            self.chunks_dropped += 1
+        else:
+            self.chunks_committed += 1
+        if rt.core.task_state(model.task_id) is None:
+            assert stopped and model.task_id in rt.converged
+            return
+        assert rt.add_chunk(model.task_id, chunk) == []
+        state = rt.core.task_state(model.task_id)
+        if stopped:  # dropped: every call is registered or counted cancelled already
+            assert state is not None
+            assert state.next_index + state.dropped_roots == len(model.calls)
+
+    @precondition(lambda self: bool(self._chunked()) and self.registering_cancels < 1)
+    @rule(data=st.data())
+    def cancel_while_registering(self, data: st.DataObject) -> None:
+        """A one-shot phase is cancelled while chunks of it are still to come."""
+        self.registering_cancels += 1
+        rt = self.runtime
+        model = data.draw(st.sampled_from(self._chunked()))
+        for call_id, cmd in rt.running.items():
+            if cmd.task_id == model.task_id:
+                self.ended_attempts.append((call_id, cmd.attempt_seq))
+        rt.run(rt.core.handle_task_cancelled(model.task_id, "cancelled while registering"))
 
     @precondition(lambda self: self.next_task < MAX_TASKS)
     @rule(failure=policies, instance=instances)
@@ -538,6 +614,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             while rt.pending_binds:
                 rt.answer_bind(rt.pending_binds.pop(0))
             for model in self.tasks.values():
+                while model.chunks:
+                    self._commit_chunk(model)
                 if model.stream and not model.finished:
                     model.finished = True
                     if rt.core.task_state(model.task_id) is not None:
@@ -567,6 +645,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         ):
             event(f"{name} > 0: {getattr(stats, name) > 0}")
         event(f"tasks: {len(self.tasks)}")
+        event(f"one-shot chunks committed: {self.chunks_committed > 0}")
+        event(f"one-shot chunks dropped (task stopped first): {self.chunks_dropped > 0}")
         event(f"batches settled: {sum(len(b) for b in rt.settled.values()) > 0}")
         event(f"a task failed: {any(not c.success for c in rt.converged.values())}")
         assert set(rt.converged) == set(self.tasks), "not every task converged"

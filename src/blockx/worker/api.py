@@ -15,8 +15,9 @@
     result.errors       # [CallFailure(index=..., kind='user_error', ...), ...]
     result.stats        # TaskStats(calls=1000, succeeded=1000, ..., calls_per_s=...)
 
-A task's ``calls`` is either a list/tuple (a *one-shot* task: registered at
-once, outputs in call order) or any other iterable or async iterable (a
+A task's ``calls`` is either a list/tuple (a *one-shot* task: one call phase,
+outputs in call order; registered chunk by chunk so that a long list does not
+hold the event loop, see :mod:`blockx.worker.one_shot`) or any other iterable or async iterable (a
 *stream*: registered in batches of ``StreamBuild.BatchMaxRows`` under the
 ``MaxOutstandingBatches`` credit window; :meth:`TaskHandle.rows
 <blockx.worker.app.TaskHandle.rows>` yields its rows as batches settle, so
@@ -54,7 +55,9 @@ __all__ = [
 class TaskSpecError(ValueError):
     """The task is malformed (unknown function in a one-shot call list, bad policy, ...).
 
-    Raised by ``Worker.submit`` / ``run_task`` before anything runs.
+    Raised by ``Worker.submit`` / ``run_task`` before anything runs (for a bad
+    call past the first chunk of a long one-shot list, by ``TaskHandle.result``
+    and ``run_task``: still before any call of the task is registered).
     """
 
 

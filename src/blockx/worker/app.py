@@ -15,14 +15,15 @@ when it is installed)::
 A task goes through :meth:`Worker.submit`:
 
 1. **off the actor** — its sources are checked and pinned
-   (:func:`~blockx.worker.code.build_task_code_view`), its arguments encoded
-   canonically, and, for a one-shot task, its calls prepared
-   (``prepare_call_phase_with_digests``, pure);
+   (:func:`~blockx.worker.code.build_task_code_view`), and a one-shot task's
+   calls checked, encoded canonically and prepared (``prepare_*_with_digests``,
+   pure) chunk by chunk, one chunk per loop turn (:mod:`blockx.worker.one_shot`):
+   the first chunk in ``submit``, the others by the task's driver;
 2. **admission** — at most ``EXECUTOR_TASK_SLOTS`` tasks are in their executor
    phase at once; the others wait for a slot;
-3. **on the actor** — the prepared phase is committed (or the stream opened and
-   fed batch by batch under the credit window), and the task runs until the
-   core converges it;
+3. **on the actor** — the prepared phase is committed (a long list chunk by
+   chunk, one per loop turn; or the stream opened and fed batch by batch under
+   the credit window), and the task runs until the core converges it;
 4. the :class:`TaskHandle` turns the convergence into a
    :class:`~blockx.worker.api.TaskResult`.
 
@@ -39,14 +40,13 @@ its socket directory. No executor outlives the worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import itertools
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final, TypeVar
-
-import orjson
 
 from blockx.worker.api import (
     Call,
@@ -61,7 +61,7 @@ from blockx.worker.code import MISSING_FUNCTION_DIGEST, FunctionCodeView, build_
 from blockx.worker.config import WorkerConfig, load_config
 from blockx.worker.core import CallSpec, DispatcherConfig, DispatcherCore, TaskMode
 from blockx.worker.io import BackendRouter, IOHandler, no_io_handler
-from blockx.worker.json_values import encode_args
+from blockx.worker.one_shot import OneShotCalls, as_call, encode_call_args
 from blockx.worker.task_run import TaskRun
 
 from .adapters.executor_adapter import ExecutorAdapter
@@ -88,8 +88,6 @@ _SHUTDOWN_CONVERGE_S: Final = 5.0
 _CANCEL_CONVERGE_S: Final = 5.0
 
 _task_seq = itertools.count(1)
-_dumps = orjson.dumps
-_SORTED_KEYS: Final = orjson.OPT_SORT_KEYS
 
 
 def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHandler:
@@ -98,18 +96,6 @@ def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHa
     if isinstance(io_handlers, Mapping):
         return BackendRouter(io_handlers)
     return io_handlers
-
-
-def _as_call(item: Any, index: int) -> Call:
-    if type(item) is Call:
-        return item
-    if isinstance(item, Call):
-        return item
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-        return Call(item[0], item[1])
-    raise TaskSpecError(
-        f"call #{index} must be a Call or a (function_id, args) pair, not {type(item).__name__}"
-    )
 
 
 class TaskHandle:
@@ -365,6 +351,11 @@ class Worker:
         ``collect=False``: rows are not kept for the result; iterate
         :meth:`TaskHandle.rows` instead (flat memory for long streams).
         Raises :class:`~blockx.worker.api.TaskSpecError` for a malformed task.
+        A one-shot list longer than one registration chunk
+        (:data:`~blockx.worker.one_shot.ONE_SHOT_CHUNK_CALLS` calls) is checked
+        chunk by chunk after ``submit`` returns: a bad call past the first chunk
+        raises the same ``TaskSpecError`` from :meth:`TaskHandle.result` (and so
+        from ``run_task``), and none of the task's calls is registered.
         """
         if not self._started or self._closed or self._orchestrator is None:
             raise RuntimeError("the worker is not running (use `async with Worker(...)`)")
@@ -382,24 +373,20 @@ class Worker:
         loop = asyncio.get_running_loop()
         stream = task.is_stream
         calls: list[Call] | None = None
-        prepared = None
+        one_shot = None
         if not stream:
             assert isinstance(task.calls, (list, tuple))
-            calls = [
-                item if type(item) is Call else _as_call(item, i)
-                for i, item in enumerate(task.calls)
-            ]
-            unknown = sorted({c.function_id for c in calls} - set(code.digests()))
-            if unknown:
-                raise TaskSpecError(
-                    f"calls name functions the task does not define: {unknown}; "
-                    f"defined: {sorted(task.functions)}"
-                )
-            specs = self._call_specs(calls)
             assert self._core is not None
-            prepared = self._core.prepare_call_phase_with_digests(
-                internal_id, specs, code.digests(), instance=task.instance, policy=core_policy
+            one_shot = OneShotCalls(  # its first chunk: raises TaskSpecError for a bad call
+                internal_id,
+                task.calls,
+                code.digests(),
+                self._core,
+                defined=list(task.functions),
+                instance=task.instance,
+                policy=core_policy,
             )
+            calls = one_shot.calls
         io_handler = task.io_handler if task.io_handler is not None else self._default_io
         own_scope: Any = None
         # An IO subsystem (the task's or the worker's) gives each run a scope of its own
@@ -428,7 +415,8 @@ class Worker:
         if stream:
             coro = self._drive_stream(run, task.calls, handle_box)
         else:
-            coro = self._drive_one_shot(run, prepared, handle_box)
+            assert one_shot is not None
+            coro = self._drive_one_shot(run, one_shot, handle_box)
         driver = loop.create_task(coro, name=f"blockx-task-{task.task_id}")
         handle = TaskHandle(self, run, driver)
         handle_box.append(handle)
@@ -439,39 +427,15 @@ class Worker:
             driver.add_done_callback(lambda _d: own_scope.close(cancel_running=True))
         return handle
 
-    @classmethod
-    def _call_specs(cls, calls: list[Call]) -> list[CallSpec]:
-        """The specs of a one-shot task's calls (arguments encoded canonically).
-
-        One loop with what it needs in locals: it runs once per call, and for
-        trivial calls the function calls it saves are a sizeable part of the
-        worker's share of the call.
-        """
-        specs: list[CallSpec] = []
-        add_spec = specs.append
-        dumps = _dumps
-        for index, call in enumerate(calls):
-            # encode_args, inlined: orjson with sorted keys; anything unusual (a big
-            # int, a possible NaN behind a null, a bad value) takes the full path.
-            try:
-                args = dumps(call.args, option=_SORTED_KEYS)
-            except TypeError:
-                args = cls._args(call, index)
-            else:
-                if b"null" in args:
-                    args = cls._args(call, index)
-            add_spec(CallSpec(call.function_id, args))
-        return specs
-
-    @staticmethod
-    def _args(call: Call, index: int) -> bytes:
-        try:
-            return encode_args(call.args)
-        except Exception as exc:
-            raise TaskSpecError(f"call #{index} ({call.function_id}): args: {exc}") from None
-
-    async def _admitted(self, run: TaskRun, handle_box: list[TaskHandle], first_event: Any) -> None:
-        """Post the task's first event once it holds an admission slot, then wait for its end."""
+    async def _admitted(
+        self,
+        run: TaskRun,
+        handle_box: list[TaskHandle],
+        first_event: Any,
+        feed: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        """Post the task's first event once it holds an admission slot, then ``feed()``
+        the rest of its calls (a long one-shot list's chunks), then wait for its end."""
         handle = handle_box[0]
         self._orchestrator_post(first_event)
         handle.registered = True
@@ -485,6 +449,8 @@ class Worker:
                 ),
             )
         try:
+            if feed is not None:
+                await feed()
             await asyncio.shield(run.done)
         except asyncio.CancelledError:
             # The worker is closing (or run_task's cancellation reached us): make sure the
@@ -503,11 +469,18 @@ class Worker:
                 deadline.cancel()
 
     async def _drive_one_shot(
-        self, run: TaskRun, prepared: Any, handle_box: list[TaskHandle]
+        self, run: TaskRun, one_shot: OneShotCalls, handle_box: list[TaskHandle]
     ) -> None:
+        """Prepare the list's other chunks (a ``TaskSpecError`` ends the task here,
+        nothing registered), then commit the phase and feed it chunk by chunk."""
         assert self._admission is not None
+        feed: Callable[[], Coroutine[Any, Any, None]] | None = None
+        if one_shot.chunked:
+            await one_shot.prepare_rest()
+            feed = functools.partial(one_shot.feed, run, self._orchestrator_post)
         async with self._admission:
-            await self._admitted(run, handle_box, TaskSubmitted(run=run, prepared=prepared))
+            first = TaskSubmitted(run=run, prepared=one_shot.first)
+            await self._admitted(run, handle_box, first, feed)
 
     async def _drive_stream(
         self,
@@ -564,10 +537,10 @@ class Worker:
 
         def add(item: Any) -> None:
             nonlocal size, index
-            call = _as_call(item, index)
+            call = as_call(item, index)
             if call.function_id not in digests:
                 digests[call.function_id] = MISSING_FUNCTION_DIGEST
-            args = self._args(call, index)
+            args = encode_call_args(call, index)
             batch_calls.append(call)
             specs.append(CallSpec(call.function_id, args))
             size += len(args)

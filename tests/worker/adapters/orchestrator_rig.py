@@ -5,7 +5,8 @@ subclass that fails on demand), a :class:`DispatcherCore` and an
 :class:`Orchestrator` on the test's loop; :meth:`OrchestratorRig.peer`
 attaches an :class:`~executor_peer.ExecutorPeer` that plays an executor frame
 by frame; :meth:`OrchestratorRig.submit` registers a one-shot task the way
-``Worker.submit`` does.
+``Worker.submit`` does (``total_count``: only the first chunk of a longer list,
+the rest following with :meth:`OrchestratorRig.post_chunk`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from executor_peer import ExecutorPeer
 from blockx.wire import keys
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
 from blockx.worker.adapters.orchestrator import Orchestrator
-from blockx.worker.adapters.orchestrator_events import TaskSubmitted
+from blockx.worker.adapters.orchestrator_events import CallChunkPrepared, TaskSubmitted
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import FunctionCodeView, build_task_code_view
 from blockx.worker.core import CallSpec, DispatcherConfig, DispatcherCore, TaskMode
@@ -116,6 +117,7 @@ class OrchestratorRig:
         *,
         policy: TaskPolicy | None = None,
         io_handler: IOHandler = no_io_handler,
+        total_count: int | None = None,
     ) -> TaskRun:
         policy = policy or TaskPolicy()
         self._seq += 1
@@ -123,7 +125,7 @@ class OrchestratorRig:
         code = build_task_code_view(functions)
         specs = [CallSpec(function_id=c.function_id, args_json=encode_args(c.args)) for c in calls]
         prepared = self.core.prepare_call_phase_with_digests(
-            task_id, specs, code.digests(), policy=policy.core_policy()
+            task_id, specs, code.digests(), policy=policy.core_policy(), total_count=total_count
         )
         run = TaskRun(
             task_id=task_id,
@@ -142,6 +144,14 @@ class OrchestratorRig:
         )
         self.orchestrator.post(TaskSubmitted(run=run, prepared=prepared))
         return run
+
+    def post_chunk(self, run: TaskRun, calls: Sequence[Call]) -> None:
+        """Post the next chunk of a one-shot list submitted with ``total_count``."""
+        specs = [CallSpec(function_id=c.function_id, args_json=encode_args(c.args)) for c in calls]
+        prepared = self.core.prepare_call_batch_with_digests(run.task_id, specs, run.code.digests())
+        assert run.calls is not None
+        run.calls.extend(calls)
+        self.orchestrator.post(CallChunkPrepared(run=run, prepared=prepared))
 
     @staticmethod
     async def until(predicate: Any, timeout: float = 5.0) -> None:

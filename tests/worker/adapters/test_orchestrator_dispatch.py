@@ -255,3 +255,45 @@ def test_a_full_executor_whose_cancelled_call_drains_is_not_bound_in_a_loop(run)
             assert converged.success and second_task.rows == [{"y": 3}]
 
     run(scenario())
+
+
+def test_a_one_shot_list_in_chunks_runs_as_one_phase_in_call_order(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            peer = await rig.peer()
+            calls = [Call("adder", {"x": i}) for i in range(3)]
+            task = rig.submit({"adder": ADDER}, calls[:1], total_count=3)
+            [first] = await peer.wait_frames(keys.MT_EXECUTE_CALL)
+            reply_completed(peer, first, {"y": 1})
+            await rig.until(lambda: rig.core.task_state("t1").terminal_roots == 1)  # type: ignore[union-attr]
+            assert not task.done.done()  # the phase waits for its other chunks
+            rig.post_chunk(task, calls[1:])
+            frames = await peer.wait_frames(keys.MT_EXECUTE_CALL, count=3)
+            assert [f.envelope[keys.F_CALL_ID] for f in frames] == ["t1/c0", "t1/c1", "t1/c2"]
+            for frame, y in reversed(list(zip(frames[1:], (2, 3), strict=True))):
+                reply_completed(peer, frame, {"y": y})
+            converged = await task.done
+            assert converged.success and converged.total_count == 3
+            assert converged.outputs == (b'{"y":1}', b'{"y":2}', b'{"y":3}')
+
+    run(scenario())
+
+
+def test_a_refused_chunk_cancels_the_task_and_later_chunks_are_dropped(run) -> None:
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            await rig.peer()
+            calls = [Call("adder", {"x": i}) for i in range(4)]
+            task = rig.submit({"adder": ADDER}, calls[:1], total_count=2)
+            rig.post_chunk(task, calls[1:3])  # two calls where one is left: refused
+            converged = await task.done
+            assert converged.failure is not None and converged.failure.kind == "CANCELLED"
+            assert "call chunk refused" in converged.failure.message
+            assert converged.total_count == 2 and converged.cancelled_count == 2
+            errors = rig.orchestrator.stats.handler_errors
+            rig.post_chunk(task, calls[3:])  # after convergence: dropped, nothing raised
+            await asyncio.sleep(0.01)
+            assert rig.orchestrator.stats.handler_errors == errors
+            assert rig.orchestrator.live_task_ids == [] and rig.core.task_ids() == []
+
+    run(scenario())

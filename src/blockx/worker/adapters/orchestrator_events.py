@@ -43,6 +43,7 @@ __all__ = [
     "ActorEvent",
     "AttemptCompleted",
     "AttemptFailed",
+    "CallChunkPrepared",
     "CallFramesReceived",
     "CallSuspended",
     "ControlDelivered",
@@ -170,10 +171,19 @@ class TickElapsed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskSubmitted:
-    """A one-shot task's calls were prepared (off the actor) and await commit."""
+    """A one-shot task's calls (or the first chunk of a long list) were prepared (off
+    the actor) and await commit."""
 
     run: TaskRun
     prepared: PreparedCallPhase
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallChunkPrepared:
+    """The next chunk of a one-shot task's calls was prepared and awaits commit."""
+
+    run: TaskRun
+    prepared: PreparedCallBatch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +230,7 @@ ActorEvent = (
     | RetryDue
     | TickElapsed
     | TaskSubmitted
+    | CallChunkPrepared
     | StreamOpened
     | StreamBatchProduced
     | StreamFinished

@@ -3,12 +3,14 @@
 Theory of operation
 -------------------
 (seed: ``orchestrator_phases.go``, the actor's side.) A task reaches the actor
-as one event: :class:`TaskSubmitted` (a one-shot phase, prepared off the actor)
-or :class:`StreamOpened` followed by :class:`StreamBatchProduced` per batch
-and :class:`StreamFinished`. Registering pins the task's code view (the
-adapter's function-code resolver answers from it) and files its
-:class:`~blockx.worker.task_run.TaskRun` under the task id the core and the
-executors see; committing hands the calls to the core.
+as :class:`TaskSubmitted` (a one-shot phase, prepared off the actor; a long
+list's first chunk, its other chunks following as :class:`CallChunkPrepared`,
+one per loop turn: see ``blockx/worker/one_shot.py``) or :class:`StreamOpened`
+followed by :class:`StreamBatchProduced` per batch and :class:`StreamFinished`.
+Registering pins the task's code view (the adapter's function-code resolver
+answers from it) and files its :class:`~blockx.worker.task_run.TaskRun` under
+the task id the core and the executors see; committing hands the calls to the
+core.
 
 The core's verdicts on a task come back as commands and are handed to the
 run: ``StopCallProduction`` (the producer stops), ``BatchSettled`` (a stream
@@ -17,7 +19,9 @@ batch's rows and failures; one credit back) and, exactly once,
 released. :class:`TaskCancelRequested` is ``handle_task_cancelled``.
 
 A commit the core refuses (a duplicate task id, a batch past the credit
-window) fails the run or cancels the task; it never stops the actor.
+window, a chunk the phase has no room for) fails the run or cancels the task;
+it never stops the actor. A chunk or batch arriving after its task converged
+(cancelled meanwhile) is dropped.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from blockx.worker.task_run import TaskRun
 
     from .orchestrator_events import (
+        CallChunkPrepared,
         StreamBatchProduced,
         StreamFinished,
         StreamOpened,
@@ -113,6 +118,16 @@ class TaskEvents:
             self._run(self._core.commit_call_phase(event.prepared))
         except DispatcherError as exc:
             self._unregister(run, exc)
+
+    def _apply_call_chunk(self, event: CallChunkPrepared) -> None:
+        run = event.run
+        if self._tasks.get(run.task_id) is not run:
+            return  # refused or converged (cancelled) meanwhile
+        try:
+            self._run(self._core.commit_call_chunk(event.prepared))
+        except DispatcherError as exc:
+            _log.error("task %s: call chunk refused: %s", run.user_task_id, exc)
+            self._run(self._core.handle_task_cancelled(run.task_id, f"call chunk refused: {exc}"))
 
     def _apply_stream_opened(self, event: StreamOpened) -> None:
         run = event.run

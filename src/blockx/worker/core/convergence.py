@@ -10,8 +10,11 @@ then settles each dirty task, running until no task is dirty (a fixed point).
 Settling one task is, in this order:
 
 1. **StopCallProduction** -- a stopping stream (fast-fail, output limit,
-   cancellation) that is still producing is told to stop; production counts as
-   done from here on.
+   cancellation) that is still producing, or a one-shot phase still being
+   registered in chunks, is told to stop; production counts as done from here
+   on. A one-shot phase's calls not registered yet are counted cancelled
+   (:func:`~.registration.drop_unregistered`), as the drain would have
+   cancelled them.
 2. **Drain** -- a stopping task with no root call in flight cancels every
    root call that has not ended (queued, backing off, waiting on a
    singleflight leader). In-flight calls are never cut short by a stop; the
@@ -20,14 +23,16 @@ Settling one task is, in this order:
    ``DONE`` settle in batch order with their outputs; their contexts are
    forgotten, so a stream's memory is bounded by the credit window.
 4. **ConvergeTaskCalls** -- once terminal roots == total, production is done
-   and every batch settled, the task converges exactly once and the core
-   forgets it (late frames for its calls are then unknown and dropped).
+   (for a one-shot phase: every chunk registered) and every batch settled, the
+   task converges exactly once and the core forgets it (late frames for its
+   calls are then unknown and dropped).
 """
 
 from __future__ import annotations
 
 from .commands import BatchSettled, ConvergeTaskCalls, DispatchCommand, StopCallProduction
 from .lifecycle import CoreState, cancel_call, failed_call_record, live_roots
+from .registration import drop_unregistered
 from .state import TaskDispatchState
 from .types import CallOutcome, CallState, FailedCall, TaskFailure, TaskMode
 
@@ -51,6 +56,8 @@ def _settle(core: CoreState, task: TaskDispatchState, out: list[DispatchCommand]
         assert failure is not None
         if task.production_open:
             task.production_open = False
+            if task.unregistered_roots:
+                drop_unregistered(core, task)
             out.append(StopCallProduction(task_id=task.task_id, failure=failure))
         if task.inflight_roots == 0 and task.terminal_roots < task.total_count:
             _drain(core, task, failure, out)

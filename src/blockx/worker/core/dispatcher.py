@@ -30,6 +30,8 @@ How the runtime drives it
     # registration (task activation)
     prepared = core.prepare_call_phase_with_digests(task_id, calls, digests)   # off-actor
     run(core.commit_call_phase(prepared))                                      # on the actor
+    #   a long one-shot list in chunks: the first with total_count=len(list), then per
+    #   chunk prepare_call_batch_with_digests + commit_call_chunk, in order
     #   streams: commit_call_stream, then per batch prepare_call_batch_with_digests +
     #   commit_call_batch (one credit each; BatchSettled returns one), finish_call_stream
 
@@ -180,7 +182,7 @@ from .attempts import (
 from .commands import BindCall, DispatchCommand
 from .config import DispatcherConfig
 from .convergence import flush_dirty_tasks
-from .errors import DispatcherInvariantError, ReentrantCallError
+from .errors import DispatcherInvariantError, InvalidCallSpecError, ReentrantCallError
 from .invariants import check_core_invariants
 from .keys import PROCESS_SUBCALL_IDS, SubcallIdSequence
 from .lifecycle import (
@@ -196,6 +198,7 @@ from .registration import (
     PreparedCallBatch,
     PreparedCallPhase,
     commit_call_batch,
+    commit_call_chunk,
     commit_call_phase,
     commit_call_stream,
     finish_call_stream,
@@ -214,6 +217,7 @@ from .types import (
     JitterSource,
     SubcallRequest,
     TaskFailure,
+    TaskMode,
 )
 
 __all__ = ["DispatcherCore"]
@@ -261,17 +265,29 @@ class DispatcherCore:
         *,
         instance: str | None = None,
         policy: CallRetryPolicy | None = None,
+        total_count: int | None = None,
     ) -> PreparedCallPhase:
         """Validate a one-shot call list and compute its call keys. Pure; any thread.
 
         ``digests`` maps each function id to its code digest at the task's code
-        epoch. Raises ``MissingFunctionDigestError`` / ``InvalidCallSpecError``.
+        epoch. ``total_count``: the whole phase's size when ``calls`` is only its
+        first chunk (the rest follow with ``commit_call_chunk``); ``None``:
+        ``calls`` is the whole phase. Raises ``MissingFunctionDigestError`` /
+        ``InvalidCallSpecError``.
         """
+        prepared = prepare_calls(task_id, calls, digests)
+        if total_count is None:
+            total_count = len(prepared)
+        elif total_count < len(prepared):
+            raise InvalidCallSpecError(
+                task_id, -1, f"total_count {total_count} is less than the {len(prepared)} calls"
+            )
         return PreparedCallPhase(
             task_id=task_id,
             instance=instance,
             policy=policy,
-            calls=prepare_calls(task_id, calls, digests),
+            calls=prepared,
+            total_count=total_count,
         )
 
     def commit_call_phase(self, prepared: PreparedCallPhase) -> list[DispatchCommand]:
@@ -284,6 +300,24 @@ class DispatcherCore:
         self._enter("commit_call_phase")
         try:
             commit_call_phase(self._core, prepared)
+            return []
+        finally:
+            self._running = None
+
+    def commit_call_chunk(self, prepared: PreparedCallBatch) -> list[DispatchCommand]:
+        """Register the next chunk of a one-shot phase committed with a larger
+        ``total_count`` (prepared with ``prepare_call_batch_with_digests``); its
+        calls are queued READY after the ones before, and the chunk that reaches
+        ``total_count`` closes registration (the phase may then converge).
+
+        A chunk for a phase that stopped meanwhile (``StopCallProduction``) is
+        dropped. Raises ``PhaseStateError`` for a stream, a phase already whole or
+        a chunk larger than what is left, ``UnknownTaskError`` for an unknown
+        task; a refused chunk changes nothing.
+        """
+        self._enter("commit_call_chunk")
+        try:
+            commit_call_chunk(self._core, prepared)
             return []
         finally:
             self._running = None
@@ -306,7 +340,8 @@ class DispatcherCore:
     def prepare_call_batch_with_digests(
         self, task_id: str, calls: Sequence[CallSpec], digests: Mapping[str, str]
     ) -> PreparedCallBatch:
-        """Validate one stream batch and compute its call keys. Pure; any thread."""
+        """Validate one stream batch (or one-shot chunk) and compute its call keys.
+        Pure; any thread."""
         return PreparedCallBatch(task_id=task_id, calls=prepare_calls(task_id, calls, digests))
 
     def commit_call_batch(self, prepared: PreparedCallBatch) -> list[DispatchCommand]:
@@ -654,7 +689,7 @@ class DispatcherCore:
     def credits_available(self, task_id: str) -> int:
         """Stream batches the producer may commit now (0 for unknown or closed)."""
         task = self._core.tasks.get(task_id)
-        if task is None or not task.production_open:
+        if task is None or task.mode is not TaskMode.STREAM or not task.production_open:
             return 0
         return self._core.config.max_outstanding_batches - len(task.batches)
 

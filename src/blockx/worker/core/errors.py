@@ -32,6 +32,7 @@ __all__ = [
     "InvalidCallSpecError",
     "InvalidTransitionError",
     "MissingFunctionDigestError",
+    "PhaseStateError",
     "ReentrantCallError",
     "StreamStateError",
     "UnknownTaskError",
@@ -99,6 +100,16 @@ class DuplicateTaskError(DispatcherUsageError):
 
 class StreamStateError(DispatcherUsageError):
     """A stream entry point was used on a task that is not an open stream."""
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"task {task_id!r}: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class PhaseStateError(DispatcherUsageError):
+    """A one-shot chunk was committed to a task that is not a one-shot phase still
+    being registered, or with more calls than the phase has left to register."""
 
     def __init__(self, task_id: str, reason: str) -> None:
         super().__init__(f"task {task_id!r}: {reason}")

@@ -117,9 +117,12 @@ def _check_call(core: CoreState, ctx: DispatchCallContext) -> list[str]:
 def _check_task(core: CoreState, task: TaskDispatchState, subcalls: int) -> list[str]:
     problems: list[str] = []
     roots = live_roots(task)
-    done = sum(1 for ctx in roots if ctx.state is CallState.DONE) + task.settled_roots
+    # Roots counted with no context: a stream's settled batches, a stopped phase's
+    # never-registered calls.
+    gone = task.settled_roots + task.dropped_roots
+    done = sum(1 for ctx in roots if ctx.state is CallState.DONE) + gone
     live = sum(1 for ctx in roots if ctx.state in _LIVE)
-    if task.total_count != len(roots) + task.settled_roots:
+    if task.total_count != len(roots) + gone:
         problems.append(f"{task!r}: total_count != registered roots")
     if task.terminal_roots != done:
         problems.append(f"{task!r}: terminal_roots {task.terminal_roots} != {done} DONE")
@@ -156,6 +159,14 @@ def _check_task(core: CoreState, task: TaskDispatchState, subcalls: int) -> list
         problems.append(f"{task!r}: dispatchable but in no scheduler ring")
     if task.in_ring and core.scheduler.fair and not task.instance.in_eligible:
         problems.append(f"{task!r}: in its instance's ring but the instance is not eligible")
-    if task.production_open and task.mode.value != "stream":
-        problems.append(f"{task!r}: one-shot task producing")
+    if task.mode.value == "stream":
+        if task.unregistered_roots or task.dropped_roots:
+            problems.append(f"{task!r}: a stream with one-shot registration counts")
+    elif task.production_open != (task.unregistered_roots > 0):
+        problems.append(
+            f"{task!r}: registration open={task.production_open} but"
+            f" {task.unregistered_roots} calls unregistered"
+        )
+    if task.dropped_roots and not task.stop_dispatching:
+        problems.append(f"{task!r}: calls dropped but the task is not stopping")
     return problems

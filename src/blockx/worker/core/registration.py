@@ -11,16 +11,29 @@ Registration is split in two so that the expensive part runs off the actor:
   and computes its call key. It reads only its arguments: no core state, no
   side effects, so it may run on any task or thread, and its result may be
   dropped.
-* **commit** (:func:`commit_call_phase`, :func:`commit_call_stream`,
-  :func:`commit_call_batch`, :func:`finish_call_stream`) runs on the actor and
-  is O(calls) of cheap work: one context per call, appended to the task's
-  ready queue in call order.
+* **commit** (:func:`commit_call_phase`, :func:`commit_call_chunk`,
+  :func:`commit_call_stream`, :func:`commit_call_batch`,
+  :func:`finish_call_stream`) runs on the actor and is O(calls) of cheap work:
+  one context per call, appended to the task's ready queue in call order.
 
 Root call ids are ``{task_id}/c{index}``, ``index`` counting from 0 across the
 whole phase (streams continue it from batch to batch). A task id must not be
 committed again while its previous phase is live (``DuplicateTaskError``);
 after convergence it may be, but the runtime should prefer a fresh id per phase
 so that late frames of the old phase cannot reach same-named calls.
+
+One-shot phases in chunks: a long call list need not be committed in one
+step (the runtime's event loop would serve nothing else meanwhile). A phase
+prepared with ``total_count`` larger than its calls registers those calls and
+stays open (``production_open``, ``unregistered_roots``); the rest follow in
+order with ``commit_call_chunk``, and the last one closes registration. An open
+phase never converges, so "complete" still means every call of the list
+ended; dispatch starts with the first chunk. A phase that stops while still
+open (fast-fail, output limit, cancellation) gets ``StopCallProduction``, its
+unregistered calls are counted cancelled at once, without contexts
+(``dropped_roots``: the drain would have cancelled them all the same) and
+later chunks are dropped. Everything else -- call ids, call order, outputs
+in call order at convergence, limits, the drain -- is the one-step phase's.
 
 Streams: ``commit_call_stream`` opens production; every ``commit_call_batch``
 takes one credit of ``max_outstanding_batches`` (committing with none left is
@@ -41,6 +54,7 @@ from .errors import (
     DuplicateTaskError,
     InvalidCallSpecError,
     MissingFunctionDigestError,
+    PhaseStateError,
     StreamStateError,
     UnknownTaskError,
 )
@@ -53,8 +67,10 @@ __all__ = [
     "PreparedCallBatch",
     "PreparedCallPhase",
     "commit_call_batch",
+    "commit_call_chunk",
     "commit_call_phase",
     "commit_call_stream",
+    "drop_unregistered",
     "finish_call_stream",
     "prepare_calls",
 ]
@@ -62,18 +78,22 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreparedCallPhase:
-    """A one-shot call list ready to commit (``commit_call_phase``)."""
+    """A one-shot call list (or its first chunk) ready to commit (``commit_call_phase``)."""
 
     task_id: str
     #: Fairness key (tenant); ``None``: the task is its own instance.
     instance: str | None
     policy: CallRetryPolicy | None
     calls: tuple[PreparedCall, ...]
+    #: The whole phase's call count, ``len(calls)`` or more: the calls past
+    #: ``calls`` follow in chunks (``commit_call_chunk``).
+    total_count: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PreparedCallBatch:
-    """One stream batch ready to commit (``commit_call_batch``)."""
+    """One stream batch (``commit_call_batch``) or one-shot chunk (``commit_call_chunk``)
+    ready to commit."""
 
     task_id: str
     calls: tuple[PreparedCall, ...]
@@ -174,10 +194,53 @@ def _add_roots(
 
 
 def commit_call_phase(core: CoreState, prepared: PreparedCallPhase) -> None:
-    """Register a one-shot call list (an empty one converges at the next flush)."""
+    """Register a one-shot call list, or its first chunk (an empty list converges at the
+    next flush); registration stays open while ``prepared.total_count`` is not reached."""
     task = _new_task(core, prepared.task_id, TaskMode.ONE_SHOT, prepared.instance, prepared.policy)
     _add_roots(core, task, prepared.calls, None)
+    unregistered = prepared.total_count - len(prepared.calls)
+    if unregistered > 0:
+        task.unregistered_roots = unregistered
+        task.production_open = True
     mark_dirty(core, task)
+
+
+def commit_call_chunk(core: CoreState, prepared: PreparedCallBatch) -> bool:
+    """Register the next chunk of an open one-shot phase; False if the task stopped
+    meanwhile (the chunk is dropped: its calls were counted cancelled)."""
+    task = core.tasks.get(prepared.task_id)
+    if task is None:
+        raise UnknownTaskError(prepared.task_id)
+    if task.mode is not TaskMode.ONE_SHOT:
+        raise PhaseStateError(task.task_id, "is a stream, not a one-shot call phase")
+    if not task.production_open:
+        if task.stop_dispatching:
+            return False
+        raise PhaseStateError(task.task_id, "chunk committed after the whole phase")
+    count = len(prepared.calls)
+    if count > task.unregistered_roots:
+        raise PhaseStateError(
+            task.task_id,
+            f"chunk of {count} calls, but only {task.unregistered_roots} are left to register",
+        )
+    _add_roots(core, task, prepared.calls, None)
+    task.unregistered_roots -= count
+    if not task.unregistered_roots:
+        task.production_open = False
+    mark_dirty(core, task)
+    return True
+
+
+def drop_unregistered(core: CoreState, task: TaskDispatchState) -> None:
+    """A one-shot phase stopped while still open: count its unregistered calls as
+    cancelled, without contexts (the settle pass calls this as it closes production)."""
+    count = task.unregistered_roots
+    task.unregistered_roots = 0
+    task.dropped_roots += count
+    task.total_count += count
+    task.terminal_roots += count
+    task.cancelled += count
+    core.stats.calls_cancelled += count
 
 
 def commit_call_stream(

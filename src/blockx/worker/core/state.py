@@ -275,6 +275,7 @@ class TaskDispatchState:
         "call_cache",
         "cancelled",
         "dirty",
+        "dropped_roots",
         "failed",
         "failure",
         "failure_policy",
@@ -301,6 +302,7 @@ class TaskDispatchState:
         "task_id",
         "terminal_roots",
         "total_count",
+        "unregistered_roots",
     )
 
     def __init__(
@@ -342,8 +344,16 @@ class TaskDispatchState:
         self.inflight_roots = 0
         #: Stream: root calls of settled (forgotten) batches.
         self.settled_roots = 0
-        #: Stream: the producer may still commit batches.
+        #: Stream: the producer may still commit batches. One-shot: chunks of the
+        #: phase are still to come (``unregistered_roots`` > 0). The task cannot
+        #: converge while it is open.
         self.production_open = mode is TaskMode.STREAM
+        #: One-shot: calls of the phase not committed yet (``commit_call_chunk``).
+        self.unregistered_roots = 0
+        #: One-shot: calls of the phase never registered because the task stopped
+        #: first; counted cancelled (in ``total_count``, ``terminal_roots`` and
+        #: ``cancelled``) with no context, as the drain would have cancelled them.
+        self.dropped_roots = 0
         #: Successful outputs by call key, oldest first (bounded; an OrderedDict
         #: because evicting the oldest entry of a plain dict is not O(1)).
         self.call_cache: OrderedDict[str, bytes] = OrderedDict()
@@ -368,7 +378,7 @@ class TaskDispatchState:
 
     @property
     def production_done(self) -> bool:
-        """One-shot tasks are always done producing."""
+        """No batch (stream) or chunk (one-shot) is to come."""
         return not self.production_open
 
     @property

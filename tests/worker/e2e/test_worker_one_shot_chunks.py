@@ -1,0 +1,222 @@
+"""End to end: a long one-shot list is checked and registered in chunks, not in one loop turn.
+
+One worker (two executors, the product's chunk size) serves the module. A
+:class:`TurnWatcher` runs once per event-loop turn (a ``call_soon`` chain) and
+records what the dispatcher core holds of the task: it proves, without timing
+anything, that other callbacks run while a list is being checked and
+registered, and it is where the cancellation test cancels a task whose
+registration is half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2e_support import ADDER, WorkerSession, e2e_config
+
+from blockx.worker.api import Call, Task, TaskPolicy, TaskSpecError
+from blockx.worker.app import TaskHandle
+from blockx.worker.core import DispatcherCore
+from blockx.worker.one_shot import ONE_SHOT_CHUNK_CALLS as CHUNK
+
+pytestmark = [pytest.mark.timeout(180)]
+
+FAILS_ON_0 = """
+def _(p):
+    if p["x"] == 0:
+        raise ValueError("call zero fails")
+    return {"y": p["x"] + 1}
+"""
+
+
+class CoreSession(WorkerSession):
+    """A worker session that keeps a reference to its dispatcher core (read-only use)."""
+
+    def __init__(self) -> None:
+        self.cores: list[DispatcherCore] = []
+        super().__init__(e2e_config(), core_wrapper=self._keep)
+
+    def _keep(self, core: DispatcherCore) -> DispatcherCore:
+        self.cores.append(core)
+        return core
+
+    @property
+    def core(self) -> DispatcherCore:
+        return self.cores[0]
+
+
+@pytest.fixture(scope="module")
+def session() -> Iterator[CoreSession]:
+    with CoreSession() as s:
+        yield s
+
+
+class TurnWatcher:
+    """Once per loop turn, until the handle is done: how many of the task's calls the
+    core holds (``None``: the core does not know the task). ``on_turn(registered)``
+    runs at each turn too."""
+
+    def __init__(self, core: DispatcherCore, on_turn: Any = None) -> None:
+        self.core = core
+        self.on_turn = on_turn
+        self.handle: TaskHandle | None = None
+        self.seen: list[int | None] = []
+        self.turns = 0
+        self.finished = asyncio.get_running_loop().create_future()
+
+    def start(self, handle: TaskHandle) -> None:
+        self.handle = handle
+        asyncio.get_running_loop().call_soon(self._turn)
+
+    def _turn(self) -> None:
+        handle = self.handle
+        assert handle is not None
+        self.turns += 1
+        state = self.core.task_state(handle.run_state.task_id)
+        registered = None if state is None else state.next_index
+        self.seen.append(registered)
+        if self.on_turn is not None:
+            self.on_turn(registered)
+        if handle.done():
+            self.finished.set_result(None)
+        else:
+            asyncio.get_running_loop().call_soon(self._turn)
+
+    def partial(self, total: int) -> list[int]:
+        """The distinct partial registrations seen (0 < registered < total), in order."""
+        return sorted({n for n in self.seen if n is not None and 0 < n < total})
+
+
+def test_a_long_list_is_registered_over_several_loop_turns_in_call_order(
+    session: CoreSession,
+) -> None:
+    n = 3 * CHUNK + 5
+
+    async def scenario() -> None:
+        watcher = TurnWatcher(session.core)
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(n)])
+        )
+        watcher.start(handle)
+        result = await handle.result()
+        await watcher.finished
+        # Other callbacks ran while the core held part of the list, at chunk boundaries
+        # (a watcher's turn may fall after two commits: at least two are seen).
+        partial = watcher.partial(n)
+        assert len(partial) >= 2 and all(k % CHUNK == 0 for k in partial), partial
+        assert result.success
+        assert result.outputs == [{"y": i + 1} for i in range(n)]  # each once, in call order
+        assert (result.stats.calls, result.stats.succeeded) == (n, n)
+
+    session.run(scenario())
+
+
+def test_cancelling_while_registration_is_in_progress_ends_the_task_cleanly(
+    session: CoreSession,
+) -> None:
+    n = 12 * CHUNK
+    core = session.core
+
+    async def scenario() -> None:
+        cancelled_at: list[int] = []
+        handle_box: list[TaskHandle] = []
+
+        def cancel_midway(registered: int | None) -> None:
+            if not cancelled_at and registered is not None and 0 < registered < n:
+                cancelled_at.append(registered)
+                handle_box[0].cancel("cancelled while registering")
+
+        watcher = TurnWatcher(core, cancel_midway)
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(n)])
+        )
+        handle_box.append(handle)
+        watcher.start(handle)
+        result = await asyncio.wait_for(handle.result(), 30)
+        await watcher.finished
+        assert cancelled_at, "the watcher never saw the list partly registered"
+        assert result.failure is not None and result.failure.kind == "CANCELLED"
+        stats = result.stats
+        assert stats.calls == n and stats.cancelled > 0
+        assert stats.succeeded + stats.failed + stats.cancelled == n
+        # The calls that succeeded before the cancel: each output once, in call order.
+        ys = [row["y"] for row in result.outputs]
+        assert len(ys) == stats.succeeded and ys == sorted(set(ys))
+        # Nothing of the task is left in the core, and registration stopped.
+        task_id = handle.run_state.task_id
+        assert core.task_state(task_id) is None
+        assert not [c for c in core.call_contexts if c.startswith(f"{task_id}/")]
+        assert max(s for s in watcher.seen if s is not None) < n
+        # The worker is fine: a task after it runs to its end.
+        after = await session.worker.run_task(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(50)])
+        )
+        assert after.success and len(after.outputs) == 50
+
+    session.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("bad_index", "bad_item", "message"),
+    [
+        (5 * CHUNK - 3, Call("adder", {"x": float("nan")}), r"call #{i} \(adder\): args"),
+        (4 * CHUNK + 1, 42, r"call #{i} must be a Call or a \(function_id, args\) pair, not int"),
+        (3 * CHUNK, Call("nope", {"x": 1}), r"not define: \['nope'\] \(first: call #{i}\)"),
+    ],
+)
+def test_a_bad_call_deep_in_a_long_list_fails_the_task_and_registers_nothing(
+    session: CoreSession, bad_index: int, bad_item: Any, message: str
+) -> None:
+    n = 5 * CHUNK
+    core = session.core
+
+    async def scenario() -> None:
+        calls: list[Any] = [Call("adder", {"x": i}) for i in range(n)]
+        calls[bad_index] = bad_item
+        binds_before = core.stats.binds
+        watcher = TurnWatcher(core)
+        handle = session.worker.submit(Task(functions={"adder": ADDER}, calls=calls))
+        watcher.start(handle)
+        with pytest.raises(TaskSpecError, match=message.format(i=bad_index)):
+            await handle.result()
+        await watcher.finished
+        # Checked over several loop turns, and not one call registered or run.
+        assert watcher.turns >= 3
+        assert set(watcher.seen) == {None}
+        assert core.stats.binds == binds_before
+        # run_task raises the same error; the worker is fine afterwards.
+        with pytest.raises(TaskSpecError, match=message.format(i=bad_index)):
+            await session.worker.run_task(Task(functions={"adder": ADDER}, calls=calls))
+        after = await session.worker.run_task(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": 1})])
+        )
+        assert after.outputs == [{"y": 2}]
+
+    session.run(scenario())
+
+
+def test_fast_fail_during_registration_counts_every_call_of_the_list(
+    session: CoreSession,
+) -> None:
+    n = 6 * CHUNK
+
+    async def scenario() -> None:
+        result = await session.worker.run_task(
+            Task(
+                functions={"f": FAILS_ON_0},
+                calls=[Call("f", {"x": i}) for i in range(n)],
+                policy=TaskPolicy(max_attempts=1),
+            )
+        )
+        assert result.failure is not None and result.failure.kind == "CALL_FAILED"
+        assert result.failure.call_index == 0
+        [error] = result.errors
+        assert error.index == 0 and error.function_id == "f" and error.args == {"x": 0}
+        stats = result.stats
+        assert stats.calls == n and stats.failed == 1
+        assert stats.succeeded + stats.failed + stats.cancelled == n
+
+    session.run(scenario())
