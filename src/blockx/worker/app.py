@@ -150,15 +150,23 @@ class TaskHandle:
 
         A stream's producer waits while rows it produced are not taken, so
         memory stays flat; iterate to the end before awaiting :meth:`result`.
+        A task that ended before running (a bad call found past the first chunk
+        of a long one-shot list) raises its error here as :meth:`result` does.
         """
         run = self._run
+        driver = self._driver
         while True:
             rows = run.take_rows()
             if rows is not None:
                 for row in rows:
                     yield row
                 continue
-            if run.done.done() or self._driver.done():
+            if run.done.done():
+                return
+            if driver.done():
+                error = None if driver.cancelled() else driver.exception()
+                if error is not None:
+                    raise error
                 return
             await run.wait_changed()
 
@@ -422,6 +430,9 @@ class Worker:
         handle_box.append(handle)
         self._handles.add(handle)
         driver.add_done_callback(lambda _d: self._handles.discard(handle))
+        # A driver that ends without the run converging (a bad call found after submit,
+        # a cancel before admission) must wake a rows() iteration waiting for a change.
+        driver.add_done_callback(lambda _d: run.changed.set())
         if own_scope is not None:
             # The run is over: its backend calls still running are nobody's.
             driver.add_done_callback(lambda _d: own_scope.close(cancel_running=True))

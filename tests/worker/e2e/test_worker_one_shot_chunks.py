@@ -220,3 +220,30 @@ def test_fast_fail_during_registration_counts_every_call_of_the_list(
         assert stats.succeeded + stats.failed + stats.cancelled == n
 
     session.run(scenario())
+
+
+def test_rows_of_a_long_list_with_a_bad_call_raise_its_error_and_do_not_hang(
+    session: CoreSession,
+) -> None:
+    """The check fails after ``submit`` returned: an iteration of ``rows()`` already
+    waiting for the first rows gets the error (it waited forever before)."""
+    n = 3 * CHUNK
+    bad_index = 2 * CHUNK + 5
+
+    async def scenario() -> None:
+        calls: list[Any] = [Call("adder", {"x": i}) for i in range(n)]
+        calls[bad_index] = Call("adder", {"x": float("inf")})
+        handle = session.worker.submit(Task(functions={"adder": ADDER}, calls=calls), collect=False)
+        rows: list[Any] = []
+
+        async def iterate() -> None:
+            async for row in handle.rows():
+                rows.append(row)
+
+        with pytest.raises(TaskSpecError, match=rf"call #{bad_index} \(adder\): args"):
+            await asyncio.wait_for(iterate(), 30)
+        assert rows == []
+        with pytest.raises(TaskSpecError):
+            await handle.result()
+
+    session.run(scenario())
