@@ -8,6 +8,7 @@ exact); the rest run the real SQLite table store behind a scope.
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from blockx.worker.io.cache import ReadCache, request_key
 from blockx.worker.io.config import IOConfigError, load_io_config
 from blockx.worker.io.handler import IOResult
 from blockx.worker.io.registry import BackendRegistry, IOSubsystem, default_registry
+from blockx.worker.io.scope import _Flight
 from blockx.worker.io.stats import IOStats
 
 R, W, C = keys.IO_READ, keys.IO_WRITE, keys.IO_CAPABILITY
@@ -649,3 +651,52 @@ def test_a_read_with_one_waiter_is_cancelled_when_it_leaves_but_not_after_its_an
         await io.close()
 
     run(main())
+
+
+def test_an_ended_flight_and_its_answers_are_freed_without_the_cyclic_gc() -> None:
+    """A flight and its waiters' answer futures point at each other while it runs (a
+    waiter's cancel must reach its flight); once the flight ended -- answered, abandoned
+    by every waiter, a write answered after its waiter left -- that cycle is broken, so
+    the flight and the answer it holds (rows, sidecar bytes) are freed by reference
+    counting, not only at a GC pass (the worker runs the collector rarely: tune_gc)."""
+    gate = GateBackend()
+
+    def flights() -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is _Flight)
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        before = flights()
+        for k in range(3):
+            # answered: alone, and with a waiter that joined (one of them left first)
+            p = payload("gate", "get", {"table": "x", "k": k, "cacheable": False})
+            alone = scope.handle_io("t", "a", p, None)
+            gate.release("v" * 1000)
+            await answer(alone)
+            waiters = [scope.handle_io("t", f"c{i}", p, None) for i in range(3)]
+            assert waiters[2].cancel()
+            gate.release("v" * 1000)
+            for waiter in waiters[:2]:
+                await answer(waiter)
+            # abandoned by every waiter
+            gone = [scope.handle_io("t", f"g{i}", p, None) for i in range(2)]
+            for waiter in gone:
+                assert waiter.cancel()
+            # a write whose waiter left: it runs to its answer
+            write = scope.handle_io("t", "w", payload("gate", "put", {"k": k}, io_kind=W), None)
+            assert write.cancel()
+            gate.release()
+            del alone, waiters, waiter, gone, write
+        await asyncio.sleep(0)  # the backend futures' callbacks
+        assert flights() == before
+        await io.close()
+
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        run(main())
+    finally:
+        if enabled:
+            gc.enable()

@@ -93,12 +93,15 @@ class _ReadAnswer(asyncio.Future[IOResult]):
     """
 
     __slots__ = ("flight",)
-    flight: _Flight
+    #: The flight while it runs; None once it ended (see :meth:`_Flight.let_go`).
+    flight: _Flight | None
 
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False  # answered already, or cancelled before
-        self.flight.waiter_left()
+        flight = self.flight
+        if flight is not None:
+            flight.waiter_left()
         return True
 
 
@@ -149,7 +152,8 @@ class _Flight:
         # the get_running_loop() call, once per backend call).
         answer = self.answer = _ReadAnswer()
         answer.flight = self
-        #: The answer futures of the waiters that joined; None: nobody did. ``waiters``
+        #: The answer futures of the waiters that joined; None: nobody did (or the
+        #: flight ended: :meth:`let_go`). ``waiters``
         #: (those not gone, the first one included) is kept from the first join on.
         self.joiners: list[_ReadAnswer] | None = None
         # Not loop.time(): uvloop's clock counts whole milliseconds, and most table reads
@@ -203,7 +207,25 @@ class _Flight:
         if scope._flights.get(self.key) is self:
             del scope._flights[self.key]
         self.stats.record_abandoned()
+        self.let_go()
         pending.cancel()
+
+    def let_go(self) -> None:
+        """The flight ended (answered, or abandoned): its answer futures let go of it.
+
+        While it runs, the flight and its waiters' futures point at each other (a
+        waiter's cancel must reach it); broken here, the flight and the answer its
+        futures hold (rows, sidecar bytes) are freed by reference counting as soon as
+        the waiters are served, not at the next pass of the cyclic GC -- which the
+        worker runs rarely (``tune_gc``), and later still for a flight that was running
+        during a pass.
+        """
+        self.answer.flight = None
+        joiners = self.joiners
+        if joiners is not None:
+            self.joiners = None
+            for waiter in joiners:
+                waiter.flight = None
 
     def start(self, backend: IOBackend, prepared: PreparedRequest) -> None:
         try:
@@ -255,6 +277,7 @@ class _Flight:
             for waiter in self.joiners:
                 if not waiter.done():
                     waiter.set_result(result)
+        self.let_go()
 
 
 def _bug_reply(backend: str, operation: str, exc: BaseException) -> Reply:
