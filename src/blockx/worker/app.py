@@ -59,7 +59,14 @@ from blockx.worker.api import (
 from blockx.worker.audit_gate import audit_task_code
 from blockx.worker.code import MISSING_FUNCTION_DIGEST, FunctionCodeView, build_task_code_view
 from blockx.worker.config import WorkerConfig, load_config
-from blockx.worker.core import CallSpec, DispatcherConfig, DispatcherCore, TaskMode
+from blockx.worker.core import (
+    CallSpec,
+    ConvergeTaskCalls,
+    DispatcherConfig,
+    DispatcherCore,
+    TaskFailure,
+    TaskMode,
+)
 from blockx.worker.io import BackendRouter, IOHandler, no_io_handler
 from blockx.worker.one_shot import OneShotCalls, as_call, encode_call_args
 from blockx.worker.task_run import TaskRun
@@ -101,12 +108,18 @@ def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHa
 class TaskHandle:
     """A submitted task: await :meth:`result`, iterate :meth:`rows`, or :meth:`cancel` it."""
 
-    def __init__(self, worker: Worker, run: TaskRun, driver: asyncio.Task[None]) -> None:
+    def __init__(
+        self, worker: Worker, run: TaskRun, driver: asyncio.Task[None], *, calls: int = 0
+    ) -> None:
         self._worker = worker
         self._run = run
         self._driver = driver
+        #: The task's calls as far as known before it runs (a one-shot list's length).
+        self._calls = calls
         self.registered = False
         self.producer_error: BaseException | None = None
+        #: Set by a cancel() that came before admission (the run ended there).
+        self.cancel_reason: str | None = None
 
     def __repr__(self) -> str:
         return f"TaskHandle({self._run!r})"
@@ -132,12 +145,41 @@ class TaskHandle:
             self._worker._orchestrator_post(
                 TaskCancelRequested(task_id=self._run.task_id, reason=reason)
             )
-        else:
+        elif self.cancel_reason is None:
+            # Not admitted yet (a long one-shot list's chunks still being checked, or no
+            # slot free): nothing of it reached the core, so the run ends here as the
+            # core ends a task cancelled before its calls ran -- CANCELLED, every call of
+            # the list counted cancelled (a stream's: none read) -- and the driver stops.
+            self.cancel_reason = reason
+            calls = self._calls
+            self._run.converged(
+                ConvergeTaskCalls(
+                    task_id=self._run.task_id,
+                    mode=self._run.mode,
+                    success=False,
+                    failure=TaskFailure(kind="CANCELLED", message=reason),
+                    outputs=(),
+                    failed_calls=(),
+                    total_count=calls,
+                    succeeded_count=0,
+                    failed_count=0,
+                    cancelled_count=calls,
+                    retry_count=0,
+                    cache_hit_count=0,
+                    singleflight_hit_count=0,
+                )
+            )
             self._driver.cancel()
 
     async def result(self) -> TaskResult:
         """Wait for the task to end and return its result."""
-        await asyncio.shield(self._driver)
+        try:
+            await asyncio.shield(self._driver)
+        except asyncio.CancelledError:
+            # The driver cancelled by cancel() before admission: the run ended CANCELLED
+            # there (reported as any cancelled task's); any other cancel propagates.
+            if self.cancel_reason is None or not self._driver.cancelled():
+                raise
         if self.producer_error is not None:
             raise self.producer_error
         return self._worker._result(self._run)
@@ -426,7 +468,8 @@ class Worker:
             assert one_shot is not None
             coro = self._drive_one_shot(run, one_shot, handle_box)
         driver = loop.create_task(coro, name=f"blockx-task-{task.task_id}")
-        handle = TaskHandle(self, run, driver)
+        total = 0 if one_shot is None else one_shot.first.total_count
+        handle = TaskHandle(self, run, driver, calls=total)
         handle_box.append(handle)
         self._handles.add(handle)
         driver.add_done_callback(lambda _d: self._handles.discard(handle))

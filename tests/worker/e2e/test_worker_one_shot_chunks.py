@@ -247,3 +247,57 @@ def test_rows_of_a_long_list_with_a_bad_call_raise_its_error_and_do_not_hang(
             await handle.result()
 
     session.run(scenario())
+
+
+def test_cancelling_a_long_list_before_admission_reports_cancelled(
+    session: CoreSession,
+) -> None:
+    """``cancel()`` while the list's chunks are still being checked (before admission:
+    a long list spends ~n/CHUNK loop turns there) ends the task CANCELLED with no call
+    run -- ``result()`` reports it as for any cancelled task instead of raising
+    ``CancelledError`` (which ``blockx run`` took for a task that did not end: an
+    early Ctrl-C printed "the task did not end in time after it was cancelled"). So
+    does a cancel in the turn of ``submit`` (before the driver ran at all)."""
+    n = 8 * CHUNK
+    core = session.core
+
+    async def scenario() -> None:
+        binds_before = core.stats.binds
+        for collect in (True, False):
+            handle = session.worker.submit(
+                Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(n)]),
+                collect=collect,
+            )
+            await asyncio.sleep(0)  # the driver checks its second chunk
+            assert not handle.registered and not handle.done()
+            handle.cancel("changed my mind")
+            rows = [row async for row in handle.rows()]
+            result = await asyncio.wait_for(handle.result(), 30)
+            assert rows == [] and result.outputs == []
+            assert not result.success
+            assert result.failure is not None and result.failure.kind == "CANCELLED"
+            assert "changed my mind" in result.failure.message
+            stats = result.stats
+            assert (stats.calls, stats.succeeded, stats.failed, stats.cancelled) == (n, 0, 0, n)
+            assert core.task_state(handle.run_state.task_id) is None
+        short = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": 1})])
+        )
+        short.cancel()
+        result = await asyncio.wait_for(short.result(), 30)
+        assert result.failure is not None and result.failure.kind == "CANCELLED"
+        assert (result.stats.calls, result.stats.cancelled) == (1, 1)
+        stream = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=iter([Call("adder", {"x": 1})]))
+        )
+        stream.cancel()
+        result = await asyncio.wait_for(stream.result(), 30)
+        assert result.failure is not None and result.failure.kind == "CANCELLED"
+        assert result.stats.calls == 0  # a stream's: none read
+        assert core.stats.binds == binds_before  # nothing ran
+        after = await session.worker.run_task(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": 1})])
+        )
+        assert after.outputs == [{"y": 2}]
+
+    session.run(scenario())
