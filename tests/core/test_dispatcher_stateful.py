@@ -397,6 +397,11 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert ctx is not None
         if ctx.state is not CallState.RUNNING:
             return  # already waiting (on IO or a sub-call)
+        if ctx.children:
+            # A sub-call asked for before the bind was confirmed is still pending (the
+            # call stayed RUNNING): at most one pending request per call (PROTOCOL.md
+            # invariant 2), so it sends no IO wait until that one is answered.
+            return
         rt.run(rt.core.handle_call_waiting(call_id, rt.running[call_id].attempt_seq))
         assert ctx.state is CallState.WAITING
         token = WaitToken(len(self.io_waits), call_id)
