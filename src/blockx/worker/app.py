@@ -177,8 +177,14 @@ class TaskHandle:
             await asyncio.shield(self._driver)
         except asyncio.CancelledError:
             # The driver cancelled by cancel() before admission: the run ended CANCELLED
-            # there (reported as any cancelled task's); any other cancel propagates.
-            if self.cancel_reason is None or not self._driver.cancelled():
+            # there (reported as any cancelled task's); any other cancel -- the
+            # caller's own included -- propagates.
+            current = asyncio.current_task()
+            if (
+                self.cancel_reason is None
+                or not self._driver.cancelled()
+                or (current is not None and current.cancelling())
+            ):
                 raise
         if self.producer_error is not None:
             raise self.producer_error

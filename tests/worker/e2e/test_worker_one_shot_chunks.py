@@ -280,6 +280,17 @@ def test_cancelling_a_long_list_before_admission_reports_cancelled(
             stats = result.stats
             assert (stats.calls, stats.succeeded, stats.failed, stats.cancelled) == (n, 0, 0, n)
             assert core.task_state(handle.run_state.task_id) is None
+        # A caller cancelled itself while it awaits result() still gets CancelledError.
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": i}) for i in range(n)])
+        )
+        waiter = asyncio.ensure_future(handle.result())
+        await asyncio.sleep(0)  # the waiter awaits the driver
+        handle.cancel()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (await handle.result()).failure is not None
         short = session.worker.submit(
             Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": 1})])
         )
