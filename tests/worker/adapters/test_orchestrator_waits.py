@@ -228,6 +228,52 @@ def test_a_wait_left_unanswered_cancels_the_handlers_future(run, how: str) -> No
     run(scenario())
 
 
+class SharingBackend(Backend):
+    """Breaks IOHandler's contract: every wait gets the same future."""
+
+    def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> Any:
+        self.requests.append((task_id, call_id, payload, sidecar))
+        if not self.pending:
+            self.pending.append(asyncio.get_running_loop().create_future())
+        return self.pending[0]
+
+
+def test_a_wait_sharing_a_released_future_gets_an_error_not_silence(run) -> None:
+    # One call's wait is released (its attempt failed while it waited): the shared
+    # future is cancelled. The released wait is answered by nobody; the other call still
+    # waits, so it must get an answer -- an error -- or it would wait forever (no budget).
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            backend = SharingBackend()
+            peer = await rig.peer()
+            task = rig.submit(
+                {"child": CHILD},
+                [Call("child", 1), Call("child", 2)],
+                io_handler=backend,
+                policy=TaskPolicy(max_attempts=1),
+            )
+            first, second = await peer.wait_frames(keys.MT_EXECUTE_CALL, 2)
+            _io(peer, first, "req-1")
+            _io(peer, second, "req-2")
+            await rig.until(lambda: len(backend.requests) == 2)
+            failing = first.envelope[keys.F_CALL_ID]
+            waiting = second.envelope[keys.F_CALL_ID]
+            peer.failed(failing, keys.ERR_DEADLINE_EXCEEDED)
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            payload = frame_payload(resume)
+            assert resume.envelope[keys.F_CALL_ID] == waiting
+            assert "cancelled" in payload[keys.FP_ERROR][keys.FP_ERROR_MESSAGE_FIELD]
+            peer.failed(waiting, keys.ERR_IO_ERROR)
+            converged = await task.done
+            assert converged.failed_count == 2
+            assert rig.orchestrator.stats.io_waits_released == 1
+            assert not rig.orchestrator._released_waits  # the released wait's key is used up
+
+    run(scenario())
+
+
 async def _parent_asks_for_child(peer: Any) -> tuple[Any, Any]:
     """The parent's ExecuteCall arrives; it asks for ``child({"v": 2})`` (request
     ``req-1``, 4000 ms granted); returns the parent's and the child's ExecuteCall."""

@@ -249,6 +249,8 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._tick_due = 0.0
         #: Live tasks by the task id the core and executors see.
         self._tasks: dict[str, TaskRun] = {}
+        #: IO waits released (ReleaseWait) whose future's callback has not run yet.
+        self._released_waits: set[tuple[str, Any]] = set()
         #: Executor id -> era killed by the wedge backstop (kill each era once).
         self._killed_eras: dict[str, int] = {}
         #: Tasks with a ``max_output_bytes`` of their own (counted on completion).

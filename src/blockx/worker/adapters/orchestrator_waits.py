@@ -103,8 +103,8 @@ _WAIT_SUBCALL: Final = keys.WAIT_SUBCALL
 _Fragment = orjson.Fragment
 _isfuture = asyncio.isfuture
 _Future = asyncio.Future
-#: The message of the cancel of an IO answer nobody waits for any more (ReleaseWait):
-#: its done callback then knows there is no wait to answer.
+#: The message of the cancel of an IO answer nobody waits for any more (ReleaseWait),
+#: for the handler's eyes (the worker itself goes by ``_released_waits``).
 _RELEASED: Final = "blockx: the call no longer waits for this IO answer"
 _monotonic = time.monotonic
 
@@ -124,6 +124,8 @@ class WaitHandling:
     _core: DispatcherCore
     _adapter: ExecutorAdapter
     _tasks: dict[str, TaskRun]
+    #: (call id, handler future) of the IO waits released and not yet called back.
+    _released_waits: set[tuple[str, Any]]
     _now_ms: int
     _loop: asyncio.AbstractEventLoop | None
     stats: OrchestratorStats
@@ -247,11 +249,18 @@ class WaitHandling:
         if type(outcome) is IOResult:
             answer = outcome
         else:
+            released = self._released_waits
+            if released:
+                key = (call_id, outcome)
+                if key in released:  # released (_execute_release_wait): no wait to answer
+                    released.discard(key)
+                    return
             try:
                 answer = outcome.result()  # one call on the common path
-            except asyncio.CancelledError as exc:
-                if exc.args and exc.args[0] == _RELEASED:
-                    return  # released (_execute_release_wait): there is no wait to answer
+            except asyncio.CancelledError:
+                # Cancelled by the handler, or released for another wait that shared this
+                # future (a handler must not share one, IOHandler's contract): this wait
+                # still waits, so it gets an error, never silence.
                 answer = _handler_failed(asyncio.CancelledError("the IO request was cancelled"))
             except BaseException as exc:  # whatever the future holds (as future.exception())
                 _log.error("IO request of %s failed: %r", call_id, exc)
@@ -289,10 +298,11 @@ class WaitHandling:
 
         IOHandler's contract: the worker cancels that future when nobody waits for it
         any more (a coroutine's task: the coroutine is cancelled); TaskIOScope then stops
-        a read's backend call once its last waiter is gone. The cancel's message tells
-        the future's done callback (:meth:`_io_answered`) not to answer: there is no
-        wait any more (a handler that swallows the message gets its error answer sent,
-        refused for the released reservation or dropped by the executor as stale).
+        a read's backend call once its last waiter is gone. The released
+        future's done callback (:meth:`_io_answered`) finds the wait in
+        ``_released_waits`` and answers nobody, however the future ended (a handler
+        may swallow the cancel and answer). Another wait that was given the same
+        future (a handler must not share one) is not silenced: it gets an error.
         """
         handle = cast("asyncio.Future[Any]", cmd.handle)
         try:
@@ -302,6 +312,9 @@ class WaitHandling:
             _log.exception("cancelling the IO request of %s failed", cmd.call_id)
             return
         if released:
+            # The future's done callbacks run later (call_soon): this wait's finds its key
+            # and answers nobody; another wait sharing the future gets an error.
+            self._released_waits.add((cmd.call_id, handle))
             self.stats.io_waits_released += 1
 
     # --- subcall ------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ handler
 * that hands the *same* future to several waits must not let one waiter's
   cancel end the others' answer — give each waiter its own future
   (:class:`~blockx.worker.io.scope.TaskIOScope` does, and stops a read's
-  backend call only when its last waiter is gone);
+  backend call only when its last waiter is gone); a handler that shares one
+  anyway gets the other waits failed with an ``io_error``
+  ("the IO request was cancelled"), never left waiting;
 * keeps a request that must finish once started (a write: cancelling does not
   undo it) away from the cancel — a separate future, or ``asyncio.shield``.
 
