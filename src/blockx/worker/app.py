@@ -188,6 +188,7 @@ class TaskHandle:
                 raise
         if self.producer_error is not None:
             raise self.producer_error
+        await self._run.decode_outputs()
         return self._worker._result(self._run)
 
     def __await__(self) -> Any:
@@ -210,6 +211,9 @@ class TaskHandle:
                     yield row
                 continue
             if run.done.done():
+                if run.outputs_pending:  # a one-shot task's rows, decoded off the actor
+                    await run.decode_outputs()
+                    continue
                 return
             if driver.done():
                 error = None if driver.cancelled() else driver.exception()

@@ -252,6 +252,7 @@ def test_a_full_executor_whose_cancelled_call_drains_is_not_bound_in_a_loop(run)
             assert frame_payload(frames[1])[keys.FP_TASK_ID] == second_task.task_id
             reply_completed(peer, frames[1], {"y": 3})
             converged = await second_task.done
+            await second_task.decode_outputs()  # rows are decoded off the actor
             assert converged.success and second_task.rows == [{"y": 3}]
 
     run(scenario())

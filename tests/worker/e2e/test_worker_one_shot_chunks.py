@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from e2e_support import ADDER, WorkerSession, e2e_config
 
+from blockx.worker import task_run as task_run_module
 from blockx.worker.api import Call, Task, TaskPolicy, TaskSpecError
 from blockx.worker.app import TaskHandle
 from blockx.worker.core import DispatcherCore
@@ -310,5 +311,44 @@ def test_cancelling_a_long_list_before_admission_reports_cancelled(
             Task(functions={"adder": ADDER}, calls=[Call("adder", {"x": 1})])
         )
         assert after.outputs == [{"y": 2}]
+
+    session.run(scenario())
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_a_long_lists_rows_are_decoded_off_the_actor_over_several_loop_turns(
+    session: CoreSession, collect: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core converges the task with its outputs still encoded; they become rows in
+    slices of DECODE_SLICE, one per loop turn, when the caller takes them -- every row
+    once, in call order."""
+    monkeypatch.setattr(task_run_module, "DECODE_SLICE", 100)
+    n = 1050
+
+    async def scenario() -> None:
+        calls = [Call("adder", {"x": i}) for i in range(n)]
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=calls), collect=collect
+        )
+        run = handle.run_state
+        await run.done  # converged: nothing decoded yet
+        assert run.outputs_pending and run.rows == []
+        pending_seen: list[bool] = []
+
+        def tick() -> None:
+            pending_seen.append(run.outputs_pending)
+            if run.outputs_pending:
+                asyncio.get_running_loop().call_soon(tick)
+
+        asyncio.get_running_loop().call_soon(tick)
+        if collect:
+            rows = (await handle.result()).outputs
+        else:
+            rows = [row async for row in handle.rows()]
+            await handle.result()
+        assert rows == [{"y": i + 1} for i in range(n)]
+        assert not run.outputs_pending
+        # Another callback ran between the slices (11 of them): not one turn.
+        assert pending_seen.count(True) >= 5
 
     session.run(scenario())
