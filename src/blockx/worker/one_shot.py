@@ -219,12 +219,20 @@ class OneShotCalls:
         nothing registered. Cancellation stops it between chunks.
         """
         core = self._core
-        while self._items is not None:
-            await asyncio.sleep(0)  # one chunk per loop turn
-            specs = self._chunk_specs()
-            self._chunks.append(
-                core.prepare_call_batch_with_digests(self.task_id, specs, self._digests)
-            )
+        try:
+            while self._items is not None:
+                await asyncio.sleep(0)  # one chunk per loop turn
+                specs = self._chunk_specs()
+                self._chunks.append(
+                    core.prepare_call_batch_with_digests(self.task_id, specs, self._digests)
+                )
+        except TaskSpecError:
+            # The task will not run: let go of what was prepared (the error's traceback
+            # keeps this object alive as long as the caller keeps the error or the handle).
+            self._chunks.clear()
+            self._items = None
+            self.calls.clear()  # the run's ``calls`` too (the same list)
+            raise
 
     async def feed(self, run: TaskRun, post: Callable[[CallChunkPrepared], None]) -> None:
         """Post the prepared chunks in order, one per loop turn, after the phase was

@@ -22,6 +22,7 @@ from blockx.worker.api import Call, Task, TaskPolicy, TaskSpecError
 from blockx.worker.app import TaskHandle
 from blockx.worker.core import DispatcherCore
 from blockx.worker.one_shot import ONE_SHOT_CHUNK_CALLS as CHUNK
+from blockx.worker.one_shot import OneShotCalls
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -350,5 +351,31 @@ def test_a_long_lists_rows_are_decoded_off_the_actor_over_several_loop_turns(
         assert not run.outputs_pending
         # Another callback ran between the slices (11 of them): not one turn.
         assert pending_seen.count(True) >= 5
+
+    session.run(scenario())
+
+
+def test_a_bad_call_found_late_lets_go_of_what_was_prepared(session: CoreSession) -> None:
+    """The error's traceback keeps the list's preparer alive as long as the caller keeps
+    the error: it holds nothing of the list any more."""
+    n = 5 * CHUNK
+
+    async def scenario() -> None:
+        calls: list[Any] = [Call("adder", {"x": i}) for i in range(n)]
+        calls[4 * CHUNK + 7] = Call("adder", {"x": float("nan")})
+        handle = session.worker.submit(Task(functions={"adder": ADDER}, calls=calls))
+        with pytest.raises(TaskSpecError) as info:
+            await handle.result()
+        preparers = []
+        tb = info.value.__traceback__
+        while tb is not None:
+            candidate = tb.tb_frame.f_locals.get("self")
+            if isinstance(candidate, OneShotCalls):
+                preparers.append(candidate)
+            tb = tb.tb_next
+        assert preparers, "the traceback passes through OneShotCalls.prepare_rest"
+        for preparer in preparers:
+            assert not preparer._chunks and preparer._items is None and not preparer.calls
+        assert handle.run_state.calls == []
 
     session.run(scenario())
