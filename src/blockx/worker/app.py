@@ -199,8 +199,9 @@ class TaskHandle:
 
         A stream's producer waits while rows it produced are not taken, so
         memory stays flat; iterate to the end before awaiting :meth:`result`.
-        A task that ended before running (a bad call found past the first chunk
-        of a long one-shot list) raises its error here as :meth:`result` does.
+        An error :meth:`result` raises is raised here too, once every row that
+        came before it was yielded: a stream whose call source raised (the task
+        was cancelled), a long one-shot list with a bad call past its first chunk.
         """
         run = self._run
         driver = self._driver
@@ -214,6 +215,8 @@ class TaskHandle:
                 if run.outputs_pending:  # a one-shot task's rows, decoded off the actor
                     await run.decode_outputs()
                     continue
+                if self.producer_error is not None:  # not a quiet end: the source broke
+                    raise self.producer_error
                 return
             if driver.done():
                 error = None if driver.cancelled() else driver.exception()

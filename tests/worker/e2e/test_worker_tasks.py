@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from e2e_support import ADDER, SLEEPER, WorkerSession, e2e_config
@@ -305,6 +306,30 @@ def test_executor_task_slots_admit_tasks_one_at_a_time() -> None:
             assert first.done()
 
         session.run(scenario())
+
+
+def test_rows_of_a_call_stream_that_raises_end_with_its_error(
+    session: WorkerSession,
+) -> None:
+    # Iterating rows() alone must not make a broken source look like a finished stream.
+    async def scenario() -> None:
+        def calls() -> Iterator[Call]:
+            for i in range(10):
+                yield Call("adder", {"x": i})
+            raise RuntimeError("the call source broke")
+
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=calls()), collect=False
+        )
+        rows: list[Any] = []
+        with pytest.raises(RuntimeError, match="the call source broke"):
+            async for row in handle.rows():
+                rows.append(row)
+        assert len(rows) <= 10  # the rows that settled before the cancel, if any
+        with pytest.raises(RuntimeError, match="the call source broke"):
+            await handle.result()
+
+    session.run(scenario())
 
 
 def test_a_call_stream_that_raises_cancels_the_task_and_result_raises(
