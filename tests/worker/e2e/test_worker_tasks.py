@@ -308,18 +308,20 @@ def test_executor_task_slots_admit_tasks_one_at_a_time() -> None:
         session.run(scenario())
 
 
+def _breaking_calls() -> Iterator[Call]:
+    """A call source that yields ten calls, then raises."""
+    for i in range(10):
+        yield Call("adder", {"x": i})
+    raise RuntimeError("the call source broke")
+
+
 def test_rows_of_a_call_stream_that_raises_end_with_its_error(
     session: WorkerSession,
 ) -> None:
     # Iterating rows() alone must not make a broken source look like a finished stream.
     async def scenario() -> None:
-        def calls() -> Iterator[Call]:
-            for i in range(10):
-                yield Call("adder", {"x": i})
-            raise RuntimeError("the call source broke")
-
         handle = session.worker.submit(
-            Task(functions={"adder": ADDER}, calls=calls()), collect=False
+            Task(functions={"adder": ADDER}, calls=_breaking_calls()), collect=False
         )
         rows: list[Any] = []
         with pytest.raises(RuntimeError, match="the call source broke"):
@@ -336,12 +338,7 @@ def test_a_call_stream_that_raises_cancels_the_task_and_result_raises(
     session: WorkerSession,
 ) -> None:
     async def scenario() -> None:
-        def calls() -> Iterator[Call]:
-            for i in range(10):
-                yield Call("adder", {"x": i})
-            raise RuntimeError("the call source broke")
-
-        handle = session.worker.submit(Task(functions={"adder": ADDER}, calls=calls()))
+        handle = session.worker.submit(Task(functions={"adder": ADDER}, calls=_breaking_calls()))
         with pytest.raises(RuntimeError, match="the call source broke"):
             await handle.result()
         assert handle.run_state.converged_with is not None
