@@ -103,6 +103,13 @@ def wait_until_pipe_is_full(proc: subprocess.Popen[bytes], fd: int, timeout: flo
         time.sleep(0.02)
 
 
+def kill_if_running(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap ``proc`` unless it already ended (a test's ``finally``)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for_exit(proc: subprocess.Popen[bytes], timeout: float) -> float:
     """Wait for the process to end (kill it past ``timeout`` and fail); the time it took."""
     started = time.monotonic()

@@ -18,6 +18,7 @@ from cli_support import (
     assert_executors_gone,
     clean_env,
     executor_pids,
+    kill_if_running,
     streamed_task,
     wait_for_exit,
     wait_until_pipe_is_full,
@@ -67,9 +68,7 @@ def test_a_signal_ends_the_run_promptly_while_stdout_is_not_read(
         proc.send_signal(signum)
         took = wait_for_exit(proc, 30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_running(proc)
     assert proc.stdout is not None
     written = proc.stdout.read()
     err = err_path.read_text()
@@ -106,9 +105,7 @@ def test_a_second_signal_exits_at_once_while_stdout_is_not_read(tmp_path: Path) 
         proc.send_signal(signal.SIGINT)
         took = wait_for_exit(proc, 30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_running(proc)
     err = err_path.read_text()
     assert proc.returncode == 130, err
     assert "blockx: SIGINT again: exiting at once" in err
@@ -134,9 +131,7 @@ def test_a_slow_reader_gets_every_row_in_order_and_the_run_does_not_stall(
             time.sleep(0.005)
         wait_for_exit(proc, 60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_running(proc)
     err = err_path.read_text()
     assert proc.returncode == 0, err
     rows = [json.loads(line) for line in b"".join(chunks).splitlines()]

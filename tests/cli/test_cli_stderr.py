@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import clean_env, jsonl, streamed_task, wait_for_exit, wait_until_pipe_is_full
+from cli_support import (
+    clean_env,
+    jsonl,
+    kill_if_running,
+    streamed_task,
+    wait_for_exit,
+    wait_until_pipe_is_full,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,12 +73,6 @@ def _read_in_thread(proc: subprocess.Popen[bytes]) -> tuple[threading.Thread, li
     return reader, chunks
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-
-
 def _assert_lines_in_order(err: str) -> int:
     """Each call's printed lines that were written came in the order printed; their count."""
     seen: dict[int, int] = {}
@@ -93,7 +94,7 @@ def test_a_run_whose_stderr_is_never_read_completes_and_exits_on_time(tmp_path: 
         took = wait_for_exit(proc, 60)
         reader.join(10)
     finally:
-        _kill(proc)
+        kill_if_running(proc)
     assert proc.returncode == 0
     assert [row["i"] for row in jsonl(b"".join(rows).decode())] == list(range(count))
     assert took < 45
@@ -119,7 +120,7 @@ def test_stderr_read_after_the_rows_has_the_drop_notice_and_the_summary(tmp_path
         wait_for_exit(proc, 30)
         reader.join(10)
     finally:
-        _kill(proc)
+        kill_if_running(proc)
     assert proc.returncode == 0, err
     assert [row["i"] for row in jsonl(b"".join(rows).decode())] == list(range(count))
     notices = DROP_NOTICE.findall(err)
@@ -149,7 +150,7 @@ def test_sigint_ends_the_run_promptly_while_stderr_is_not_read(
             time.sleep(0.2)
         took = wait_for_exit(proc, 30)
     finally:
-        _kill(proc)
+        kill_if_running(proc)
     assert proc.returncode == 130
     # the first signal: the run is cancelled, stderr gets 2 s to take the final texts
     assert took < 15
@@ -169,7 +170,7 @@ def test_a_reader_that_pauses_gets_every_line_in_order_and_the_run_does_not_stal
         err = proc.stderr.read().decode()
         wait_for_exit(proc, 60)
     finally:
-        _kill(proc)
+        kill_if_running(proc)
     assert proc.returncode == 0, err
     assert not DROP_NOTICE.search(err), err[-2000:]
     assert _assert_lines_in_order(err) == count * 5
