@@ -445,7 +445,6 @@ class Worker:
                 task.calls,
                 code.digests(),
                 self._core,
-                defined=list(task.functions),
                 instance=task.instance,
                 policy=core_policy,
             )

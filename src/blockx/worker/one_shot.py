@@ -135,7 +135,6 @@ class OneShotCalls:
         "_chunk_calls",
         "_chunks",
         "_core",
-        "_defined",
         "_digests",
         "_items",
         "_known",
@@ -151,7 +150,6 @@ class OneShotCalls:
         digests: Mapping[str, str],
         core: DispatcherCore,
         *,
-        defined: Sequence[str],
         instance: str | None,
         policy: CallRetryPolicy | None,
         chunk_calls: int = ONE_SHOT_CHUNK_CALLS,
@@ -163,7 +161,6 @@ class OneShotCalls:
         self._digests = digests
         self._known = frozenset(digests)
         self._core = core
-        self._defined = defined
         self._chunk_calls = chunk_calls
         #: The whole list as Calls, once every chunk is prepared.
         self.calls: list[Call] = []
@@ -204,7 +201,7 @@ class OneShotCalls:
             first = next(i for i, c in enumerate(calls, start) if c.function_id in unknown)
             raise TaskSpecError(
                 f"calls name functions the task does not define: {sorted(unknown)}"
-                f" (first: call #{first}); defined: {sorted(self._defined)}"
+                f" (first: call #{first}); defined: {sorted(self._known)}"
             )
         specs = call_specs(calls, start)
         self.calls.extend(calls)
