@@ -223,12 +223,10 @@ def release_wait(ctx: DispatchCallContext, out: Out) -> None:
     """``ctx``'s attempt leaves its wait unanswered: hand its ``wait_handle`` back.
 
     Callers test ``ctx.wait_handle is not None`` first (a call that waits on
-    nothing, or whose wait was answered, costs one attribute test).
+    nothing, or whose wait was answered, costs one attribute test and no call).
     """
-    handle = ctx.wait_handle
-    if handle is not None:
-        ctx.wait_handle = None
-        out.append(ReleaseWait(ctx.call_id, ctx.task.task_id, handle))
+    out.append(ReleaseWait(ctx.call_id, ctx.task.task_id, ctx.wait_handle))
+    ctx.wait_handle = None
 
 
 # --- the end of a call -----------------------------------------------------------
