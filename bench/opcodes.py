@@ -23,7 +23,12 @@ Two sides, each the way the real process runs it:
   each answered with a ResumeCall as soon as its CallWaiting is out. Calls carry
   the worker's default budget (5000 ms; ``--budget-ms 0``: none).
 
-    .venv/bin/python bench/opcodes.py [--side worker|executor|both] [--top 25]
+Counted on the pure-Python sources: this bench sets ``BLOCKX_PURE_PYTHON=1``
+before importing ``blockx`` (modules compiled by mypyc execute no bytecodes, so
+a compiled run would count only what is left interpreted; ``--native`` does
+that, to see what remains).
+
+    .venv/bin/python bench/opcodes.py [--side worker|executor|both] [--top 25] [--native]
 """
 
 from __future__ import annotations
@@ -31,9 +36,14 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+# Before blockx is imported (blockx.native decides once per process).
+if "--native" not in sys.argv:
+    os.environ["BLOCKX_PURE_PYTHON"] = "1"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -219,8 +229,16 @@ def main() -> None:
     parser.add_argument(
         "--budget-ms", type=int, default=5000, help="executor calls' callBudgetMs (0: none)"
     )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="count with the compiled modules in place: only what is left interpreted",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    from blockx import native
+
+    print(f"blockx modules: {native.status().describe()}")
     if args.side in ("worker", "both"):
         run(worker_side(args))
         run(product_io_side(args))

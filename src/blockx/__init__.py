@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from blockx import native as _native
+
 __version__ = "0.1.0"
+
+# Before any compiled module can be imported: run them compiled, or from their
+# sources when the build is stale or BLOCKX_PURE_PYTHON is set (blockx.native).
+_native.install()
 
 #: Lazily exported names -> the module that defines them.
 _LAZY = {

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from blockx import __version__
+from blockx import __version__, native
 from blockx.cli_exit import EXIT_OK, EXIT_SIGPIPE, EXIT_STATUS_HELP, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_MAIN_EPILOG,
         formatter_class=_Formatter,
     )
-    parser.add_argument("--version", action="version", version=f"blockx {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"blockx {__version__}, {native.status().describe()}"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     run = commands.add_parser(

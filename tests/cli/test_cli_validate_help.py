@@ -116,7 +116,10 @@ def test_main_help_lists_the_commands() -> None:
         "blockx run examples/quickstart/task.yaml",
     ):
         assert needle in proc.stdout
-    assert blockx("--version").stdout.startswith("blockx ")
+    version = blockx("--version").stdout
+    assert version.startswith("blockx ")
+    # ... and says whether the core runs compiled (blockx.native).
+    assert "modules compiled (mypyc)" in version or "pure Python (" in version
 
 
 def test_run_help_is_complete() -> None:

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockx.worker.core import DispatcherConfig, ExecutorSnapshot
 from blockx.worker.core.selection import ExecutorState, ExecutorTable
+from blockx.worker.core.state import DispatchCallContext, InstanceState, TaskDispatchState
+from blockx.worker.core.types import FailurePolicy, PreparedCall, TaskMode
+
+#: The task the selection tests' calls belong to (a compiled core takes only real contexts).
+_TASK = TaskDispatchState(
+    task_id="t",
+    mode=TaskMode.ONE_SHOT,
+    instance=InstanceState("i"),
+    max_attempts=1,
+    base_backoff_ms=0,
+    call_budget_ms=0,
+    failure_policy=FailurePolicy.CONTINUE,
+)
+
+
+def _context(seq: int) -> DispatchCallContext:
+    call = PreparedCall("f", "d", b"[]", f"k{seq}")
+    return DispatchCallContext(f"c{seq}", _TASK, call, seq, None, 0, 1, 0)
+
 
 IDS = [f"exec-{i}" for i in range(6)]
 
@@ -115,7 +132,7 @@ def test_exact_selection_matches_a_full_scan(
         ExecutorSnapshot(executor_id=eid, usable_contexts=2 + i % 3, runnable_count=(2 * i) % 5)
         for i, eid in enumerate(IDS)
     )
-    held: list[tuple[ExecutorState, SimpleNamespace]] = []
+    held: list[tuple[ExecutorState, DispatchCallContext]] = []
     now = 5_001
     seq = 0
     for op, arg in ops:
@@ -125,20 +142,20 @@ def test_exact_selection_matches_a_full_scan(
             ex = table.select_executor(now)
             if ex is not None:
                 seq += 1
-                ctx = SimpleNamespace(call_id=f"c{seq}")
-                table.take_slot(ex, ctx)  # type: ignore[arg-type]
+                ctx = _context(seq)
+                table.take_slot(ex, ctx)
                 held.append((ex, ctx))
         elif op == "bind_any":
             ex = table.get(arg)  # type: ignore[arg-type]
             if ex is not None and ex.present and not ex.lost:
                 seq += 1
-                ctx = SimpleNamespace(call_id=f"c{seq}")
-                table.take_slot(ex, ctx)  # type: ignore[arg-type]
+                ctx = _context(seq)
+                table.take_slot(ex, ctx)
                 held.append((ex, ctx))
         elif op == "release" and held:
             index, completed = arg  # type: ignore[misc]
             ex, ctx = held.pop(index % len(held))
-            table.release_slot(ex, ctx, completed=completed)  # type: ignore[arg-type]
+            table.release_slot(ex, ctx, completed=completed)
         elif op == "tick":
             now += arg  # type: ignore[operator]
         elif op == "lose":

@@ -28,6 +28,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from tests.helpers.native import CORE_COMPILED
 
 from blockx.worker.core import (
     BatchSettled,
@@ -321,9 +322,14 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     # --- batch entry points: each batch must equal its events applied one by one --------
 
-    def _twin(self) -> DispatcherCore:
-        """A deep copy of the core, to replay a batch's events one at a time."""
-        return copy.deepcopy(self.runtime.core)
+    def _twin(self) -> DispatcherCore | None:
+        """A deep copy of the core, to replay a batch's events one at a time.
+
+        None on the compiled core (mypyc's classes cannot be deep-copied): the batch
+        runs and the machine's invariants hold it; the batch-equals-one-by-one
+        comparison is made by the pure-Python pass of ``make test``.
+        """
+        return None if CORE_COMPILED else copy.deepcopy(self.runtime.core)
 
     def _assert_same(self, core: DispatcherCore, twin: DispatcherCore, call_ids: list[str]) -> None:
         assert core.stats.as_dict() == twin.stats.as_dict()
@@ -349,11 +355,12 @@ class DispatcherMachine(RuleBasedStateMachine):
             items.insert(data.draw(st.integers(0, len(items))), (ids[0], items[0][1] + 1, b"{}", 0))
         twin = self._twin()
         expected: list[object] = []
-        for call_id, seq, output, budget in items:
+        for call_id, seq, output, budget in items if twin is not None else ():
             expected += twin.handle_call_completed(call_id, seq, output, budget_used_ms=budget)
         out = rt.core.handle_calls_completed(items)
-        assert out == expected
-        self._assert_same(rt.core, twin, ids)
+        if twin is not None:
+            assert out == expected
+            self._assert_same(rt.core, twin, ids)
         for call_id in ids:
             self.ended_attempts.append((call_id, rt.running.pop(call_id).attempt_seq))
         rt.run(out)
@@ -374,14 +381,16 @@ class DispatcherMachine(RuleBasedStateMachine):
             if handle is not None:
                 self.answered.add(handle)
         twin = self._twin()
-        for call_id, seq in items:
+        for call_id, seq in items if twin is not None else ():
             assert twin.handle_call_waiting(call_id, seq) == []
         assert rt.core.handle_calls_waiting(items) == []
-        self._assert_same(rt.core, twin, ids)
-        for call_id, seq in items:
+        if twin is not None:
+            self._assert_same(rt.core, twin, ids)
+        for call_id, seq in items if twin is not None else ():
             assert twin.handle_call_resumed(call_id, seq) == []
         assert rt.core.handle_calls_resumed(items) == []
-        self._assert_same(rt.core, twin, ids)
+        if twin is not None:
+            self._assert_same(rt.core, twin, ids)
 
     def _wait_handle(self, call_id: str) -> WaitToken | None:
         ctx = self.runtime.core.call_context(call_id)
@@ -429,11 +438,12 @@ class DispatcherMachine(RuleBasedStateMachine):
         binds, rt.pending_binds = rt.pending_binds[:count], rt.pending_binds[count:]
         twin = self._twin()
         expected: list[object] = []
-        for bind in binds:
+        for bind in binds if twin is not None else ():
             expected += twin.handle_executor_bound(bind.call_id, bind.executor_id, bind.attempt_seq)
         out = rt.core.handle_executors_bound(binds)
-        assert out == expected
-        self._assert_same(rt.core, twin, [bind.call_id for bind in binds])
+        if twin is not None:
+            assert out == expected
+            self._assert_same(rt.core, twin, [bind.call_id for bind in binds])
         rt.run(out)
 
     @precondition(lambda self: bool(self._running()))

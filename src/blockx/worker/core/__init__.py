@@ -25,7 +25,7 @@ from .commands import (
     StopCallProduction,
     UnbindCall,
 )
-from .config import DispatcherConfig
+from .config import CallRetryPolicy, DispatcherConfig
 from .dispatcher import DispatcherCore
 from .errors import (
     ConfigError,
@@ -54,7 +54,6 @@ from .types import (
     ERR_TRANSPORT_LOST,
     CallError,
     CallOutcome,
-    CallRetryPolicy,
     CallSpec,
     CallState,
     CompletionSource,

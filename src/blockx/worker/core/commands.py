@@ -84,6 +84,7 @@ class BindCall(Record):
     """Reserve a context for ``call_id`` on ``executor_id``, synchronously."""
 
     __slots__ = ("attempt_seq", "call_id", "executor_id", "parent_call_id", "task_id")
+    _fields = ("call_id", "task_id", "executor_id", "attempt_seq", "parent_call_id")
     call_id: str
     task_id: str
     executor_id: str
@@ -110,6 +111,7 @@ class UnbindCall(Record):
     """Release the reservation of a call that ended normally."""
 
     __slots__ = ("call_id", "executor_id", "task_id")
+    _fields = ("call_id", "task_id", "executor_id")
     call_id: str
     task_id: str
     executor_id: str
@@ -124,6 +126,7 @@ class CancelCallCmd(Record):
     """Cancel a bound call's attempt: drain its reservation, send ``CancelCall``."""
 
     __slots__ = ("attempt_seq", "call_id", "executor_id", "reason", "task_id")
+    _fields = ("call_id", "task_id", "executor_id", "attempt_seq", "reason")
     call_id: str
     task_id: str
     executor_id: str
@@ -162,6 +165,17 @@ class DispatchCallCmd(Record):
         "executor_id",
         "parent_call_id",
         "task_id",
+    )
+    _fields = (
+        "call_id",
+        "task_id",
+        "executor_id",
+        "call",
+        "parent_call_id",
+        "ancestry",
+        "budget_ms",
+        "attempt_seq",
+        "batch_idx",
     )
     call_id: str
     task_id: str
@@ -219,6 +233,7 @@ class ArmCallRetry(Record):
     """Call ``handle_retry_ready(call_id)`` at ``due_at_ms``."""
 
     __slots__ = ("attempt_count", "call_id", "delay_ms", "due_at_ms", "task_id")
+    _fields = ("call_id", "task_id", "due_at_ms", "delay_ms", "attempt_count")
     call_id: str
     task_id: str
     due_at_ms: int
@@ -240,6 +255,7 @@ class CompleteCallFromCache(Record):
     """A call completed without running: from the call cache or a leader."""
 
     __slots__ = ("call_id", "error", "output_json", "parent_call_id", "source", "task_id")
+    _fields = ("call_id", "task_id", "source", "output_json", "error", "parent_call_id")
     call_id: str
     task_id: str
     source: CompletionSource
@@ -285,6 +301,16 @@ class ResumeParentCall(Record):
         "request_id",
         "task_id",
     )
+    _fields = (
+        "task_id",
+        "parent_call_id",
+        "executor_id",
+        "request_id",
+        "call_id",
+        "output_json",
+        "error",
+        "budget_used_ms",
+    )
     task_id: str
     parent_call_id: str
     #: The parent's executor (where the child ran).
@@ -327,6 +353,7 @@ class ReleaseWait(Record):
     """
 
     __slots__ = ("call_id", "handle", "task_id")
+    _fields = ("call_id", "task_id", "handle")
     call_id: str
     task_id: str
     handle: object

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from typing import Final
 
 from .errors import ConfigError
+from .types import FailurePolicy
 
 #: Added to ``call_deadline_ms`` to derive the scheduler-stall timeout.
 STALL_TIMEOUT_MARGIN_MS: Final = 5000
@@ -135,3 +136,35 @@ class DispatcherConfig:
         object.__setattr__(self, "stall_timeout_ms", stall)
         quantum = min(max(self.instance_fairness_quantum, 1), MAX_FAIRNESS_QUANTUM)
         object.__setattr__(self, "fairness_quantum", quantum)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRetryPolicy:
+    """A task's call policy. ``None`` fields fall back to ``DispatcherConfig``.
+
+    Here, not in :mod:`.types`, with the other values a user builds: this module
+    stays interpreted when the core is compiled, so a bad field is still a
+    :class:`ConfigError` naming it (a compiled class would raise a bare
+    ``TypeError`` on the wrong type before ``__post_init__`` could).
+    """
+
+    #: Attempts per root call (``DispatcherConfig.default_max_attempts``).
+    max_attempts: int | None = None
+    #: Backoff base in ms; wins over ``DispatcherConfig.base_backoff_ms``.
+    base_backoff_ms: int | None = None
+    failure: FailurePolicy = FailurePolicy.FAST_FAIL
+    #: Budget of every root attempt in ms, 0 = unlimited
+    #: (``DispatcherConfig.call_deadline_ms``).
+    call_budget_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("max_attempts", 1), ("base_backoff_ms", 0), ("call_budget_ms", 0)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if type(value) is not int:
+                raise ConfigError(f"CallRetryPolicy.{name}", value, "must be an int or None")
+            if value < minimum:
+                raise ConfigError(f"CallRetryPolicy.{name}", value, f"must be >= {minimum}")
+        if not isinstance(self.failure, FailurePolicy):
+            raise ConfigError("CallRetryPolicy.failure", self.failure, "must be a FailurePolicy")

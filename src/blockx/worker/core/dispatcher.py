@@ -180,7 +180,7 @@ from .attempts import (
     suspend_attempts,
 )
 from .commands import BindCall, DispatchCommand
-from .config import DispatcherConfig
+from .config import CallRetryPolicy, DispatcherConfig
 from .convergence import flush_dirty_tasks
 from .errors import DispatcherInvariantError, InvalidCallSpecError, ReentrantCallError
 from .invariants import check_core_invariants
@@ -210,7 +210,6 @@ from .state import DispatchCallContext, DispatcherStats, TaskDispatchState
 from .subcalls import admit_subcall, rebind_parked
 from .types import (
     CallError,
-    CallRetryPolicy,
     CallSpec,
     CallState,
     ExecutorSnapshot,

@@ -30,9 +30,12 @@ arguments by position, in declaration order). What it gives up: immutability is
 by convention -- nobody assigns to a record after building it -- and there is
 no ``dataclasses.replace``.
 
-A subclass declares its fields as ``__slots__`` and as the parameters of an
-``__init__`` that assigns each; the parameter order is the field order
-(``repr``, ``__match_args__``, positional construction).
+A subclass declares its fields three times, checked against each other when the
+class is built interpreted: as ``__slots__``, as the parameters of an ``__init__``
+that assigns each, and as ``_fields`` in the parameters' order (``repr``,
+``__match_args__``, positional construction). ``_fields`` is spelled out because
+the core may be compiled by mypyc (:mod:`blockx.worker.core`), and a compiled
+class keeps neither ``__slots__`` nor a code object to read the order from.
 """
 
 from __future__ import annotations
@@ -46,18 +49,28 @@ class Record:
     """Base of slotted per-call records: equality, hash, repr and match by ``__slots__``."""
 
     __slots__ = ()
-    #: The record's fields in declaration order (set for every subclass).
+    #: The record's fields in declaration order: every subclass spells them out,
+    #: because a class compiled by mypyc keeps neither ``__slots__`` nor its
+    #: ``__init__``'s code object to derive them from.
     _fields: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The fields are the __init__ parameters, in order; every one is a slot.
-        code = cls.__init__.__code__
-        fields = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
-        if set(fields) != set(cls.__dict__.get("__slots__", ())):
-            raise TypeError(f"{cls.__name__}: __slots__ must be exactly the __init__ parameters")
-        cls._fields = fields
-        setattr(cls, "__match_args__", fields)  # noqa: B010 -- mypy forbids assigning it
+        # Interpreted (the class has its code object): hold ``_fields`` to the
+        # ``__init__`` parameters, in order, and to ``__slots__``. Compiled, the
+        # same source passed this check in the pure-Python test run.
+        code = getattr(cls.__init__, "__code__", None)
+        if code is not None:
+            params = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
+            if cls._fields != params:
+                raise TypeError(
+                    f"{cls.__name__}: _fields must be the __init__ parameters, in order"
+                )
+            if set(params) != set(vars(cls).get("__slots__", ())):
+                raise TypeError(
+                    f"{cls.__name__}: __slots__ must be exactly the __init__ parameters"
+                )
+        setattr(cls, "__match_args__", cls._fields)  # noqa: B010 -- mypy forbids assigning it
 
     def _values(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self._fields)

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
 
+from .config import CallRetryPolicy
 from .errors import (
     CreditWindowExceededError,
     DuplicateTaskError,
@@ -61,7 +62,7 @@ from .errors import (
 from .keys import function_hasher
 from .lifecycle import CoreState, mark_dirty
 from .state import DispatchCallContext, StreamBatch, TaskDispatchState
-from .types import CallRetryPolicy, CallSpec, PreparedCall, TaskMode
+from .types import CallSpec, PreparedCall, TaskMode
 
 __all__ = [
     "PreparedCallBatch",

@@ -397,24 +397,29 @@ class TaskDispatchState:
         )
 
 
+#: The counters of :class:`DispatcherStats`, by name (a class compiled by mypyc
+#: keeps no ``__slots__`` to list them from).
+_STAT_COUNTERS: Final = (
+    "bind_failures",
+    "binds",
+    "cache_hits",
+    "calls_cancelled",
+    "calls_completed",
+    "calls_failed",
+    "executor_losses",
+    "retries",
+    "singleflight_hits",
+    "stale_events",
+    "subcalls_created",
+    "subcalls_rejected",
+    "tasks_converged",
+)
+
+
 class DispatcherStats:
     """Counters since the core was built (monotonic; read-only for callers)."""
 
-    __slots__ = (
-        "bind_failures",
-        "binds",
-        "cache_hits",
-        "calls_cancelled",
-        "calls_completed",
-        "calls_failed",
-        "executor_losses",
-        "retries",
-        "singleflight_hits",
-        "stale_events",
-        "subcalls_created",
-        "subcalls_rejected",
-        "tasks_converged",
-    )
+    __slots__ = _STAT_COUNTERS
 
     def __init__(self) -> None:
         self.binds = 0
@@ -433,7 +438,7 @@ class DispatcherStats:
         self.tasks_converged = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in _STAT_COUNTERS}
 
     def __repr__(self) -> str:
         body = " ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)

@@ -6,8 +6,9 @@ Everything here is an immutable value or an ``Enum`` (the per-call ones,
 :class:`CallSpec` and :class:`PreparedCall`, are slotted records, immutable by
 convention: see :mod:`.records`); the mutable per-call and
 per-task records live in :mod:`.state`. The runtime builds the inputs
-(:class:`CallSpec`, :class:`CallRetryPolicy`, :class:`ExecutorSnapshot`,
-:class:`SubcallRequest`, :class:`CallError`) and reads the records the core
+(:class:`CallSpec`, :class:`ExecutorSnapshot`, :class:`SubcallRequest`,
+:class:`CallError`; the task's :class:`~.config.CallRetryPolicy` lives in
+:mod:`.config`) and reads the records the core
 hands back inside commands (:class:`FailedCall`, :class:`TaskFailure`).
 
 Call arguments and outputs travel as encoded JSON ``bytes``. The core never
@@ -23,7 +24,6 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
-from .errors import ConfigError
 from .records import Record
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "ERR_TRANSPORT_LOST",
     "CallError",
     "CallOutcome",
-    "CallRetryPolicy",
     "CallSpec",
     "CallState",
     "CompletionSource",
@@ -132,6 +131,7 @@ class CallSpec(Record):
     one is built per call)."""
 
     __slots__ = ("args_json", "function_id")
+    _fields = ("function_id", "args_json")
     function_id: str
     #: The argument value, JSON-encoded. A JSON array is spread as positional
     #: arguments by the executor; anything else is one argument.
@@ -151,6 +151,7 @@ class PreparedCall(Record):
     """
 
     __slots__ = ("args_json", "call_key", "function_code_digest", "function_id")
+    _fields = ("function_id", "function_code_digest", "args_json", "call_key")
     function_id: str
     function_code_digest: str
     args_json: bytes
@@ -164,32 +165,6 @@ class PreparedCall(Record):
         self.function_code_digest = function_code_digest
         self.args_json = args_json
         self.call_key = call_key
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallRetryPolicy:
-    """A task's call policy. ``None`` fields fall back to ``DispatcherConfig``."""
-
-    #: Attempts per root call (``DispatcherConfig.default_max_attempts``).
-    max_attempts: int | None = None
-    #: Backoff base in ms; wins over ``DispatcherConfig.base_backoff_ms``.
-    base_backoff_ms: int | None = None
-    failure: FailurePolicy = FailurePolicy.FAST_FAIL
-    #: Budget of every root attempt in ms, 0 = unlimited
-    #: (``DispatcherConfig.call_deadline_ms``).
-    call_budget_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        for name, minimum in (("max_attempts", 1), ("base_backoff_ms", 0), ("call_budget_ms", 0)):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if type(value) is not int:
-                raise ConfigError(f"CallRetryPolicy.{name}", value, "must be an int or None")
-            if value < minimum:
-                raise ConfigError(f"CallRetryPolicy.{name}", value, f"must be >= {minimum}")
-        if not isinstance(self.failure, FailurePolicy):
-            raise ConfigError("CallRetryPolicy.failure", self.failure, "must be a FailurePolicy")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

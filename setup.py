@@ -1,0 +1,151 @@
+"""Build hook: compile the hot modules with mypyc, or fall back to pure Python.
+
+Everything else about the package is in ``pyproject.toml``. This file exists for
+``ext_modules``: the modules in ``NATIVE_MODULES`` are compiled by mypyc (they are
+mypy-strict), which takes the dispatcher core's bookkeeping out of the
+interpreter (``docs/operations.md``, "Compiled modules", has the figures).
+
+The build never fails for want of a compiler: if mypyc cannot be imported, its
+type check or the C compiler fails, or ``BLOCKX_PURE_PYTHON`` is set to anything
+but ``0``, the package is built pure and says so. Either way it writes the stamp
+``blockx/_native_build.json`` that ``blockx.native`` reads at import time: the
+modules and the SHA-256 of each source compiled (``null`` for a pure build), so
+a source edited after the build runs as source, never as the stale ``.so``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+SRC = ROOT / "src"
+STAMP = Path("blockx") / "_native_build.json"
+
+#: Compiled together, as one mypyc group (they call each other natively).
+#: Kept interpreted on purpose: ``core/__init__.py`` (nothing hot), ``core/errors.py``
+#: (exceptions deriving from builtins), ``core/config.py`` (user-built values whose
+#: bad fields must raise ``ConfigError``, not a compiled class's ``TypeError``).
+NATIVE_MODULES = [
+    "blockx/worker/core/attempts.py",
+    "blockx/worker/core/commands.py",
+    "blockx/worker/core/convergence.py",
+    "blockx/worker/core/dispatcher.py",
+    "blockx/worker/core/fairness.py",
+    "blockx/worker/core/invariants.py",
+    "blockx/worker/core/keys.py",
+    "blockx/worker/core/lifecycle.py",
+    "blockx/worker/core/records.py",
+    "blockx/worker/core/registration.py",
+    "blockx/worker/core/release.py",
+    "blockx/worker/core/retry.py",
+    "blockx/worker/core/selection.py",
+    "blockx/worker/core/state.py",
+    "blockx/worker/core/subcalls.py",
+    "blockx/worker/core/types.py",
+]
+
+
+def _module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def _stamp(compiled: bool, note: str) -> str:
+    modules = {
+        _module_name(path): (
+            hashlib.sha256((SRC / path).read_bytes()).hexdigest() if compiled else None
+        )
+        for path in NATIVE_MODULES
+    }
+    return json.dumps({"modules": modules, "note": note}, indent=1, sort_keys=True) + "\n"
+
+
+def _say(message: str) -> None:
+    print(f"blockx build: {message}", file=sys.stderr)
+
+
+class BuildExt(build_ext):
+    """Compile in parallel; on a compiler failure, build pure. Always write the stamp."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self) -> None:
+        compiled, note = bool(self.extensions), NOTE
+        if self.extensions:
+            try:
+                super().run()
+            except Exception as exc:  # CompileError, LinkError, a missing compiler
+                _say(f"compiling failed ({exc}); installing pure Python")
+                compiled, note = False, f"the C compile failed: {exc}"
+                self._remove_partial_outputs()
+        self._write_stamp(compiled, note)
+
+    def _targets(self) -> list[Path]:
+        # A wheel takes the stamp from build_lib; an editable install reads the
+        # source tree (its .so files are copied there), so both get it.
+        targets = [Path(self.build_lib) / STAMP]
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.append(SRC / STAMP)
+        return targets
+
+    def _write_stamp(self, compiled: bool, note: str) -> None:
+        text = _stamp(compiled, note)
+        for target in self._targets():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+
+    def _remove_partial_outputs(self) -> None:
+        for ext in self.extensions:
+            for base in (Path(self.build_lib), SRC):
+                out = base / self.get_ext_filename(ext.name)
+                if out.exists():
+                    out.unlink()
+
+    def get_outputs(self) -> list[str]:
+        return [*super().get_outputs(), str(Path(self.build_lib) / STAMP)]
+
+
+def _native_extensions() -> tuple[list, str]:
+    if os.environ.get("BLOCKX_PURE_PYTHON", "") not in ("", "0"):
+        return [], "BLOCKX_PURE_PYTHON was set when it was installed"
+    try:
+        from mypyc.build import mypycify
+    except ImportError as exc:
+        return [], f"mypyc is not available to the build ({exc})"
+    cwd = os.getcwd()
+    os.chdir(SRC)  # mypyc names modules from paths relative to the working directory
+    try:
+        return mypycify(
+            [
+                "--config-file",
+                str(ROOT / "pyproject.toml"),
+                "--no-warn-unused-configs",
+                *NATIVE_MODULES,
+            ],
+            opt_level="3",
+            target_dir=str(ROOT / "build" / "mypyc"),
+        ), ""
+    except (Exception, SystemExit) as exc:  # mypyc reports a type error by exiting
+        return [], f"mypyc could not compile the modules ({exc})"
+    finally:
+        os.chdir(cwd)
+
+
+EXTENSIONS, NOTE = _native_extensions()
+if NOTE:
+    _say(f"installing pure Python: {NOTE}")
+    # No extensions: build_ext will not run, so stamp the source tree here (an
+    # editable install reads it; compiled files left by an earlier build must
+    # not shadow the sources).
+    (SRC / STAMP).write_text(_stamp(False, NOTE), encoding="utf-8")
+
+setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": BuildExt})
