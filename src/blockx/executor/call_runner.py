@@ -92,26 +92,30 @@ def admission_failure(exc: AdmissionError) -> Failure:
 class CallRunner:
     """Stepping, ending and terminal frames of resident contexts (see the module doc)."""
 
-    if TYPE_CHECKING:  # provided by ExecutorRuntime
-        executor_id: str
-        registry: ModuleRegistry
-        _contexts: dict[str, ExecContext]
-        _finished_attempts: OrderedDict[str, int]
-        _counters: dict[str, int]
-        _monotonic: Callable[[], float]
-        _running: ExecContext | None
-        _in_scheduler: bool
-        _transport_lost: bool
-        _alarm: DeadlineAlarm
-        _pool: ResidentGreenletPool
-        _bridge: SdkBridge
-        _call_context: contextvars.Context
+    # Provided by ExecutorRuntime. Declared here, not under `if TYPE_CHECKING`, so mypyc
+    # compiles this class with them (a bare annotation does nothing at run time).
+    executor_id: str
+    registry: ModuleRegistry
+    _contexts: dict[str, ExecContext]
+    _finished_attempts: OrderedDict[str, int]
+    _counters: dict[str, int]
+    _monotonic: Callable[[], float]
+    _running: ExecContext | None
+    _in_scheduler: bool
+    _transport_lost: bool
+    _alarm: DeadlineAlarm
+    _pool: ResidentGreenletPool
+    _bridge: SdkBridge
+    _call_context: contextvars.Context
 
-        def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None: ...
+    def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def send_encoded(self, frame: bytes) -> None: ...
+    def send_encoded(self, frame: bytes) -> None:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def note_transport_lost(self) -> None: ...
+    def note_transport_lost(self) -> None:
+        raise NotImplementedError  # ExecutorRuntime's
 
     # --- stepping -----------------------------------------------------------------------
 

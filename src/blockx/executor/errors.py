@@ -13,9 +13,12 @@
   that call; nothing else is affected.
 * **Loading failures** — :class:`UserCodeError`: the user's module does not
   compile, or has no entry function. Reported as ``user_error``.
+* **Start-up** — :class:`SessionConnectError`: the worker's socket could not be
+  reached (``python -m blockx.executor`` exits non-zero).
 
 Errors that user code may catch on purpose (a failed IO, a failed sub-call)
-are the ``RemoteCallError`` family in :mod:`blockx.executor.sdk_bridge`.
+are the ``RemoteCallError`` family, defined here and raised (and re-exported) by
+:mod:`blockx.executor.sdk_bridge`.
 """
 
 from __future__ import annotations
@@ -37,8 +40,15 @@ __all__ = [
     "DeadlineSignalExpired",
     "ExecutorCapacityExhausted",
     "ExecutorClosedError",
+    "FunctionCodeFetchError",
     "InvalidExecuteCall",
     "NoEntryFunctionError",
+    "RemoteCallError",
+    "RemoteIOError",
+    "SessionConnectError",
+    "SubcallCycleDetectedError",
+    "SubcallDepthExceededError",
+    "SubcallFailedError",
     "SubcallParentNotResident",
     "UserCodeError",
     "UserCodeSyntaxError",
@@ -242,3 +252,74 @@ class UserCodeSyntaxError(UserCodeError):
 
 class NoEntryFunctionError(UserCodeError):
     """The module defines no function the entry rules can pick."""
+
+
+# --- the RemoteCallError family: waits that failed, for user code to catch -----------
+# (re-exported by .sdk_bridge, which raises them; here, in a module that stays pure
+# Python, they are ordinary exception classes: a mypyc-compiled class would reject
+# attributes user code sets on them, and their class-level overrides.)
+
+
+class RemoteCallError(Exception):
+    """A wait the worker answered with ``ResumeCall.error``.
+
+    ``kind`` / ``message`` / ``retryable`` are the remote error's fields.
+    ``error_kind`` is the ``errorKind`` the call fails with when user code does
+    not catch this exception.
+    """
+
+    error_kind_override: str | None = None
+
+    def __init__(self, kind: str, message: str = "", retryable: bool = False) -> None:
+        super().__init__(f"{kind}: {message}" if message else kind)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+
+    @property
+    def error_kind(self) -> str:
+        return self.error_kind_override or self.kind
+
+
+class RemoteIOError(RemoteCallError):
+    """An IO wait (read, write, capability) failed; uncaught, the call fails with ``kind``."""
+
+
+class SubcallFailedError(RemoteCallError):
+    """The child call failed. ``kind`` is the child's ``errorKind``; uncaught, the
+    caller fails as ``subcall_failed`` with the child's ``retryable`` flag."""
+
+    error_kind_override = keys.ERR_SUBCALL_FAILED
+
+    @property
+    def child_error_kind(self) -> str:
+        return self.kind
+
+
+class SubcallDepthExceededError(RemoteCallError):
+    """The worker refused the sub-call: the call chain is too deep."""
+
+    error_kind_override = keys.ERR_SUBCALL_DEPTH_EXCEEDED
+
+
+class SubcallCycleDetectedError(RemoteCallError):
+    """The worker refused the sub-call: its callKey is already in the ancestry."""
+
+    error_kind_override = keys.ERR_SUBCALL_CYCLE_DETECTED
+
+
+class FunctionCodeFetchError(RemoteCallError):
+    """The module's source could not be fetched or did not match its digest."""
+
+    error_kind_override = keys.ERR_FUNCTION_CODE_FETCH_FAILED
+
+
+# --- start-up -----------------------------------------------------------------------
+
+
+class SessionConnectError(ConnectionError):
+    """The worker's socket could not be reached within the connect timeout.
+
+    Defined here, not in :mod:`.uds_session` (which re-exports it), so that module
+    holds no exception subclass and compiles with mypyc.
+    """

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-``ExecutorRuntime`` inherits this (as it does :class:`~.call_runner.CallRunner`);
+``ExecutorRuntime`` inherits this, and this inherits :class:`~.call_runner.CallRunner`;
 it is the part of the runtime that reads the worker's frames. It owns no state:
 it reads a frame's members, drops or fails what is malformed, and hands the
 rest to :meth:`ExecutorRuntime.submit_call`, :meth:`ExecutorRuntime.resume_call`
@@ -35,7 +35,7 @@ typed ``ExecuteCall`` is logged and counted in ``inbound_errors``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from blockx.wire.keys import (
     DEFAULT_CANCEL_REASON,
@@ -51,47 +51,39 @@ from blockx.wire.keys import (
     MT_RESUME_CALL,
 )
 
-from .call_runner import admission_failure
+from .call_runner import CallRunner, admission_failure
 from .context import ExecContext, ResumePayload, current_context
 from .errors import InvalidExecuteCall
 from .execute_frames import ExecuteCallFrame, ResumeCallFrame
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from .outputs import Failure
 
 __all__ = ["InboundFrames"]
 
 _log = logging.getLogger("blockx.executor")
 
 
-class InboundFrames:
+class InboundFrames(CallRunner):
     """Reading the worker's frames into the runtime's entry points (see the module doc)."""
 
-    if TYPE_CHECKING:  # provided by ExecutorRuntime (and CallRunner)
-        _contexts: dict[str, ExecContext]
-        _counters: dict[str, int]
-        _monotonic: Callable[[], float]
+    # A base of ExecutorRuntime on top of CallRunner, not a second mixin beside it:
+    # mypyc compiles single inheritance only. The entry points are ExecutorRuntime's.
 
-        def submit_call(self, ctx: ExecContext) -> bool: ...
+    def submit_call(self, ctx: ExecContext) -> bool:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool: ...
+    def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def cancel_call(
-            self, call_id: str, reason: str = DEFAULT_CANCEL_REASON, *, attempt_seq: int = 0
-        ) -> bool: ...
+    def cancel_call(
+        self, call_id: str, reason: str = DEFAULT_CANCEL_REASON, *, attempt_seq: int = 0
+    ) -> bool:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def _replace_existing_attempt(self, old: ExecContext) -> None: ...
+    def _replace_existing_attempt(self, old: ExecContext) -> None:
+        raise NotImplementedError  # ExecutorRuntime's
 
-        def _send_failed(
-            self, call_id: str, task_id: str, attempt_seq: int, failure: Failure
-        ) -> None: ...
-
-    def handle_inbound_message(
-        self, envelope: dict[str, Any], sidecar: bytes | None = None
-    ) -> None:
-        """Handle one decoded frame from the worker. Never raises on bad peer input.
+    def handle_inbound_message(self, envelope: Any, sidecar: bytes | None = None) -> None:
+        """Handle one decoded frame from the worker (any JSON value: the envelope is
+        checked here). Never raises on bad peer input.
 
         Unknown message types and malformed frames are logged and dropped
         (counted in :meth:`stats`); a malformed ExecuteCall is failed.
@@ -103,7 +95,7 @@ class InboundFrames:
 
     def _handle_inbound(
         self,
-        envelope: dict[str, Any] | ExecuteCallFrame | ResumeCallFrame,
+        envelope: Any,  # a typed frame, a dict envelope, or whatever else the peer sent
         sidecar: bytes | None,
     ) -> None:
         """:meth:`handle_inbound_message` once the caller is known to be the scheduler."""

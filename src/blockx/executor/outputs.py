@@ -20,6 +20,7 @@ frame on the hot path).
 from __future__ import annotations
 
 import os
+import re
 import reprlib
 import traceback
 import types
@@ -89,6 +90,12 @@ _INTERNAL_DIRS: Final = (
     os.path.dirname(os.path.abspath(blockx.sdk.__file__)) + os.sep,
 )
 _INTERNAL_FILES: Final = frozenset({os.path.abspath(blockx.function.__file__)})
+#: A mypyc-compiled module's traceback entries carry its source path as it was given to
+#: mypyc ("blockx/executor/runtime.py", "src/blockx/executor/runtime.py", ...), not the
+#: installed file's: those are internal too.
+_COMPILED_INTERNAL_FILE: Final = re.compile(
+    r"(?:^|/)blockx/(?:(?:executor|sdk)/[^/]+|function)\.py$"
+)
 
 _CAUSE_TEXT: Final = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT_TEXT: Final = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -242,7 +249,11 @@ def _is_user_frame(frame: types.FrameType) -> bool:
 
 def _is_internal_frame(frame: types.FrameType) -> bool:
     filename = frame.f_code.co_filename
-    return filename.startswith(_INTERNAL_DIRS) or filename in _INTERNAL_FILES
+    return (
+        filename.startswith(_INTERNAL_DIRS)
+        or filename in _INTERNAL_FILES
+        or _COMPILED_INTERNAL_FILE.search(filename) is not None
+    )
 
 
 def _user_frames(tb: types.TracebackType | None) -> list[tuple[types.FrameType, int]]:

@@ -30,7 +30,7 @@ is paid per call, so it is kept to a few attribute checks.
 
 Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
 
-* :mod:`.call_runner` (``CallRunner``, inherited) — stepping a context
+* :mod:`.call_runner` (``CallRunner``, the base of ``InboundFrames``) — stepping a context
   (``_step_context``: terminate, resume, or first switch), one switch into its
   greenlet (``_run_slice``), ending it (``_terminate_context``), the call body
   on its greenlet (``_run_call``) and its one terminal frame (``_finish*``);
@@ -85,7 +85,7 @@ from blockx.sdk.runtime import set_provider
 from blockx.wire import decode_frame, encode_frame
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
-from .call_runner import CallRunner, admission_failure
+from .call_runner import admission_failure
 from .context import (
     CUT_OFF_STATES,
     RESUME_KIND_BY_STATE,
@@ -155,7 +155,7 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ExecutorRuntime(CallRunner, InboundFrames):
+class ExecutorRuntime(InboundFrames):
     """The contexts table, the run queues and the three entry points (see the module doc).
 
     ``session`` is the transport (None in unit tests: sent frames collect in

@@ -56,7 +56,6 @@ from blockx.wire.keys import (
     ERR_INTERNAL_ERROR,
     ERR_SUBCALL_CYCLE_DETECTED,
     ERR_SUBCALL_DEPTH_EXCEEDED,
-    ERR_SUBCALL_FAILED,
     F_CALL_ID,
     F_EXECUTOR_ID,
     F_MESSAGE_TYPE,
@@ -90,12 +89,21 @@ from blockx.wire.keys import (
 )
 
 from .context import ExecState, ResumePayload, current_context, running
-from .errors import (  # the framework signals are re-exported where the seed keeps them
+
+# Re-exported: the framework signals where the seed keeps them, and the RemoteCallError
+# family this module raises (defined in .errors, which stays pure Python).
+from .errors import (
     REASON_BUDGET_EXHAUSTED,
     REASON_DEADLINE_PASSED,
     REASON_TRANSPORT_LOST,
     CallCancelledError,
     CallDeadlineExceededError,
+    FunctionCodeFetchError,
+    RemoteCallError,
+    RemoteIOError,
+    SubcallCycleDetectedError,
+    SubcallDepthExceededError,
+    SubcallFailedError,
     WaitDeadlineExceededError,
 )
 from .greenlet_pool import Marker
@@ -139,63 +147,6 @@ _ceil = math.ceil
 #: ms (sums and differences of clock readings are off by ~1e-10 ms): 280.0000000001
 #: is 280.
 _CLOCK_NOISE_MS: Final = 1e-6
-
-
-# --- the RemoteCallError family --------------------------------------------------------
-
-
-class RemoteCallError(Exception):
-    """A wait the worker answered with ``ResumeCall.error``.
-
-    ``kind`` / ``message`` / ``retryable`` are the remote error's fields.
-    ``error_kind`` is the ``errorKind`` the call fails with when user code does
-    not catch this exception.
-    """
-
-    error_kind_override: str | None = None
-
-    def __init__(self, kind: str, message: str = "", retryable: bool = False) -> None:
-        super().__init__(f"{kind}: {message}" if message else kind)
-        self.kind = kind
-        self.message = message
-        self.retryable = retryable
-
-    @property
-    def error_kind(self) -> str:
-        return self.error_kind_override or self.kind
-
-
-class RemoteIOError(RemoteCallError):
-    """An IO wait (read, write, capability) failed; uncaught, the call fails with ``kind``."""
-
-
-class SubcallFailedError(RemoteCallError):
-    """The child call failed. ``kind`` is the child's ``errorKind``; uncaught, the
-    caller fails as ``subcall_failed`` with the child's ``retryable`` flag."""
-
-    error_kind_override = ERR_SUBCALL_FAILED
-
-    @property
-    def child_error_kind(self) -> str:
-        return self.kind
-
-
-class SubcallDepthExceededError(RemoteCallError):
-    """The worker refused the sub-call: the call chain is too deep."""
-
-    error_kind_override = ERR_SUBCALL_DEPTH_EXCEEDED
-
-
-class SubcallCycleDetectedError(RemoteCallError):
-    """The worker refused the sub-call: its callKey is already in the ancestry."""
-
-    error_kind_override = ERR_SUBCALL_CYCLE_DETECTED
-
-
-class FunctionCodeFetchError(RemoteCallError):
-    """The module's source could not be fetched or did not match its digest."""
-
-    error_kind_override = ERR_FUNCTION_CODE_FETCH_FAILED
 
 
 _IO_ERROR_KINDS: dict[str, type[RemoteCallError]] = {}

@@ -57,6 +57,7 @@ from typing import Any, Final
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
 
+from .errors import SessionConnectError
 from .execute_frames import decode_inbound
 
 __all__ = [
@@ -131,10 +132,6 @@ class _WakeFlag:
         return self.flag
 
 
-class SessionConnectError(ConnectionError):
-    """The worker's socket could not be reached within the connect timeout."""
-
-
 class UDSSession:
     """One Unix stream connection with a reader thread, a writer thread and a wake event.
 
@@ -150,23 +147,24 @@ class UDSSession:
         executor_id: str,
         connect_timeout: float = 10.0,
         owner_flush: bool = True,
+        connected: socket.socket | None = None,
     ) -> None:
-        sock = _connect(socket_path, connect_timeout)
-        self._init(sock, executor_id=executor_id, peer=socket_path, owner_flush=owner_flush)
+        # connected: the socket from_socket wraps (socket_path is then unused). One
+        # constructor, not cls.__new__ + _init: mypyc compiles no __new__ call.
+        if connected is None:
+            sock = _connect(socket_path, connect_timeout)
+            peer = socket_path
+        else:
+            sock = connected
+            peer = repr(sock.getpeername() or "socketpair")
+        self._init(sock, executor_id=executor_id, peer=peer, owner_flush=owner_flush)
 
     @classmethod
     def from_socket(
         cls, sock: socket.socket, *, executor_id: str, owner_flush: bool = True
     ) -> UDSSession:
         """Wrap a connected stream socket (tests use one end of a ``socketpair``)."""
-        session = cls.__new__(cls)
-        session._init(
-            sock,
-            executor_id=executor_id,
-            peer=repr(sock.getpeername() or "socketpair"),
-            owner_flush=owner_flush,
-        )
-        return session
+        return cls("", executor_id=executor_id, owner_flush=owner_flush, connected=sock)
 
     def _init(self, sock: socket.socket, *, executor_id: str, peer: str, owner_flush: bool) -> None:
         sock.settimeout(None)

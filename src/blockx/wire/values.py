@@ -175,7 +175,8 @@ def _first_problem(value: Any, path: str, *, allow_big_ints: bool) -> NotSeriali
                     )
         if isinstance(item, (dict, list, tuple)):
             children = list(_children(item, where))
-            stack.extend((child, child_path, depth + 1) for child, child_path in reversed(children))
+            # children[::-1], not reversed(children): mypyc crashes compiling the latter here.
+            stack.extend((child, child_path, depth + 1) for child, child_path in children[::-1])
             continue
         hint = "; convert it to str first" if type(item).__name__ == "Decimal" else ""
         return NotSerializableError(where, f"is a {type(item).__name__}, not JSON{hint}")

@@ -4,15 +4,14 @@ the typed path does not accept goes the generic way, with the generic path's ans
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import orjson
 import pytest
+from executor_harness import Harness
 
 from blockx.executor.context import ExecContext, InvalidExecuteCall, ResumePayload
 from blockx.executor.execute_frames import ExecuteCallFrame, ResumeCallFrame, decode_inbound
-from blockx.executor.inbound_frames import InboundFrames
 from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire
 from blockx.worker.adapters.orchestrator_execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
@@ -47,34 +46,30 @@ def worker_body(
     return execute_body(prefix, cmd)
 
 
-class Submitted(InboundFrames):
-    """The runtime's frame reading on its own: what it submits is kept, not run."""
+def admitted(h: Harness, envelope: Any, body: bytes) -> ExecContext:
+    """The context ``h``'s runtime admits for one ExecuteCall (``envelope``: the typed
+    frame or the dict; ``body``: its bytes): resident, not yet run. A sub-call's parent
+    is made resident first (asleep), as admission requires."""
+    decoded = loads_wire(body)
+    parent = decoded[keys.F_PAYLOAD].get(keys.FP_PARENT_CALL_ID)
+    if parent is not None:
+        h.execute(parent, "import time\ndef _(p):\n    time.sleep(60)\n", task_id="task-1#1")
+        h.run()
+        assert h.state(parent) == "WAITING_SLEEP"
+    h.rt._handle_inbound(envelope, None)
+    ctx = h.rt.get_context(decoded[keys.F_CALL_ID])
+    assert ctx is not None
+    return ctx
 
-    def __init__(self) -> None:
-        self._monotonic = lambda: 0.0
-        self._counters = collections.Counter()
-        self._contexts = {}
-        self.submitted: list[ExecContext] = []
 
-    def submit_call(self, ctx: ExecContext) -> bool:
-        self.submitted.append(ctx)
-        return True
-
-
-def via_dict(body: bytes) -> ExecContext:
+def via_dict(h: Harness, body: bytes) -> ExecContext:
     """The context the runtime builds from the generic path's dict envelope."""
-    reader = Submitted()
-    reader._handle_inbound(loads_wire(body), None)  # the generic decoder (big ints exact)
-    [ctx] = reader.submitted
-    return ctx
+    return admitted(h, loads_wire(body), body)  # the generic decoder (big ints exact)
 
 
-def via_struct(frame: ExecuteCallFrame) -> ExecContext:
+def via_struct(h: Harness, frame: ExecuteCallFrame, body: bytes) -> ExecContext:
     """The context the runtime builds from the reader's typed frame."""
-    reader = Submitted()
-    reader._handle_inbound(frame, None)
-    [ctx] = reader.submitted
-    return ctx
+    return admitted(h, frame, body)
 
 
 def same_context(a: ExecContext, b: ExecContext) -> None:
@@ -96,10 +91,13 @@ def same_context(a: ExecContext, b: ExecContext) -> None:
         worker_body(audit={"verdict": "accepted", "policy": "v1"}),
     ],
 )
-def test_the_workers_execute_call_decodes_typed_to_the_same_context(body: bytes) -> None:
+def test_the_workers_execute_call_decodes_typed_to_the_same_context(
+    body: bytes,
+    make_harness,  # type: ignore[no-untyped-def]
+) -> None:
     frame = decode_inbound(memoryview(body))
     assert isinstance(frame, ExecuteCallFrame)
-    same_context(via_struct(frame), via_dict(body))
+    same_context(via_struct(make_harness(), frame, body), via_dict(make_harness(), body))
 
 
 def _variant(**payload: Any) -> bytes:

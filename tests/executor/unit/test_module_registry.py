@@ -351,19 +351,26 @@ class TestCodeFetch:
             h.execute(f"c{i}", digest=digest, args=i)
         h.run()
         (fetch,) = h.code_waits
-        real_wake = h.rt.wake_context
         fired: list[bool] = []
 
-        def wake_with_a_signal(ctx, outcome):  # type: ignore[no-untyped-def]
-            if not fired:
-                fired.append(True)
-                leader = h.rt._contexts["c0"]
-                leader.budget_ms, leader.cpu_s = 1, 1.0  # over budget from here on
-                on_deadline_signal(signal.SIGALRM, None)
-                leader.budget_ms, leader.cpu_s = 0, 0.0
-            real_wake(ctx, outcome)
+        class SignalAtFirstWake:
+            """The runtime as the SDK bridge's host, a SIGALRM landing in its first wake.
+            (Wraps the host rather than patching the runtime's method: a mypyc-compiled
+            runtime's methods cannot be replaced on the instance.)"""
 
-        h.rt.wake_context = wake_with_a_signal
+            def __getattr__(self, name: str) -> Any:
+                return getattr(h.rt, name)
+
+            def wake_context(self, ctx, outcome):  # type: ignore[no-untyped-def]
+                if not fired:
+                    fired.append(True)
+                    leader = h.rt._contexts["c0"]
+                    leader.budget_ms, leader.cpu_s = 1, 1.0  # over budget from here on
+                    on_deadline_signal(signal.SIGALRM, None)
+                    leader.budget_ms, leader.cpu_s = 0, 0.0
+                h.rt.wake_context(ctx, outcome)
+
+        h.rt._bridge._host = SignalAtFirstWake()
         h.resume(fetch, {keys.FP_SOURCE: source, keys.FP_FUNCTION_CODE_DIGEST: digest})
         h.run()
         assert fired
