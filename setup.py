@@ -15,7 +15,9 @@ a source edited after the build runs as source, never as the stale ``.so``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
@@ -28,10 +30,17 @@ ROOT = Path(__file__).resolve().parent
 SRC = ROOT / "src"
 STAMP = Path("blockx") / "_native_build.json"
 
-#: Compiled together, as one mypyc group (they call each other natively).
-#: Kept interpreted on purpose: ``core/__init__.py`` (nothing hot), ``core/errors.py``
-#: (exceptions deriving from builtins), ``core/config.py`` (user-built values whose
-#: bad fields must raise ``ConfigError``, not a compiled class's ``TypeError``).
+#: Compiled together, as one mypyc group (they call each other natively). Each
+#: module is on the hot path of every call; ``docs/operations.md`` says why the
+#: others stay interpreted:
+#: the core -- ``__init__`` (nothing hot), ``errors`` (exceptions deriving from
+#: builtins), ``config`` (user-built values whose bad fields must raise
+#: ``ConfigError``, not a compiled class's ``TypeError``);
+#: the executor -- ``greenlet_pool`` (a pooled greenlet parked in compiled code has
+#: no frame: setting its ``gr_context`` fails), ``execute_frames`` (mypyc drops
+#: msgspec's ``tag=`` class arguments), ``module_registry`` (weak references to
+#: its modules), ``errors``, ``__main__`` and the start-up modules;
+#: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
     "blockx/worker/core/commands.py",
@@ -49,6 +58,19 @@ NATIVE_MODULES = [
     "blockx/worker/core/state.py",
     "blockx/worker/core/subcalls.py",
     "blockx/worker/core/types.py",
+    "blockx/executor/call_runner.py",
+    "blockx/executor/context.py",
+    "blockx/executor/deadline.py",
+    "blockx/executor/inbound_frames.py",
+    "blockx/executor/outputs.py",
+    "blockx/executor/runtime.py",
+    "blockx/executor/sdk_bridge.py",
+    "blockx/executor/sdk_bridge_provider.py",
+    "blockx/executor/timers.py",
+    "blockx/executor/uds_session.py",
+    "blockx/wire/frames.py",
+    "blockx/wire/keys.py",
+    "blockx/wire/values.py",
 ]
 
 
@@ -121,21 +143,32 @@ def _native_extensions() -> tuple[list, str]:
         from mypyc.build import mypycify
     except ImportError as exc:
         return [], f"mypyc is not available to the build ({exc})"
+    # pyproject.toml's mypy settings (strict for the core and the wire); its
+    # sections for modules outside this build must not fail it. Modules outside
+    # the build are read for their types only (silent): the build environment has
+    # the libraries the compiled modules use (pyproject's build requires), not
+    # every one the package imports.
+    options = [
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "--no-warn-unused-configs",
+        "--follow-imports=silent",
+    ]
     cwd = os.getcwd()
     os.chdir(SRC)  # mypyc names modules from paths relative to the working directory
+    report = io.StringIO()
     try:
-        return mypycify(
-            [
-                "--config-file",
-                str(ROOT / "pyproject.toml"),
-                "--no-warn-unused-configs",
-                *NATIVE_MODULES,
-            ],
-            opt_level="3",
-            target_dir=str(ROOT / "build" / "mypyc"),
-        ), ""
-    except (Exception, SystemExit) as exc:  # mypyc reports a type error by exiting
-        return [], f"mypyc could not compile the modules ({exc})"
+        with contextlib.redirect_stdout(report):
+            extensions = mypycify(
+                [*options, *NATIVE_MODULES],
+                opt_level="3",
+                target_dir=str(ROOT / "build" / "mypyc"),
+            )
+        return extensions, ""
+    except (Exception, SystemExit) as exc:  # mypyc reports type errors, then exits
+        lines = [line for line in report.getvalue().splitlines() if "error:" in line]
+        detail = "; ".join(lines[:3]) or repr(exc)
+        return [], f"mypyc could not compile the modules: {detail}"
     finally:
         os.chdir(cwd)
 
