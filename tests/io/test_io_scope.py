@@ -307,28 +307,29 @@ def test_capability_calls_are_cached_only_with_a_cache_key() -> None:
 
 
 def test_the_cache_is_bounded_by_entries_and_bytes() -> None:
+    # Keys are what request_key makes (a str; a tuple with sidecar bytes).
     cache = ReadCache(max_entries=3, max_bytes=10_000)
     answer_ = IOResult(result="x")
     for i in range(5):
-        assert cache.put(f"k{i}".encode(), answer_, "b", "d", cache.generation("b", "d"), 10)
+        assert cache.put(f"k{i}", answer_, "b", "d", cache.generation("b", "d"), 10)
     assert len(cache) == 3 and cache.evictions == 2
-    assert cache.get(b"k0") is None and cache.get(b"k4") is answer_
+    assert cache.get("k0") is None and cache.get("k4") is answer_
     # least recently used goes first: k2 was not touched, k3 and k4 were
-    cache.get(b"k3")
-    cache.put(b"k5", answer_, "b", "d", cache.generation("b", "d"), 10)
-    assert cache.get(b"k2") is None and cache.get(b"k3") is answer_
+    cache.get("k3")
+    cache.put("k5", answer_, "b", "d", cache.generation("b", "d"), 10)
+    assert cache.get("k2") is None and cache.get("k3") is answer_
 
     small = ReadCache(max_entries=100, max_bytes=1000)
     for i in range(20):
-        small.put(f"k{i}".encode(), answer_, "b", None, small.generation("b", None), 100)
+        small.put(f"k{i}", answer_, "b", None, small.generation("b", None), 100)
     assert small.size_bytes <= 1000 and len(small) < 20
-    assert not small.put(b"huge", answer_, "b", None, small.generation("b", None), 5000)
+    assert not small.put("huge", answer_, "b", None, small.generation("b", None), 5000)
     off = ReadCache(max_entries=0, max_bytes=1000)
-    assert not off.put(b"k", answer_, "b", None, off.generation("b", None), 1)
+    assert not off.put("k", answer_, "b", None, off.generation("b", None), 1)
     # a stale generation is refused; invalidation drops by domain
     gen = small.generation("b", "t1")
     small.invalidate("b", "t1")
-    assert not small.put(b"late", answer_, "b", "t1", gen, 1)
+    assert not small.put("late", answer_, "b", "t1", gen, 1)
 
 
 def test_a_disabled_cache_still_joins_identical_reads() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from orchestrator_rig import OrchestratorRig, frame_payload, reply_completed, reply_waiting
+from tests.helpers.compiled import skip_if_compiled
 
 from blockx.wire import keys
 from blockx.worker.adapters.errors import OutboxFullError
@@ -399,6 +400,10 @@ def test_a_subcall_result_that_cannot_be_sent_fails_the_parent_as_resume_send_fa
     run(scenario())
 
 
+@skip_if_compiled(
+    "blockx.worker.adapters.orchestrator",
+    "it keeps a DispatcherCore and refuses the recording proxy",
+)
 def test_the_snapshot_is_refreshed_before_a_lost_executors_calls_fail(run) -> None:
     # Seed: on executor loss, refresh the snapshot first, then fail its calls (retryable).
     async def scenario() -> None:

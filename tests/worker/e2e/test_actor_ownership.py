@@ -21,13 +21,21 @@ from typing import Any
 
 import pytest
 from e2e_support import SLEEPER, WorkerSession, e2e_config, eventually
+from tests.helpers.compiled import skip_if_compiled
 
 from blockx.worker.api import Call, Task, TaskPolicy
 from blockx.worker.app import Worker
 from blockx.worker.core import DispatcherCore
 from blockx.worker.io import IOResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+    skip_if_compiled(
+        "blockx.worker.adapters.orchestrator",
+        "it keeps a DispatcherCore and refuses the checking proxy",
+    ),
+]
 
 PARENT = "def _(p):\n    return {'c': function.call('child', p)['v']}\n"
 CHILD = "def _(p):\n    return {'v': p['x'] * 2}\n"

@@ -82,6 +82,7 @@ from .errors import (
 )
 from .executor_state import ExecutorState, build_snapshot
 from .handlers import InboundHandlers
+from .mypyc_markers import mypyc_attr
 from .outbound import OutboundSends
 from .snapshot import ExecutorSnapshot
 
@@ -105,7 +106,8 @@ SOCKET_NAME: Final = "worker.sock"
 _MAX_SOCKET_PATH_BYTES: Final = 107
 
 
-class ExecutorAdapter(InboundHandlers, OutboundSends):
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ExecutorAdapter(OutboundSends, InboundHandlers):
     """The UDS listener and every executor connection; see the module docstring.
 
     Build it, optionally set callbacks and the function-code resolver, then

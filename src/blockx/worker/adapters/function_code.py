@@ -40,11 +40,11 @@ def function_code_resume_payload(
         error = RemoteError(
             kind=keys.ERR_FUNCTION_CODE_FETCH_FAILED, message=str(exc), retryable=exc.retryable
         )
-    except Exception as exc:
+    except Exception as resolver_bug:  # own name: mypyc types a name once
         _log.exception("function code resolver failed for %s (%s)", function_id, digest)
         error = RemoteError(
             kind=keys.ERR_FUNCTION_CODE_FETCH_FAILED,
-            message=f"function code resolver failed: {exc!r}",
+            message=f"function code resolver failed: {resolver_bug!r}",
             retryable=True,
         )
     else:

@@ -50,6 +50,7 @@ from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
 from .function_code import function_code_resume_payload
+from .mypyc_markers import mypyc_attr, trait
 from .snapshot import ExecutorSnapshot
 
 __all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers"]
@@ -72,12 +73,18 @@ _WAIT_FUNCTION_CODE: Final = keys.WAIT_FUNCTION_CODE
 # A tuple, not a set: a waitKind that is not hashable (a list) is then just not one of them.
 _ORCHESTRATOR_WAIT_KINDS: Final = (keys.WAIT_IO, keys.WAIT_SUBCALL)
 
+#: A frame as read here: its envelope is a dict or, decoded typed, a CompletedFrame
+#: (``Frame`` says dict: compiled with mypyc, reading it as one would check that).
+_ReadFrame = tuple[Any, bytes | None]
+
 #: HeartbeatAck never changes: encode it once.
 HEARTBEAT_ACK_FRAME: Final = encode_frame(
     {keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK, keys.F_PAYLOAD: {}}
 )
 
 
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)
 class InboundHandlers:
     """Mixin: the adapter's inbound frame handling. State lives in the adapter."""
 
@@ -109,7 +116,8 @@ class InboundHandlers:
         if state is None:
             # Before attach only a Heartbeat may come (unknown types are dropped).
             while start < count:
-                envelope = frames[start][0]
+                first: _ReadFrame = frames[start]
+                envelope = first[0]
                 start += 1
                 if isinstance(envelope, CompletedFrame):
                     self._protocol_error(
@@ -139,7 +147,7 @@ class InboundHandlers:
         call_frames: list[CallFrame] | None = None if on_call_frames is None else []
         error: str | None = None
         for index in range(start, count):
-            frame = frames[index]
+            frame: _ReadFrame = frames[index]
             envelope = frame[0]
             payload: Any
             call_id: Any

@@ -247,6 +247,7 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._closed = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
+        self._heartbeat_check_deferred = False
         #: Live tasks by the task id the core and executors see.
         self._tasks: dict[str, TaskRun] = {}
         #: IO waits released (ReleaseWait) whose future's callback has not run yet.
@@ -389,6 +390,22 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
+
+    # --- the tick timer (the checks are in :mod:`.orchestrator_wedge`) ----------------------
+
+    def _schedule_tick(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        self._tick_due = time.monotonic() + self._tick_interval_s
+        self._tick_handle = loop.call_later(self._tick_interval_s, self._on_tick_timer)
+
+    def _on_tick_timer(self) -> None:
+        self._tick_handle = None
+        if self._closed:
+            return
+        late_ms = int((time.monotonic() - self._tick_due) * 1000)
+        self.post(TickElapsed(late_ms=max(late_ms, 0)))
+        self._schedule_tick()
 
     # --- posting ------------------------------------------------------------------------------
 
@@ -574,10 +591,14 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             self._fail_attempt(
                 cmd.call_id, cmd.attempt_seq, exc.error_kind, str(exc), retryable=exc.retryable
             )
-        except EncodeError as exc:
+        except EncodeError as encode_error:  # own name: mypyc types a name once
             self.stats.send_failures += 1
             self._fail_attempt(
-                cmd.call_id, cmd.attempt_seq, exc.error_kind, str(exc), retryable=False
+                cmd.call_id,
+                cmd.attempt_seq,
+                encode_error.error_kind,
+                str(encode_error),
+                retryable=False,
             )
 
     def _fail_attempt(

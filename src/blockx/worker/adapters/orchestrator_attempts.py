@@ -26,6 +26,7 @@ from blockx.worker.json_values import encode_output, encode_output_fast
 
 from .callbacks import CallFrame
 from .completed_frames import CompletedPayload
+from .mypyc_markers import trait
 from .orchestrator_events import AttemptCompleted, AttemptFailed, CallFramesReceived, RetryDue
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _encode_output = encode_output_fast
 
 
+@trait
 class AttemptEvents:
     """Mixin of :class:`~blockx.worker.adapters.orchestrator.Orchestrator`: attempt ends."""
 
@@ -61,11 +63,12 @@ class AttemptEvents:
     def _run(self, commands: list[DispatchCommand]) -> None:
         raise NotImplementedError
 
-    if TYPE_CHECKING:  # WaitHandling's and Orchestrator's (a stub would shadow them)
+    # WaitHandling's and Orchestrator's: both precede this mixin in the MRO.
+    def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
+        raise NotImplementedError
 
-        def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None: ...
-
-        def _resync_if_drained(self, executor_id: str) -> None: ...
+    def _resync_if_drained(self, executor_id: str) -> None:
+        raise NotImplementedError
 
     def _apply_call_frames(self, event: CallFramesReceived) -> None:
         """One read's call frames, in order: runs of completions go to the core as one

@@ -36,6 +36,8 @@ from blockx.worker.core import (
     StopCallProduction,
 )
 
+from .mypyc_markers import trait
+
 if TYPE_CHECKING:
     from blockx.worker.code import FunctionCodeView
     from blockx.worker.core import DispatchCommand, DispatcherCore
@@ -55,6 +57,7 @@ __all__ = ["TaskEvents"]
 _log = logging.getLogger("blockx.worker.orchestrator")
 
 
+@trait
 class TaskEvents:
     """Mixin of :class:`~blockx.worker.adapters.orchestrator.Orchestrator`: tasks."""
 

@@ -68,6 +68,7 @@ from blockx.worker.json_values import encode_args
 
 from .callbacks import CallFrame
 from .errors import SendError
+from .mypyc_markers import trait
 from .orchestrator_events import (
     CallSuspended,
     ControlDelivered,
@@ -117,6 +118,7 @@ def _error_wire(kind: str, message: str, retryable: bool) -> dict[str, Any]:
     }
 
 
+@trait
 class WaitHandling:
     """Mixin of :class:`~blockx.worker.adapters.orchestrator.Orchestrator`: waits and resumes."""
 

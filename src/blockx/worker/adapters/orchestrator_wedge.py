@@ -31,13 +31,12 @@ the wedge backstop is the worker's only wall-clock guard on a running call.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.worker.core import CallError, CallState
 
+from .mypyc_markers import trait
 from .orchestrator_events import TickElapsed
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 
     from .executor_adapter import ExecutorAdapter
     from .orchestrator import OrchestratorStats
-    from .orchestrator_events import ActorEvent
     from .pool import PoolManager
 
 __all__ = ["ERR_EXECUTOR_WEDGED", "TickChecks"]
@@ -58,6 +56,7 @@ ERR_EXECUTOR_WEDGED: Final = "executor_wedged"
 _LIVE: Final = (CallState.RUNNING, CallState.WAITING)
 
 
+@trait
 class TickChecks:
     """Mixin of :class:`~blockx.worker.adapters.orchestrator.Orchestrator`: the tick."""
 
@@ -65,11 +64,7 @@ class TickChecks:
     _core: DispatcherCore
     _adapter: ExecutorAdapter
     _pool: PoolManager | None
-    _loop: asyncio.AbstractEventLoop | None
     _tick_interval_s: float
-    _tick_handle: asyncio.TimerHandle | None
-    _tick_due: float
-    _closed: bool
     _now_ms: int
     _killed_eras: dict[str, int]
     stats: OrchestratorStats
@@ -77,32 +72,13 @@ class TickChecks:
     def _run(self, commands: list[DispatchCommand]) -> None:
         raise NotImplementedError
 
-    def post(self, event: ActorEvent) -> None:
-        raise NotImplementedError
-
     def _sync_snapshots(self) -> list[Any]:
         raise NotImplementedError
-
-    # --- the timer ----------------------------------------------------------------------------
-
-    def _schedule_tick(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        self._tick_due = time.monotonic() + self._tick_interval_s
-        self._tick_handle = loop.call_later(self._tick_interval_s, self._on_tick_timer)
-
-    def _on_tick_timer(self) -> None:
-        self._tick_handle = None
-        if self._closed:
-            return
-        late_ms = int((time.monotonic() - self._tick_due) * 1000)
-        self.post(TickElapsed(late_ms=max(late_ms, 0)))
-        self._schedule_tick()
 
     # --- the checks ---------------------------------------------------------------------------
 
     #: The last tick deferred its heartbeat check (the loop had stalled).
-    _heartbeat_check_deferred = False
+    _heartbeat_check_deferred: bool
 
     def _apply_tick(self, event: TickElapsed) -> None:
         snaps = self._sync_snapshots()

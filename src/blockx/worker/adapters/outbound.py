@@ -1,6 +1,6 @@
 """Worker -> executor frames: the half of the executor adapter that sends.
 
-:class:`OutboundSends` is mixed into
+:class:`OutboundSends` is the base class of
 :class:`~blockx.worker.adapters.executor_adapter.ExecutorAdapter` (state lives
 there, as for :class:`~blockx.worker.adapters.handlers.InboundHandlers`). Every
 send only queues: a frame goes into the connection's outbox, which writes up to
@@ -33,6 +33,7 @@ from blockx.wire import ResumeCall as ResumeCallPayload
 from .connection import ControlSend
 from .errors import CallNotBoundError, ExecutorUnavailableError
 from .executor_state import ExecutorState
+from .mypyc_markers import mypyc_attr
 
 __all__ = ["OutboundSends"]
 
@@ -62,8 +63,13 @@ def _encode(envelope: dict[str, Any]) -> bytes:
     return _pack_length(len(body)) + body
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class OutboundSends:
-    """Mixin: the adapter's sends. State lives in the adapter."""
+    """The adapter's base class: its sends. State lives in the adapter.
+
+    A base class, not a mixin (a trait) as :class:`~.handlers.InboundHandlers` is, so
+    that a subclass of the adapter can override the sends when compiled (tests do).
+    """
 
     # Provided by ExecutorAdapter.
     _executors: dict[str, ExecutorState]

@@ -80,8 +80,8 @@ class SQLiteEngine:
         "_closed",
         "_lock",
         "_queue",
+        "_sqlite_thread",
         "_stopped",
-        "_thread",
         "batch_max",
         "batches",
         "busy_timeout_s",
@@ -95,7 +95,7 @@ class SQLiteEngine:
         self.busy_timeout_s = busy_timeout_s
         self.batch_max = batch_max
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._sqlite_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._stopped = threading.Event()
@@ -103,7 +103,7 @@ class SQLiteEngine:
         self.batches = 0
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("running" if self._thread else "idle")
+        state = "closed" if self._closed else ("running" if self._sqlite_thread else "idle")
         return f"SQLiteEngine({self.path!r}, {state})"
 
     # --- the loop side ------------------------------------------------------------------------
@@ -114,26 +114,26 @@ class SQLiteEngine:
         if self._closed:
             future.set_result(Reply.failure("blockdb: the SQLite engine is closed", retryable=True))
             return future
-        if self._thread is None:
+        if self._sqlite_thread is None:
             self._start()
         self._queue.put((op, future, loop))
         return future
 
     def _start(self) -> None:
         with self._lock:
-            if self._thread is None:
+            if self._sqlite_thread is None:
                 thread = threading.Thread(
                     target=self._run, name="blockx-blockdb-sqlite", daemon=True
                 )
                 thread.start()
-                self._thread = thread
+                self._sqlite_thread = thread
 
     async def close(self) -> None:
         """Finish what is queued, close the connection, stop the thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        thread = self._thread
+        thread = self._sqlite_thread
         if thread is None:
             return
         self._queue.put(_STOP)
@@ -266,10 +266,10 @@ class SQLiteEngine:
                 else:
                     raw = self._execute(conn, known, op)
                 reply = op.finish(raw)
-            except Exception as exc:
+            except Exception as failure:  # own name: mypyc types a name once
                 if op.write and first_write == len(results) and not conn.in_transaction:
                     first_write = None  # the transaction is gone with its first write
-                reply = _error_reply(self.path, exc, op)
+                reply = _error_reply(self.path, failure, op)
             results.append((job, reply))
         if first_write is not None:
             try:

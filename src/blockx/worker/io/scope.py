@@ -26,7 +26,7 @@ makes one). For each ``CallWaiting(io)`` it:
   **Abandoned reads.** The worker cancels the future it got from ``handle_io``
   when nobody waits for it any more (the call's attempt failed — its budget
   ran out while it waited —, was cancelled, or its executor was lost). Each
-  waiter has a future of its own (a :class:`_ReadAnswer`): cancelling it takes
+  waiter has a future of its own (a :class:`~.read_answer.ReadAnswer`): cancelling it takes
   that one waiter off the flight, and the others still get the answer. When
   the last waiter of a read is gone while its backend call runs, the backend's
   future is cancelled (an RPC request stops at its next try), the flight is
@@ -65,6 +65,7 @@ from blockx.wire import keys
 from .backend import IOBackend, IORequestError, PreparedRequest, Reply
 from .cache import ReadCache, canonical_params, estimate_size
 from .handler import IOResult, IOReturn, io_error
+from .read_answer import ReadAnswer
 from .stats import IOStats, OperationStats
 
 __all__ = ["TaskIOScope"]
@@ -82,27 +83,6 @@ _IO_CAPABILITY: Final = keys.IO_CAPABILITY
 
 #: Longest backend/operation name kept in statistics (longer ones are cut).
 _MAX_NAME: Final = 64
-
-
-class _ReadAnswer(asyncio.Future[IOResult]):
-    """One waiter's answer future.
-
-    Cancelling it (the worker does when the call no longer waits) takes this waiter
-    off its flight and nothing else: the other waiters still get the answer; when
-    none is left, a read's flight stops its backend call (a write's never does).
-    """
-
-    __slots__ = ("flight",)
-    #: The flight while it runs; None once it ended (see :meth:`_Flight.let_go`).
-    flight: _Flight | None
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
-            return False  # answered already, or cancelled before
-        flight = self.flight
-        if flight is not None:
-            flight.waiter_left()
-        return True
 
 
 class _Flight:
@@ -150,12 +130,12 @@ class _Flight:
         self.pending: asyncio.Future[Any] | None = None
         # No loop argument: the C future takes the running loop itself (and this saves
         # the get_running_loop() call, once per backend call).
-        answer = self.answer = _ReadAnswer()
+        answer = self.answer = ReadAnswer()
         answer.flight = self
         #: The answer futures of the waiters that joined; None: nobody did (or the
         #: flight ended: :meth:`let_go`). ``waiters``
         #: (those not gone, the first one included) is kept from the first join on.
-        self.joiners: list[_ReadAnswer] | None = None
+        self.joiners: list[ReadAnswer] | None = None
         # Not loop.time(): uvloop's clock counts whole milliseconds, and most table reads
         # take less than one (the statistics would show 0 or 1 ms for each).
         self.started = time.perf_counter()
@@ -168,9 +148,9 @@ class _Flight:
             f"waiting={waiting}, running={self.pending is not None})"
         )
 
-    def join(self) -> _ReadAnswer:
+    def join(self) -> ReadAnswer:
         """One more waiter of this read: an answer future of its own."""
-        waiter = _ReadAnswer()
+        waiter = ReadAnswer()
         waiter.flight = self
         joiners = self.joiners
         if joiners is None:
@@ -500,10 +480,12 @@ class TaskIOScope:
         except IORequestError as exc:
             stats.record_rejected()
             return io_error(exc.message, retryable=exc.retryable)
-        except Exception as exc:
+        except Exception as backend_bug:  # own name: mypyc types a name once
             _log.exception("IO backend %s raised preparing %s", backend.name, operation)
             stats.record_rejected()
-            return io_error(f"{backend.name} {operation}: internal error in the backend: {exc!r}")
+            return io_error(
+                f"{backend.name} {operation}: internal error in the backend: {backend_bug!r}"
+            )
         if type(prepared) is not PreparedRequest:
             stats.record_rejected()
             return io_error(f"{backend.name} {operation}: the backend prepared no request")
