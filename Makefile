@@ -4,7 +4,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.blockx-installed
 # The modules mypyc compiles (setup.py's NATIVE_MODULES) and the build's stamp.
-NATIVE_SOURCES := setup.py $(wildcard src/blockx/worker/core/*.py src/blockx/executor/*.py src/blockx/wire/*.py)
+NATIVE_SOURCES := setup.py $(wildcard src/blockx/worker/core/*.py src/blockx/worker/adapters/*.py \
+	src/blockx/worker/io/*.py src/blockx/executor/*.py src/blockx/wire/*.py)
 NATIVE_STAMP   := src/blockx/_native_build.json
 
 .PHONY: setup system-deps test test-fast demo lint bench clean
@@ -28,11 +29,12 @@ $(NATIVE_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 
 # The whole suite, slow end-to-end tests included, on the compiled modules; then
-# the core's, the wire's and the executor's own tests again on their pure-Python
-# sources (what runs without a compiler).
+# the tests of the compiled packages again on their pure-Python sources (what runs
+# without a compiler; and the few tests only an interpreted module allows).
 test: setup system-deps
 	$(PY) -m pytest -q -p no:cacheprovider
-	BLOCKX_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow" tests/core tests/wire tests/executor
+	BLOCKX_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow or interpreted_check" \
+		tests/core tests/wire tests/executor tests/worker tests/io
 
 # Everything but the tests marked slow.
 test-fast: setup

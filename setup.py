@@ -40,6 +40,12 @@ STAMP = Path("blockx") / "_native_build.json"
 #: no frame: setting its ``gr_context`` fails), ``execute_frames`` (mypyc drops
 #: msgspec's ``tag=`` class arguments), ``module_registry`` (weak references to
 #: its modules), ``errors``, ``__main__`` and the start-up modules;
+#: the worker's runtime -- ``adapters/mypyc_markers`` (its run-time branch is
+#: unreachable to mypyc), ``orchestrator_events`` (dataclasses naming a
+#: TYPE_CHECKING-only class), ``completed_frames`` (msgspec Structs),
+#: ``io/read_answer`` (an ``asyncio.Future`` subclass), ``io/handler`` and
+#: ``io/backend`` (runtime-checkable Protocols), the error modules, and what is
+#: not per call (pool, spawner, sandbox, registry, rpc, postgres, config);
 #: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
@@ -58,6 +64,26 @@ NATIVE_MODULES = [
     "blockx/worker/core/state.py",
     "blockx/worker/core/subcalls.py",
     "blockx/worker/core/types.py",
+    "blockx/worker/adapters/callbacks.py",
+    "blockx/worker/adapters/connection.py",
+    "blockx/worker/adapters/executor_adapter.py",
+    "blockx/worker/adapters/executor_state.py",
+    "blockx/worker/adapters/function_code.py",
+    "blockx/worker/adapters/handlers.py",
+    "blockx/worker/adapters/orchestrator.py",
+    "blockx/worker/adapters/orchestrator_attempts.py",
+    "blockx/worker/adapters/orchestrator_execute.py",
+    "blockx/worker/adapters/orchestrator_tasks.py",
+    "blockx/worker/adapters/orchestrator_waits.py",
+    "blockx/worker/adapters/orchestrator_wedge.py",
+    "blockx/worker/adapters/outbound.py",
+    "blockx/worker/adapters/reservations.py",
+    "blockx/worker/adapters/snapshot.py",
+    "blockx/worker/io/blockdb.py",
+    "blockx/worker/io/blockdb_sqlite.py",
+    "blockx/worker/io/cache.py",
+    "blockx/worker/io/scope.py",
+    "blockx/worker/io/stats.py",
     "blockx/executor/call_runner.py",
     "blockx/executor/context.py",
     "blockx/executor/deadline.py",

@@ -14,7 +14,7 @@ from dispatcher_harness import (
     spec,
     specs,
 )
-from tests.helpers.native import CORE_COMPILED
+from tests.helpers.compiled import CORE_COMPILED
 
 from blockx.worker.core import (
     BindCall,

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from tests.helpers.native import CORE_COMPILED
+from tests.helpers.compiled import CORE_COMPILED
 
 from blockx.worker.core import (
     BatchSettled,

@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from tests.helpers.native import CORE_COMPILED
+from tests.helpers.compiled import skip_if_compiled
 
 import blockx
 from blockx import native
@@ -135,7 +135,7 @@ def test_the_source_finder_loads_the_py_file() -> None:
     assert finder.find_spec("blockx.worker.core.state", None) is None
 
 
-@pytest.mark.skipif(CORE_COMPILED, reason="checked when Record is interpreted (the pure pass)")
+@skip_if_compiled("blockx.worker.core.records", "a compiled Record takes no Python subclass")
 def test_a_record_whose_fields_disagree_with_its_init_is_refused() -> None:
     with pytest.raises(TypeError, match="_fields must be the __init__ parameters, in order"):
 

@@ -1,5 +1,11 @@
 """Whether a BlockX module runs compiled (mypyc) or interpreted, for the few tests
-that need to reach inside it in a way compiled code does not allow."""
+that need to reach inside it in a way compiled code does not allow.
+
+``make test`` runs the whole suite on the compiled modules, then the tests of the
+compiled packages again with ``BLOCKX_PURE_PYTHON=1`` -- the tests marked slow
+among them only if :func:`skip_if_compiled` marks them ``interpreted_check``, so
+what a compiled run skips is still checked on the same source.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import importlib
 
 import pytest
 
-__all__ = ["is_compiled", "skip_if_compiled"]
+__all__ = ["CORE_COMPILED", "is_compiled", "skip_if_compiled", "skip_reason"]
 
 
 def is_compiled(module_name: str) -> bool:
@@ -16,7 +22,21 @@ def is_compiled(module_name: str) -> bool:
     return not (getattr(module, "__file__", None) or "").endswith(".py")
 
 
+#: The dispatcher core runs compiled in this process.
+CORE_COMPILED: bool = is_compiled("blockx.worker.core.dispatcher")
+
+
 def skip_if_compiled(module_name: str, why: str) -> pytest.MarkDecorator:
-    """Skip a test while ``module_name`` is compiled; the interpreted run still checks
-    it (the source is the same). ``why``: what the test does that compiled code forbids."""
-    return pytest.mark.skipif(is_compiled(module_name), reason=f"{module_name} compiled: {why}")
+    """Mark a test to be skipped while ``module_name`` is compiled (``why``: what it does
+    that compiled code forbids); the interpreted pass still runs it. The skip itself
+    is ``tests/conftest.py``'s, at set-up."""
+    return pytest.mark.interpreted_check(module_name, why)
+
+
+def skip_reason(item: pytest.Item) -> str | None:
+    """Why ``item`` is skipped here: its ``interpreted_check`` module runs compiled."""
+    for mark in item.iter_markers("interpreted_check"):
+        module_name, why = mark.args
+        if is_compiled(module_name):
+            return f"{module_name} compiled: {why}"
+    return None
