@@ -282,9 +282,9 @@ class CallRunner:
                 ctx.state = ExecState.DONE
                 self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
             raise
-        except BaseException as exc:
+        except BaseException as error:  # own name: compiled, a name has one type
             ctx.state = ExecState.DONE
-            self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
+            self._finish_failed(ctx, describe_failure(error, self.registry.refresh_linecache))
             return
         self._finish_completed(ctx, output)
 
@@ -321,13 +321,14 @@ class CallRunner:
         except EncodeError as exc:  # not serializable, or too large for one frame
             self._finish_failed(ctx, output_failure(exc))
             return
-        except Exception as exc:  # e.g. a dataclass whose asdict() raises
+        except Exception as other:  # e.g. a dataclass whose asdict() raises (own name: see
+            # setup.py -- compiled, one name has one exception type per function)
             self._finish_failed(
                 ctx,
                 (
                     ERR_OUTPUT_NOT_SERIALIZABLE,
                     False,
-                    f"call output is not JSON-serializable: {type(exc).__name__}: {exc}",
+                    f"call output is not JSON-serializable: {type(other).__name__}: {other}",
                     None,
                     None,
                 ),

@@ -369,21 +369,21 @@ class UDSSession:
                 if count == 0:
                     try:
                         decoder.close()
-                    except ProtocolError as exc:
-                        reason = f"protocol error: {exc}"
-                        _log.error("worker closed the connection mid-frame: %s", exc)
+                    except ProtocolError as cut:  # own names: compiled, a name has one type
+                        reason = f"protocol error: {cut}"
+                        _log.error("worker closed the connection mid-frame: %s", cut)
                     else:
                         if not self._closing:
                             _log.warning("worker closed the connection")
                     break
                 try:
                     frames = decoder.feed(view[:count])
-                except ProtocolError as exc:
-                    reason = f"protocol error: {exc}"
+                except ProtocolError as bad:
+                    reason = f"protocol error: {bad}"
                     _log.error(
                         "protocol error from the worker, closing the connection: %s",
-                        exc,
-                        extra={"errorType": type(exc).__name__},
+                        bad,
+                        extra={"errorType": type(bad).__name__},
                     )
                     break
                 self.reads += 1
@@ -393,8 +393,8 @@ class UDSSession:
                     if not wake.flag:
                         self.wakeups += 1
                         wake.set()
-        except BaseException as exc:  # pragma: no cover - a bug here must not hang the executor
-            reason = f"reader crashed: {exc!r}"
+        except BaseException as crash:  # pragma: no cover - a bug here must not hang the executor
+            reason = f"reader crashed: {crash!r}"
             _log.exception("executor socket reader crashed")
         finally:
             view.release()

@@ -292,8 +292,8 @@ class WaitHandling:
             self._adapter.send_resume_call(
                 executor_id, call_id, request_id, payload, sidecar=answer.sidecar, token=attempt
             )
-        except (SendError, EncodeError) as exc:
-            self.post(ResumeNotQueued(call_id, attempt, exc, executor_id))
+        except (SendError, EncodeError) as not_sent:  # own name: compiled, a name has one type
+            self.post(ResumeNotQueued(call_id, attempt, not_sent, executor_id))
 
     def _execute_release_wait(self, cmd: ReleaseWait) -> None:
         """The attempt left its IO wait unanswered: cancel the future ``handle_io`` gave.
