@@ -114,6 +114,13 @@ def _stamp(compiled: bool, note: str) -> str:
     return json.dumps({"modules": modules, "note": note}, indent=1, sort_keys=True) + "\n"
 
 
+def _short(error: object, limit: int = 160) -> str:
+    """An error in one line short enough for ``blockx --version`` (a compiler's
+    failure names its whole command line)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _say(message: str) -> None:
     print(f"blockx build: {message}", file=sys.stderr)
 
@@ -133,7 +140,7 @@ class BuildExt(build_ext):
                 super().run()
             except Exception as exc:  # CompileError, LinkError, a missing compiler
                 _say(f"compiling failed ({exc}); installing pure Python")
-                compiled, note = False, f"the C compile failed: {exc}"
+                compiled, note = False, f"the C compile failed: {_short(exc)}"
                 self._remove_partial_outputs()
         self._write_stamp(compiled, note)
 
@@ -193,7 +200,7 @@ def _native_extensions() -> tuple[list, str]:
         return extensions, ""
     except (Exception, SystemExit) as exc:  # mypyc reports type errors, then exits
         lines = [line for line in report.getvalue().splitlines() if "error:" in line]
-        detail = "; ".join(lines[:3]) or repr(exc)
+        detail = _short("; ".join(lines[:3]) or repr(exc), 300)
         return [], f"mypyc could not compile the modules: {detail}"
     finally:
         os.chdir(cwd)
