@@ -42,7 +42,6 @@ import ast
 import builtins
 import datetime as _datetime
 import json
-import linecache
 import logging
 import os
 import weakref
@@ -56,6 +55,7 @@ import blockx.db
 import blockx.function
 from blockx.audit.entry import entry_from_defs, top_level_entries
 
+from .compiled_module import CompiledModule, module_filename
 from .errors import NoEntryFunctionError, UserCodeSyntaxError
 
 __all__ = [
@@ -93,11 +93,6 @@ PRELUDE: dict[str, Any] = {
 
 #: The namespace key that ties a module's globals to its compiled source.
 DIGEST_GLOBAL: Final = "__blockx_digest__"
-
-
-def module_filename(function_id: str) -> str:
-    """The ``co_filename`` of a user module: ``<blockx:{functionId}>``."""
-    return f"<blockx:{function_id}>"
 
 
 def _non_negative_int_from_env(name: str, default: int, environ: Mapping[str, str] | None) -> int:
@@ -139,49 +134,6 @@ def resolve_entry_name(
     ):
         return entry_selector
     return entry_from_defs(top_level_defs, underscore_alias, function_id)
-
-
-class CompiledModule:
-    """One digest's code object, its source lines and its top-level ``def`` names."""
-
-    __slots__ = (
-        "__weakref__",
-        "code",
-        "digest",
-        "filename",
-        "function_id",
-        "lines",
-        "top_level_defs",
-        "underscore_alias",
-    )
-
-    def __init__(
-        self,
-        *,
-        code: Any,
-        digest: str,
-        function_id: str,
-        lines: list[str],
-        top_level_defs: tuple[str, ...],
-        underscore_alias: bool,
-    ) -> None:
-        self.code = code
-        self.digest = digest
-        self.function_id = function_id
-        self.filename = module_filename(function_id)
-        self.lines = lines
-        self.top_level_defs = top_level_defs
-        self.underscore_alias = underscore_alias
-
-    def register_lines(self) -> None:
-        """Make :mod:`linecache` (hence tracebacks) show this digest's source."""
-        size = sum(len(line) for line in self.lines)
-        linecache.cache[self.filename] = (size, None, self.lines, self.filename)
-
-    def __repr__(self) -> str:
-        return (
-            f"CompiledModule({self.function_id!r}, {self.digest[:19]}…, defs={self.top_level_defs})"
-        )
 
 
 class _CompileFailure:
@@ -358,8 +310,9 @@ class ModuleRegistry:
             code = compile(tree, filename, "exec", dont_inherit=True)
         except SyntaxError as exc:
             return _CompileFailure(exc)
-        except ValueError as exc:  # e.g. a NUL byte in the source
-            return _CompileFailure(SyntaxError(str(exc), (filename, 1, 1, "", 1, 1)))
+        except ValueError as bad:  # e.g. a NUL byte in the source (own name: compiled,
+            # a name has one type)
+            return _CompileFailure(SyntaxError(str(bad), (filename, 1, 1, "", 1, 1)))
         defs, alias = top_level_entries(tree)
         lines = source.splitlines(keepends=True)
         if lines and not lines[-1].endswith("\n"):
