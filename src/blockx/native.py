@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-The hot modules (the dispatcher core, see ``setup.py``'s ``NATIVE_MODULES``) are
+The per-call modules (the dispatcher core, the worker's runtime and IO scope, the
+executor's runtime, the frame codec: ``setup.py``'s ``NATIVE_MODULES``) are
 compiled by mypyc when the package is installed and a C compiler is at hand;
 the ``.so`` files sit next to their ``.py`` sources (in the source tree itself
 for an editable install) and shadow them on import. The build writes a stamp,
@@ -24,13 +25,16 @@ source (a finder put first on ``sys.meta_path``), and nothing else changes:
   rebuilds. All or nothing, because modules compiled together call each other
   natively: a fresh source beside stale compiled neighbours would mix versions.
 
-Without a stamp (a source tree nobody installed) there is nothing to decide.
+Without a stamp (a source tree nobody installed) there is nothing to decide. An
+unreadable stamp vouches for nothing: every compiled module found beside its
+source runs from the source.
 :func:`status` says what was decided and why (``blockx --version`` prints it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -49,6 +53,8 @@ __all__ = ["ENV_PURE", "STAMP_NAME", "NativeStatus", "install", "source_digest",
 ENV_PURE = "BLOCKX_PURE_PYTHON"
 #: The build's stamp, in the ``blockx`` package directory.
 STAMP_NAME = "_native_build.json"
+#: How a stale build's reason begins (install() warns about that one).
+_STALE = "sources changed since the build"
 
 # Light imports only: every executor process pays for them at start (importlib.abc,
 # dataclasses and pathlib would add ~20 ms, and pull in random and tempfile).
@@ -126,10 +132,38 @@ def _decide(stamp: dict[str, object]) -> NativeStatus:
         if current != modules[name]:
             changed.append(os.path.relpath(path, os.path.dirname(_PACKAGE_DIR)))
     if changed:
-        return NativeStatus(
-            (), names, f"sources changed since the build: {', '.join(changed)}; run `make setup`"
-        )
+        return NativeStatus((), names, f"{_STALE}: {', '.join(changed)}; run `make setup`")
     return NativeStatus(names, (), "")
+
+
+def _compiled_beside_sources() -> tuple[str, ...]:
+    """Every module of the package with an extension file next to its ``.py``."""
+    found = []
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    root = os.path.dirname(_PACKAGE_DIR)
+    for folder, _dirs, files in os.walk(_PACKAGE_DIR):
+        for file in files:
+            if not file.endswith(suffixes):
+                continue
+            stem = file.split(".", 1)[0]
+            if stem + ".py" in files:
+                found.append(os.path.relpath(os.path.join(folder, stem), root).replace(os.sep, "."))
+    return tuple(sorted(found))
+
+
+def _read_stamp() -> tuple[dict[str, object], str]:
+    """The build's stamp ({} when there is none), or why it cannot be read."""
+    path = os.path.join(_PACKAGE_DIR, STAMP_NAME)
+    try:
+        with open(path, encoding="utf-8") as file:
+            stamp = json.load(file)
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as exc:
+        return {}, f"unreadable {STAMP_NAME}: {exc}"
+    if not isinstance(stamp, dict):
+        return {}, f"unreadable {STAMP_NAME}: not a JSON object"
+    return stamp, ""
 
 
 def install() -> NativeStatus:
@@ -137,21 +171,18 @@ def install() -> NativeStatus:
     global _status
     if _status is not None:
         return _status
-    try:
-        with open(os.path.join(_PACKAGE_DIR, STAMP_NAME), encoding="utf-8") as file:
-            stamp = json.load(file)
-    except FileNotFoundError:
-        stamp = {}
-    except (OSError, ValueError) as exc:  # unreadable: trust nothing compiled it lists
-        stamp = {}
-        warnings.warn(f"blockx: unreadable {STAMP_NAME} ({exc}); running pure Python", stacklevel=2)
-    decided = _decide(stamp if isinstance(stamp, dict) else {})
+    stamp, unreadable = _read_stamp()
+    if unreadable:  # it vouches for nothing: whatever is compiled runs from its source
+        decided = NativeStatus((), _compiled_beside_sources(), unreadable)
+        warnings.warn(f"blockx: running pure Python: {unreadable}", stacklevel=2)
+    else:
+        decided = _decide(stamp)
     if decided.pure:
         already = [name for name in decided.pure if name in sys.modules]
         if already:  # imported before the decision: cannot be swapped any more
             raise RuntimeError(f"blockx.native.install() after {already[0]} was imported")
         sys.meta_path.insert(0, _SourceFinder(decided.pure))
-        if decided.reason.startswith("sources changed"):
+        if decided.reason.startswith(_STALE):
             warnings.warn(f"blockx: running pure Python: {decided.reason}", stacklevel=2)
     _status = decided
     return decided

@@ -1,6 +1,6 @@
-"""The compiled core (mypyc): built when a compiler is at hand, never run stale.
+"""The compiled modules (mypyc): built when a compiler is at hand, never run stale.
 
-``setup.py`` compiles the core's modules and stamps the sources it compiled;
+``setup.py`` compiles the per-call modules and stamps the sources it compiled;
 ``blockx.native`` runs them compiled only when every source is still the one
 compiled and ``BLOCKX_PURE_PYTHON`` is not set.
 """
@@ -50,12 +50,18 @@ def _python(code: str, **env: str) -> str:
     return result.stdout.strip()
 
 
-def test_the_install_compiled_every_listed_core_module_when_a_compiler_is_at_hand() -> None:
+def test_the_install_compiled_every_listed_module_when_a_compiler_is_at_hand() -> None:
     stamp = _stamp()
     modules = stamp["modules"]
     assert isinstance(modules, dict)
-    assert "blockx.worker.core.dispatcher" in modules
-    assert "blockx.worker.core.lifecycle" in modules
+    for hot in (  # one per compiled package
+        "blockx.worker.core.dispatcher",
+        "blockx.worker.adapters.orchestrator",
+        "blockx.worker.io.scope",
+        "blockx.executor.runtime",
+        "blockx.wire.frames",
+    ):
+        assert hot in modules
     if not _compiler_at_hand():
         pytest.skip("no C compiler here: the build is pure Python by design")
     assert all(modules.values()), f"the build compiled nothing: {stamp.get('note')}"
@@ -126,6 +132,65 @@ def test_a_pure_build_says_why_and_no_stamp_decides_nothing(
     nothing = native._decide({})
     assert nothing == native.NativeStatus((), (), "")
     assert nothing.describe() == "pure Python (no native build)"
+
+
+@pytest.fixture
+def installed_copy(tmp_path: Path) -> Path:
+    """A copy of the installed package (sources, compiled files, stamp) to spoil."""
+    if not any(_stamp()["modules"].values()):  # type: ignore[union-attr]
+        pytest.skip("the build here is pure Python: nothing compiled to run stale")
+    shutil.copytree(PACKAGE_DIR, tmp_path / "blockx", ignore=shutil.ignore_patterns("__pycache__"))
+    for group_library in PACKAGE_DIR.parent.glob("*__mypyc*"):  # mypyc's shared code
+        shutil.copy2(group_library, tmp_path)
+    return tmp_path
+
+
+def _run_in(root: Path) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import blockx.native as n, blockx.worker.core.lifecycle as l, "
+        "blockx.executor.runtime as r; "
+        "print(n.status().describe()); print(l.__file__); print(r.__file__)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != native.ENV_PURE}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def test_an_installed_copy_runs_compiled_until_a_source_changes(installed_copy: Path) -> None:
+    untouched = _run_in(installed_copy)
+    described, lifecycle, runtime = untouched.stdout.splitlines()
+    assert described.endswith("modules compiled (mypyc)")
+    assert lifecycle.startswith(str(installed_copy)) and not lifecycle.endswith(".py")
+    assert untouched.stderr == ""
+
+    source = installed_copy / "blockx" / "worker" / "core" / "lifecycle.py"
+    source.write_text(source.read_text() + "\n# edited after the build\n")
+    edited = _run_in(installed_copy)
+    described, lifecycle, runtime = edited.stdout.splitlines()
+    assert described.startswith("pure Python (sources changed since the build: ")
+    assert "blockx/worker/core/lifecycle.py" in described
+    # All or nothing: the untouched runtime runs from its source too.
+    assert lifecycle == str(source) and runtime.endswith("executor/runtime.py")
+    assert "running pure Python" in edited.stderr and "lifecycle.py" in edited.stderr
+
+
+def test_an_unreadable_stamp_vouches_for_nothing(installed_copy: Path) -> None:
+    (installed_copy / "blockx" / native.STAMP_NAME).write_text("{not json")
+    spoiled = _run_in(installed_copy)
+    described, lifecycle, runtime = spoiled.stdout.splitlines()
+    assert described.startswith(f"pure Python (unreadable {native.STAMP_NAME}: ")
+    assert lifecycle.endswith("core/lifecycle.py") and runtime.endswith("executor/runtime.py")
+    assert "running pure Python" in spoiled.stderr
+
+    (installed_copy / "blockx" / native.STAMP_NAME).write_text("[]")
+    described = _run_in(installed_copy).stdout.splitlines()[0]
+    assert described == f"pure Python (unreadable {native.STAMP_NAME}: not a JSON object)"
 
 
 def test_the_source_finder_loads_the_py_file() -> None:
