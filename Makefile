@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.blockx-installed
-# The modules mypyc compiles (setup.py's NATIVE_MODULES) and the build's stamp.
+# The packages holding setup.py's NATIVE_MODULES (mypyc), and the build's stamp.
 NATIVE_SOURCES := setup.py $(wildcard src/blockx/worker/core/*.py src/blockx/worker/adapters/*.py \
 	src/blockx/worker/io/*.py src/blockx/executor/*.py src/blockx/wire/*.py)
 NATIVE_STAMP   := src/blockx/_native_build.json
@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,dev]'
 	@touch $(STAMP)
 
-# A compiled module's source changed since the build: compile again (the stale
-# build would run the sources, slower: blockx.native). ~1 min.
+# A source of those packages changed since the build: compile again (a stale
+# build runs the sources, slower: blockx.native). ~2-3 min.
 $(NATIVE_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 
