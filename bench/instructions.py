@@ -58,7 +58,6 @@ def _child_worker(mode: str, calls: int, reads: int) -> None:
 
     sys.path.insert(0, str(HERE))
     import worker_inprocess
-
     from blockx.worker.app import run
 
     logging.basicConfig(level=logging.ERROR)
@@ -77,9 +76,9 @@ def _child_worker(mode: str, calls: int, reads: int) -> None:
 
 def _child_executor(calls: int, reads: int) -> None:
     sys.path.insert(0, str(HERE))
-    import executor_runtime_loop as loop
     import orjson
 
+    import executor_runtime_loop as loop
     from blockx.executor.execute_frames import decode_inbound
     from blockx.wire import FrameDecoder, encode_frame, keys
 
