@@ -29,7 +29,7 @@ import logging
 import math
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import orjson
@@ -40,12 +40,13 @@ __all__ = ["dumps_wire", "loads_wire"]
 
 _log = logging.getLogger("blockx.wire")
 
-_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS
+_ORJSON_OPTIONS: Final = orjson.OPT_PASSTHROUGH_DATACLASS
+_orjson_dumps: Final = orjson.dumps
 # Names, not classes: a class would keep its module alive (in the executor, a task's
 # whole namespace, re-created per task). Bounded: past the cap nothing is remembered.
 _warned_dataclasses: set[str] = set()
 _WARNED_DATACLASSES_MAX = 1024
-_decoder = msgspec.json.Decoder()
+_decoder: Final = msgspec.json.Decoder()
 
 
 def _orjson_default(value: Any) -> Any:
@@ -81,7 +82,7 @@ def dumps_wire(value: Any) -> bytes:
     the value's path.
     """
     try:
-        encoded = orjson.dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
+        encoded = _orjson_dumps(value, default=_orjson_default, option=_ORJSON_OPTIONS)
     except TypeError as exc:
         if "64-bit" not in str(exc):
             raise _locate_problem(value) from None
