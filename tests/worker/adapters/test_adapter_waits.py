@@ -53,6 +53,42 @@ def test_io_and_subcall_waits_go_to_the_orchestrator_with_the_sidecar(run) -> No
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("envelope", "says"),
+    [
+        # Typed by the connection's decoder (a WaitingFrame), judged by the adapter.
+        ({keys.FP_TASK_ID: "t1", keys.FP_WAIT_KIND: "sleep"}, "unknown waitKind 'sleep'"),
+        ({keys.FP_TASK_ID: 7, keys.FP_WAIT_KIND: "io"}, "taskId must be a string"),
+        ({keys.FP_WAIT_KIND: "io"}, "taskId must be a string"),
+        # Not typed (no requestId): the generic path.
+        (None, "needs a callId, a requestId and a payload object"),
+    ],
+)
+def test_a_malformed_call_waiting_is_a_protocol_error(run, caplog, envelope, says) -> None:
+    async def scenario() -> None:
+        rec = Recorder()
+        async with ExecutorAdapter(callbacks=rec.callbacks()) as adapter:
+            peer = await attached(adapter, rec)
+            adapter.bind("c1", "exec-0")
+            frame: dict[str, Any] = {
+                keys.F_MESSAGE_TYPE: keys.MT_CALL_WAITING,
+                keys.F_CALL_ID: "c1",
+            }
+            if envelope is None:
+                frame[keys.F_PAYLOAD] = {keys.FP_TASK_ID: "t1", keys.FP_WAIT_KIND: "io"}
+            else:
+                frame[keys.F_REQUEST_ID] = "req-1"
+                frame[keys.F_PAYLOAD] = envelope
+            with caplog.at_level(logging.ERROR, logger="blockx.worker.adapter"):
+                peer.send(frame)
+                await peer.wait_closed()
+            assert adapter.protocol_errors == 1
+            assert rec.named("waiting") == []
+            assert any(says in r.getMessage() for r in caplog.records), caplog.text
+
+    run(scenario())
+
+
 def test_function_code_waits_are_answered_by_the_resolver(run) -> None:
     asked: list[tuple[str, str, str]] = []
 

@@ -133,6 +133,28 @@ def test_call_frames_before_the_heartbeat_close_the_connection(run, first) -> No
     run(scenario())
 
 
+def test_a_well_formed_call_waiting_before_the_heartbeat_closes_the_connection(run) -> None:
+    # Decoded typed (completed_frames.WaitingFrame), not as a dict: refused all the same.
+    async def scenario() -> None:
+        rec = Recorder()
+        async with ExecutorAdapter(callbacks=rec.callbacks()) as adapter:
+            peer = await ExecutorPeer.connect(adapter.socket_path)
+            peer.send(
+                {
+                    keys.F_MESSAGE_TYPE: keys.MT_CALL_WAITING,
+                    keys.F_CALL_ID: "c1",
+                    keys.F_REQUEST_ID: "req-1",
+                    keys.F_PAYLOAD: {keys.FP_TASK_ID: "t", keys.FP_WAIT_KIND: keys.WAIT_IO},
+                }
+            )
+            peer.heartbeat("exec-0")
+            await peer.wait_closed()
+            assert rec.named("attached") == []
+            assert adapter.protocol_errors == 1
+
+    run(scenario())
+
+
 def test_invalid_first_heartbeat_closes_the_connection(run) -> None:
     async def scenario() -> None:
         rec = Recorder()

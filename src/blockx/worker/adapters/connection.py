@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, cast
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError
 
-from .completed_frames import decode_call_completed
+from .completed_frames import decode_call_frames
 from .errors import ExecutorUnavailableError, OutboxFullError
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class ExecutorConnection(asyncio.Protocol):
         self._owner = owner
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(typed=decode_call_completed)
+        self._decoder = FrameDecoder(typed=decode_call_frames)
         self._frames: list[bytes] = []
         # (stream position of the frame, note): reported once _written passes it.
         self._notes: deque[tuple[int, ControlSend | asyncio.Future[None]]] = deque()

@@ -45,7 +45,7 @@ from blockx.wire import (
 )
 
 from .callbacks import AdapterCallbacks, CallFrame, FunctionCodeResolver, PeerCheck
-from .completed_frames import CompletedFrame
+from .completed_frames import CompletedFrame, WaitingFrame
 from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
@@ -119,10 +119,13 @@ class InboundHandlers:
                 first: _ReadFrame = frames[start]
                 envelope = first[0]
                 start += 1
-                if isinstance(envelope, CompletedFrame):
-                    self._protocol_error(
-                        conn, f"{_MT_CALL_COMPLETED} before the attaching Heartbeat"
+                if isinstance(envelope, CompletedFrame) or isinstance(envelope, WaitingFrame):
+                    typed_type = (
+                        _MT_CALL_COMPLETED
+                        if isinstance(envelope, CompletedFrame)
+                        else _MT_CALL_WAITING
                     )
+                    self._protocol_error(conn, f"{typed_type} before the attaching Heartbeat")
                     return
                 message_type = envelope[_F_MESSAGE_TYPE]
                 if message_type == _MT_HEARTBEAT:
@@ -157,6 +160,20 @@ class InboundHandlers:
                 payload = envelope.payload
                 attempt: object = payload.attemptSeq
             else:
+                if type(envelope) is WaitingFrame:  # decoded typed (completed_frames.py)
+                    # The common case first (once per IO wait): a well-formed io / subcall
+                    # wait collected for the batch; anything else takes the dict path below.
+                    payload = envelope.payload
+                    if (
+                        call_frames is not None
+                        and type(payload.get(_FP_TASK_ID)) is str
+                        and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
+                    ):
+                        call_frames.append(
+                            (_MT_CALL_WAITING, envelope.callId, payload, envelope.requestId, None)
+                        )
+                        continue
+                    envelope = envelope.to_dict()
                 message_type = envelope[_F_MESSAGE_TYPE]
                 if message_type == _MT_CALL_WAITING:
                     # The common case, inline and first (once per IO wait): a well-formed
