@@ -142,7 +142,7 @@ WAIT_CUT_OFF: Final = Marker("wait-cut-off")
 #: A code-fetch follower's resume value when its leader ended without an outcome.
 _RETRY_FETCH: Final = Marker("retry-fetch")
 
-_ceil = math.ceil
+_ceil: Final = math.ceil
 #: Float noise tolerated when rounding the time a cut-off wait is charged up to whole
 #: ms (sums and differences of clock readings are off by ~1e-10 ms): 280.0000000001
 #: is 280.

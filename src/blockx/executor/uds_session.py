@@ -82,7 +82,7 @@ _WRITER_RUNNING: Final = 0
 _WRITER_POLLING: Final = 1
 _WRITER_SLEEPING: Final = 2
 #: The owner thread sends its queue as soon as it holds this many frames.
-_OWNER_FLUSH_FRAMES = MAX_FRAMES_PER_WRITE
+_OWNER_FLUSH_FRAMES: Final = MAX_FRAMES_PER_WRITE
 #: Bytes asked of each ``recv``.
 _RECV_BYTES: Final = 256 * 1024
 #: Errors on connect that mean "the worker is not listening yet": retried until the timeout.

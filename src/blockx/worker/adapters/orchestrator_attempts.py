@@ -45,7 +45,7 @@ _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
 _MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
 _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
-_encode_output = encode_output_fast
+_encode_output: Final = encode_output_fast
 
 
 @trait

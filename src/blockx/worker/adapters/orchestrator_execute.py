@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["execute_body", "execute_prefix"]
 
-_dumps = orjson.dumps
+_dumps: Final = orjson.dumps
 
 
 def _member(name: str, value: Any) -> bytes:

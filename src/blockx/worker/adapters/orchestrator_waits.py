@@ -101,13 +101,13 @@ _FP_ERROR: Final = keys.FP_ERROR
 _FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
 _WAIT_IO: Final = keys.WAIT_IO
 _WAIT_SUBCALL: Final = keys.WAIT_SUBCALL
-_Fragment = orjson.Fragment
-_isfuture = asyncio.isfuture
-_Future = asyncio.Future
+_Fragment: Final = orjson.Fragment
+_isfuture: Final = asyncio.isfuture
+_Future: Final = asyncio.Future
 #: The message of the cancel of an IO answer nobody waits for any more (ReleaseWait),
 #: for the handler's eyes (the worker itself goes by ``_released_waits``).
 _RELEASED: Final = "blockx: the call no longer waits for this IO answer"
-_monotonic = time.monotonic
+_monotonic: Final = time.monotonic
 
 
 def _error_wire(kind: str, message: str, retryable: bool) -> dict[str, Any]:

@@ -37,9 +37,9 @@ from .mypyc_markers import mypyc_attr
 
 __all__ = ["OutboundSends"]
 
-_dumps = orjson.dumps
-_pack_length = struct.Struct(">I").pack
-_new_note = tuple.__new__
+_dumps: Final = orjson.dumps
+_pack_length: Final = struct.Struct(">I").pack
+_new_note: Final = tuple.__new__
 
 _MT_EXECUTE_CALL: Final = keys.MT_EXECUTE_CALL
 _MT_RESUME_CALL: Final = keys.MT_RESUME_CALL

@@ -58,10 +58,10 @@ __all__ = [
     "move",
 ]
 
-_READY = CallState.READY
-_RUNNING = CallState.RUNNING
-_WAITING = CallState.WAITING
-_DONE = CallState.DONE
+_READY: Final = CallState.READY
+_RUNNING: Final = CallState.RUNNING
+_WAITING: Final = CallState.WAITING
+_DONE: Final = CallState.DONE
 
 #: Allowed ``state`` edges of a call context.
 CALL_TRANSITIONS: Final[Mapping[CallState, frozenset[CallState]]] = {

@@ -187,7 +187,7 @@ def _successor(prefix: str) -> str | None:
 # --- operations ---------------------------------------------------------------------------------
 
 #: Thread-safe (no shared decoder state): the SQLite engine decodes rows in its own thread.
-_loads = msgspec.json.decode
+_loads: Final = msgspec.json.decode
 
 
 class TableOp:
