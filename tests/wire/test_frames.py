@@ -8,6 +8,7 @@ import decimal
 import struct
 import uuid
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -31,7 +32,7 @@ from blockx.wire import (
     dumps_wire,
     encode_frame,
 )
-from blockx.wire.frames import encode_frame_with_value
+from blockx.wire.frames import _COPIED_BODY_MAX, TypedHook, encode_frame_with_value
 
 json_scalars = (
     st.none()
@@ -336,3 +337,33 @@ def test_one_pass_frames_refuse_oversize_frames():
         _one_pass_frame("x" * MAX_FRAME_BYTES)
     with pytest.raises(PayloadTooLargeError):
         _one_pass_frame({"k": 1}, sidecar=b"x" * MAX_FRAME_BYTES)
+
+
+@pytest.mark.parametrize("typed", [False, True])
+@pytest.mark.parametrize("with_sidecar", [False, True])
+def test_big_frames_decode_like_small_ones(typed, with_sidecar):
+    # Bodies above 64 KiB are read through a view of the received bytes, smaller ones are
+    # copied out: both ways must give the same frames, whole or fed in pieces.
+
+    class Big(msgspec.Struct, tag="Big", tag_field="messageType"):
+        text: str
+
+    hook = TypedHook({"Big": Big}, lambda decoded: True) if typed else None
+    items = []
+    for size in (10, _COPIED_BODY_MAX - 200, _COPIED_BODY_MAX + 10, 3 * _COPIED_BODY_MAX):
+        envelope = {"messageType": "Big", "text": "x" * size}
+        sidecar = bytes(range(256)) * (size // 256 + 1) if with_sidecar else None
+        items.append((envelope, sidecar))
+    stream = b"".join(encode_frame(envelope, sidecar) for envelope, sidecar in items)
+    for piece in (len(stream), 50_000, 4_093):
+        decoder = FrameDecoder(typed=hook)
+        frames = [
+            f for i in range(0, len(stream), piece) for f in decoder.feed(stream[i : i + piece])
+        ]
+        assert len(frames) == len(items)
+        for frame, (envelope, sidecar) in zip(frames, items, strict=True):
+            assert frame.sidecar == sidecar
+            if typed and sidecar is None:
+                assert type(frame.envelope) is Big and frame.envelope.text == envelope["text"]
+            else:
+                assert frame.envelope == envelope

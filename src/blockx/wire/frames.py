@@ -73,6 +73,9 @@ _PASSTHROUGH_DATACLASS: Final = orjson.OPT_PASSTHROUGH_DATACLASS
 _json_decode: Final = msgspec.json.Decoder().decode
 # Frame(...) runs namedtuple's Python-level __new__; this is the same tuple, built in C.
 _new_frame: Final = tuple.__new__
+#: Frame bodies up to this size are sliced out as bytes; bigger ones are read through
+#: a memoryview of the received bytes (no copy).
+_COPIED_BODY_MAX: Final = 64 * 1024
 
 
 class Frame(NamedTuple):
@@ -338,6 +341,7 @@ class FrameDecoder:
         limit = self._limit
         typed = self._typed
         typed_prefix = self._typed_prefix
+        typed_size = len(typed_prefix)
         frames: list[Frame] = []
         self._need = HEADER_SIZE
         try:
@@ -357,15 +361,19 @@ class FrameDecoder:
                 if end > total:
                     self._need = HEADER_SIZE + size
                     break
-                # The body as its own bytes (a copy of a few hundred bytes costs less than
-                # a memoryview slice, and a compiled caller slices bytes natively).
-                body = buf[start:end]
+                # A body up to _COPIED_BODY_MAX is sliced out as its own bytes (a copy of a
+                # few hundred bytes costs less than a memoryview slice, and compiled code
+                # slices bytes natively); a bigger one (a sidecar, a large output) is read
+                # through a view, not copied twice.
+                body: bytes | memoryview = (
+                    buf[start:end] if size <= _COPIED_BODY_MAX else memoryview(buf)[start:end]
+                )
                 # Fast path, inline: a plain JSON envelope that decodes to an object with a
                 # messageType. Anything else goes through decode_body, which raises the
                 # precise ProtocolError. Saves four Python calls per frame.
                 envelope: Any = None
                 if size and buf[start] != _MAGIC_FIRST:
-                    if typed is not None and body.startswith(typed_prefix):
+                    if typed is not None and buf[start : start + typed_size] == typed_prefix:
                         envelope = typed(body)
                         if envelope is not None:
                             frames.append(_new_frame(Frame, (envelope, None)))
