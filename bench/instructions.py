@@ -18,8 +18,9 @@ the difference in calls:
   their frames, decoding the worker's) is included: it does not change when
   the worker does, so differences between two builds are the worker's;
 * **executor** -- ``ExecutorRuntime`` over bench/executor_runtime_loop.py's
-  in-memory session, its inbound frames fed as bytes through the reader's own
-  ``FrameDecoder`` (typed hook included), 128 per ``run_until_idle``: trivial
+  in-memory session, its inbound frames fed through the reader's own
+  ``FrameDecoder`` (typed hook included) as the reader feeds them (a view of
+  one reused receive buffer), 128 per ``run_until_idle``: trivial
   calls, and calls doing ``--reads`` IO waits, each answered with a ResumeCall
   as the worker encodes it. The socket and the reader/writer threads are not
   in it.
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 #: (calls in the small run, calls in the big run) per shape.
@@ -85,6 +87,13 @@ def _child_executor(calls: int, reads: int) -> None:
     runtime = loop.make_runtime()
     session = runtime._session
     decoder = FrameDecoder(typed=decode_inbound)
+    # As the reader thread feeds it: a view of one reused receive buffer.
+    received = bytearray(1 << 20)
+
+    def feed(data: bytes) -> list[Any]:
+        received[: len(data)] = data
+        with memoryview(received) as view:
+            return decoder.feed(view[: len(data)])
 
     def execute_bytes(tag: str, count: int) -> list[bytes]:
         if reads:
@@ -125,7 +134,7 @@ def _child_executor(calls: int, reads: int) -> None:
         frames = execute_bytes(tag, count)
         for start in range(0, count, loop.BATCH):
             batch = frames[start : start + loop.BATCH]
-            session.incoming.extend(decoder.feed(b"".join(batch)))
+            session.incoming.extend(feed(b"".join(batch)))
             runtime.run_until_idle()
             session.sent.clear()
             if not reads:
@@ -142,7 +151,7 @@ def _child_executor(calls: int, reads: int) -> None:
                     assert ctx.pending_request_id is not None
                     answers.append(resume_bytes(call_id, ctx.pending_request_id))
                 if answers:
-                    session.incoming.extend(decoder.feed(b"".join(answers)))
+                    session.incoming.extend(feed(b"".join(answers)))
                 runtime.run_until_idle()
                 session.sent.clear()
                 waiting = still

@@ -291,7 +291,8 @@ class FrameDecoder:
     decoded and validated in one C pass); that object is the frame's
     ``envelope``. It returns None for anything it does not take, and the frame
     is decoded as usual, so every error is still the generic path's. The
-    executor uses it for ExecuteCall and ResumeCall, the worker for CallCompleted.
+    executor uses it for ExecuteCall and ResumeCall, the worker for CallCompleted and
+    CallWaiting.
     """
 
     __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed", "_typed_prefix")
@@ -361,19 +362,26 @@ class FrameDecoder:
                 if end > total:
                     self._need = HEADER_SIZE + size
                     break
-                # A body up to _COPIED_BODY_MAX is sliced out as its own bytes (a copy of a
-                # few hundred bytes costs less than a memoryview slice, and compiled code
-                # slices bytes natively); a bigger one (a sidecar, a large output) is read
-                # through a view, not copied twice.
+                plain = size != 0 and buf[start] != _MAGIC_FIRST
+                # A plain body up to _COPIED_BODY_MAX is sliced out as its own bytes (a copy
+                # of a few hundred bytes costs less than a memoryview slice, and compiled
+                # code slices bytes natively); a bigger one, or a sidecar frame (whose bytes
+                # decode_body copies out), is read through a view: never copied twice.
                 body: bytes | memoryview = (
-                    buf[start:end] if size <= _COPIED_BODY_MAX else memoryview(buf)[start:end]
+                    buf[start:end]
+                    if plain and size <= _COPIED_BODY_MAX
+                    else memoryview(buf)[start:end]
                 )
                 # Fast path, inline: a plain JSON envelope that decodes to an object with a
                 # messageType. Anything else goes through decode_body, which raises the
                 # precise ProtocolError. Saves four Python calls per frame.
                 envelope: Any = None
-                if size and buf[start] != _MAGIC_FIRST:
-                    if typed is not None and buf[start : start + typed_size] == typed_prefix:
+                if plain:
+                    if (
+                        typed is not None
+                        and size >= typed_size
+                        and buf[start : start + typed_size] == typed_prefix
+                    ):
                         envelope = typed(body)
                         if envelope is not None:
                             frames.append(_new_frame(Frame, (envelope, None)))
@@ -392,7 +400,7 @@ class FrameDecoder:
             self._error = exc
             raise
         if offset < total:
-            self._buffer += buf[offset:] if offset else buf
+            self._buffer += memoryview(buf)[offset:] if offset else buf
         return frames
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ Both event loops, real sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,8 +17,9 @@ from executor_peer import (
     eventually,
 )
 
-from blockx.wire import RemoteError, keys
+from blockx.wire import RemoteError, encode_frame, keys
 from blockx.worker.adapters.callbacks import AdapterCallbacks, FunctionCodeUnavailable
+from blockx.worker.adapters.completed_frames import WaitingFrame, decode_call_frames
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
 
 pytestmark = pytest.mark.timeout(30)
@@ -64,10 +66,14 @@ def test_io_and_subcall_waits_go_to_the_orchestrator_with_the_sidecar(run) -> No
         (None, "needs a callId, a requestId and a payload object"),
     ],
 )
-def test_a_malformed_call_waiting_is_a_protocol_error(run, caplog, envelope, says) -> None:
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_malformed_call_waiting_is_a_protocol_error(run, caplog, envelope, says, batched) -> None:
     async def scenario() -> None:
         rec = Recorder()
-        async with ExecutorAdapter(callbacks=rec.callbacks()) as adapter:
+        callbacks = rec.callbacks()
+        if batched:  # as the orchestrator runs it: call frames delivered per batch
+            callbacks = dataclasses.replace(callbacks, on_call_frames=rec._record("frames"))
+        async with ExecutorAdapter(callbacks=callbacks) as adapter:
             peer = await attached(adapter, rec)
             adapter.bind("c1", "exec-0")
             frame: dict[str, Any] = {
@@ -79,11 +85,14 @@ def test_a_malformed_call_waiting_is_a_protocol_error(run, caplog, envelope, say
             else:
                 frame[keys.F_REQUEST_ID] = "req-1"
                 frame[keys.F_PAYLOAD] = envelope
+            # The typed cases really are decoded typed (and refused by the adapter).
+            typed = decode_call_frames(encode_frame(frame)[4:])
+            assert isinstance(typed, WaitingFrame) is (envelope is not None)
             with caplog.at_level(logging.ERROR, logger="blockx.worker.adapter"):
                 peer.send(frame)
                 await peer.wait_closed()
             assert adapter.protocol_errors == 1
-            assert rec.named("waiting") == []
+            assert rec.named("waiting") == [] and rec.named("frames") == []
             assert any(says in r.getMessage() for r in caplog.records), caplog.text
 
     run(scenario())

@@ -133,7 +133,7 @@ def test_call_frames_before_the_heartbeat_close_the_connection(run, first) -> No
     run(scenario())
 
 
-def test_a_well_formed_call_waiting_before_the_heartbeat_closes_the_connection(run) -> None:
+def test_a_well_formed_call_waiting_before_the_heartbeat_closes_the_connection(run, caplog) -> None:
     # Decoded typed (completed_frames.WaitingFrame), not as a dict: refused all the same.
     async def scenario() -> None:
         rec = Recorder()
@@ -147,10 +147,12 @@ def test_a_well_formed_call_waiting_before_the_heartbeat_closes_the_connection(r
                     keys.F_PAYLOAD: {keys.FP_TASK_ID: "t", keys.FP_WAIT_KIND: keys.WAIT_IO},
                 }
             )
-            peer.heartbeat("exec-0")
-            await peer.wait_closed()
+            with caplog.at_level(logging.ERROR, logger="blockx.worker.adapter"):
+                peer.heartbeat("exec-0")
+                await peer.wait_closed()
             assert rec.named("attached") == []
             assert adapter.protocol_errors == 1
+            assert "CallWaiting before the attaching Heartbeat" in caplog.text
 
     run(scenario())
 

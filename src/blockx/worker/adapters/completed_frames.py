@@ -1,4 +1,5 @@
-"""CallCompleted frames decoded typed, the output kept as the executor's JSON bytes.
+"""CallCompleted and CallWaiting frames decoded typed: a CallCompleted's output kept as the
+executor's JSON bytes, a CallWaiting's payload the dict its handlers take.
 
 Theory of operation
 -------------------
@@ -6,8 +7,8 @@ A call's output reaches the worker inside its ``CallCompleted`` and leaves it
 as JSON again (a row, a call-cache entry, a sub-call's result). Decoding it
 into Python objects only to encode it back costs more than the rest of the
 frame: ~10 µs for a 1.4 KB output, ~1 µs for ``{"y": 1}``.
-:func:`decode_call_completed` is the connection's
-:class:`~blockx.wire.FrameDecoder` ``typed`` hook: a body that starts the way the
+:func:`decode_call_completed` is a :class:`~blockx.wire.FrameDecoder`
+``typed`` hook: a body that starts the way the
 executor writes one (``{"messageType":"CallCompleted",``) is decoded by msgspec
 into :class:`CompletedFrame`, whose ``output`` stays a ``msgspec.Raw`` slice of
 the frame (valid JSON: msgspec parsed through it). The orchestrator copies it
@@ -18,6 +19,12 @@ not an int, a payload of the wrong shape — returns None and takes the generic
 path (a dict envelope), which handles every such case as before. Code that
 wants the dict form of a typed payload (the per-frame callbacks, output limits,
 debug output) gets it from :meth:`CompletedPayload.to_wire`.
+
+:data:`decode_call_frames`, the connection's hook, also takes ``CallWaiting``
+(:class:`WaitingFrame`: ``callId`` and ``requestId`` strings, the payload an
+object, kept as a dict); the adapter judges the rest of it (taskId, waitKind)
+and turns a frame it refuses back into the dict form (:meth:`WaitingFrame.to_dict`)
+for the generic path's error.
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ _WAIT_FUNCTION_CODE: Final = keys.WAIT_FUNCTION_CODE
 # A tuple, not a set: a waitKind that is not hashable (a list) is then just not one of them.
 _ORCHESTRATOR_WAIT_KINDS: Final = (keys.WAIT_IO, keys.WAIT_SUBCALL)
 
-#: A frame as read here: its envelope is a dict or, decoded typed, a CompletedFrame
-#: (``Frame`` says dict: compiled with mypyc, reading it as one would check that).
+#: A frame as read here: its envelope is a dict or, decoded typed, a CompletedFrame or a
+#: WaitingFrame (``Frame`` says dict: compiled with mypyc, reading it as one would check that).
 _ReadFrame = tuple[Any, bytes | None]
 
 #: HeartbeatAck never changes: encode it once.
