@@ -28,6 +28,10 @@ own ceiling, with the executors' cost taken out.
 and prints each against its own ideal: where the ratio falls off is where the
 machine's CPU, not the calls in flight, sets the pace.
 
+Below the table: the worker's and the executors' CPU per call (``/proc``,
+over each task) and how many cores the three processes kept busy — what the
+IO target needs is printed beside it (``cores / (0.9 x ideal)`` per call).
+
 ``--profile`` runs one more trivial task under cProfile and prints the worker's
 hottest functions (the executors run in their own processes; see
 bench/executor_throughput.py for their side). Worker CPU per call is the worker
@@ -45,6 +49,7 @@ import concurrent.futures
 import cProfile
 import logging
 import multiprocessing
+import os
 import pstats
 import statistics
 import sys
@@ -172,17 +177,40 @@ def check_io(outputs: list[Any], n: int) -> None:
     assert outputs == expected, "wrong io outputs"
 
 
+def _process_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (``/proc``; 0 for one that is gone)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 async def _timed(worker: Worker, source: str, n: int, check: Any) -> dict[str, float]:
     fid = "t" if source is TRIVIAL else "io"
     task = Task(functions={fid: source}, calls=[Call(fid, {"x": i}) for i in range(n)])
+    executors = list(worker.pool.pids().values())
     cpu0 = time.process_time()
+    executors0 = _process_cpu_s(executors)
     t0 = time.perf_counter()
     result = await worker.run_task(task)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
+    executors_cpu = _process_cpu_s(executors) - executors0
     assert result.success, result.errors[:3]
     check(result.outputs, n)
-    return {"calls_per_s": n / wall, "worker_cpu_us": cpu / n * 1e6}
+    return {
+        "calls_per_s": n / wall,
+        "worker_cpu_us": cpu / n * 1e6,
+        # Clock ticks (10 ms): read over a whole task, not per call.
+        "executors_cpu_us": executors_cpu / n * 1e6,
+        "cores_busy": (cpu + executors_cpu) / wall,
+    }
 
 
 def echo_argv(spec: ExecutorLaunchSpec) -> list[str]:
@@ -335,7 +363,15 @@ def main() -> None:
         f" {ppe_ideal:>10,.0f} | {'':>12} |"
     )
     print(
-        f"\nworker CPU per call: trivial {bx_trivial_cpu:.1f} µs (with echo executors "
+        "BlockX CPU per call, worker + executors (cores busy): trivial "
+        f"{bx_trivial_cpu:.1f} + {med(r['executors_cpu_us'] for r in blockx['trivial']):.1f} µs "
+        f"({med(r['cores_busy'] for r in blockx['trivial']):.2f}), io {bx_io_cpu:.1f} + "
+        f"{med(r['executors_cpu_us'] for r in blockx['io']):.1f} µs "
+        f"({med(r['cores_busy'] for r in blockx['io']):.2f} of {os.cpu_count()}); the IO target "
+        f"(90% of the ideal) leaves {os.cpu_count() / (0.9 * ideal) * 1e6:.0f} µs per call"
+    )
+    print(
+        f"worker CPU per call: trivial {bx_trivial_cpu:.1f} µs (with echo executors "
         f"{bx_alone_cpu:.1f} µs), io {bx_io_cpu:.1f} µs ({READS} waits each; with echo "
         f"executors {med(r['worker_cpu_us'] for r in alone_io):.1f} µs)"
     )
