@@ -104,9 +104,9 @@ def execute_body(prefix: bytes, cmd: DispatchCallCmd) -> bytes:
             _ANCESTRY,
             _dumps(ancestry) if ancestry else b"[]",
             _BUDGET,
-            b"%d" % cmd.budget_ms,
+            str(cmd.budget_ms).encode(),  # compiled: native int -> str, not bytes % formatting
             _ATTEMPT,
-            b"%d" % cmd.attempt_seq,
+            str(cmd.attempt_seq).encode(),
             _CLOSE,
         )
     )
