@@ -14,7 +14,6 @@ from blockx.worker.adapters.completed_frames import (
     CompletedFrame,
     CompletedPayload,
     WaitingFrame,
-    decode_call_completed,
     decode_call_frames,
 )
 
@@ -47,7 +46,7 @@ def executor_body(output: Any, **payload: Any) -> bytes:
 )
 def test_the_executors_call_completed_decodes_typed_with_its_output_as_json(output: Any) -> None:
     body = executor_body(output)
-    frame = decode_call_completed(memoryview(body))
+    frame = decode_call_frames(memoryview(body))
     assert isinstance(frame, CompletedFrame)
     assert frame.callId == "t#1/c3"
     payload = frame.payload
@@ -61,7 +60,7 @@ def test_the_executors_call_completed_decodes_typed_with_its_output_as_json(outp
 
 
 def test_debug_output_rides_along() -> None:
-    frame = decode_call_completed(memoryview(executor_body({"y": 1}, debugOutput="hi\n")))
+    frame = decode_call_frames(memoryview(executor_body({"y": 1}, debugOutput="hi\n")))
     assert frame is not None and frame.payload.debugOutput == "hi\n"
 
 
@@ -85,7 +84,7 @@ def _reordered() -> bytes:
     ],
 )
 def test_what_the_typed_path_does_not_take_goes_the_generic_way(body: bytes) -> None:
-    assert decode_call_completed(memoryview(body)) is None
+    assert decode_call_frames(memoryview(body)) is None
 
 
 def test_a_connection_decoder_mixes_typed_and_dict_frames_in_order() -> None:
@@ -93,7 +92,7 @@ def test_a_connection_decoder_mixes_typed_and_dict_frames_in_order() -> None:
     waiting = {keys.F_MESSAGE_TYPE: keys.MT_CALL_WAITING, keys.F_CALL_ID: "c", "payload": {}}
     stream = len(completed).to_bytes(4, "big") + completed + encode_frame(waiting)
     for chunk in (len(stream), 1):
-        decoder = FrameDecoder(typed=decode_call_completed)
+        decoder = FrameDecoder(typed=decode_call_frames)
         frames = [
             f for i in range(0, len(stream), chunk) for f in decoder.feed(stream[i : i + chunk])
         ]
@@ -137,11 +136,6 @@ def test_the_executors_call_waiting_decodes_typed_with_its_payload_as_a_dict() -
     assert frame.payload == generic[keys.F_PAYLOAD]  # big ints exact, nulls kept
     generic.pop(keys.F_EXECUTOR_ID)  # the worker reads the executor from its connection
     assert frame.to_dict() == generic
-
-
-def test_the_connection_hook_still_types_call_completed() -> None:
-    frame = decode_call_frames(executor_body({"y": 1}))
-    assert isinstance(frame, CompletedFrame) and frame.payload.attemptSeq == 2
 
 
 def _waiting(**envelope: Any) -> bytes:

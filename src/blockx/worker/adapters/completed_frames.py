@@ -7,7 +7,7 @@ A call's output reaches the worker inside its ``CallCompleted`` and leaves it
 as JSON again (a row, a call-cache entry, a sub-call's result). Decoding it
 into Python objects only to encode it back costs more than the rest of the
 frame: ~10 µs for a 1.4 KB output, ~1 µs for ``{"y": 1}``.
-:func:`decode_call_completed` is a :class:`~blockx.wire.FrameDecoder`
+:data:`decode_call_frames` is the connection's :class:`~blockx.wire.FrameDecoder`
 ``typed`` hook: a body that starts the way the
 executor writes one (``{"messageType":"CallCompleted",``) is decoded by msgspec
 into :class:`CompletedFrame`, whose ``output`` stays a ``msgspec.Raw`` slice of
@@ -20,11 +20,10 @@ path (a dict envelope), which handles every such case as before. Code that
 wants the dict form of a typed payload (the per-frame callbacks, output limits,
 debug output) gets it from :meth:`CompletedPayload.to_wire`.
 
-:data:`decode_call_frames`, the connection's hook, also takes ``CallWaiting``
-(:class:`WaitingFrame`: ``callId`` and ``requestId`` strings, the payload an
-object, kept as a dict); the adapter judges the rest of it (taskId, waitKind)
-and turns a frame it refuses back into the dict form (:meth:`WaitingFrame.to_dict`)
-for the generic path's error.
+The same hook takes ``CallWaiting`` too (:class:`WaitingFrame`: ``callId`` and
+``requestId`` strings, the payload an object, kept as a dict); the adapter
+judges the rest of it (taskId, waitKind) and turns a frame it refuses back into
+the dict form (:meth:`WaitingFrame.to_dict`) for the generic path's error.
 """
 
 from __future__ import annotations
@@ -34,13 +33,12 @@ from typing import Any, Final
 import msgspec
 
 from blockx.wire import keys, loads_wire
-from blockx.wire.frames import TypedHook, typed_hook
+from blockx.wire.frames import TypedHook
 
 __all__ = [
     "CompletedFrame",
     "CompletedPayload",
     "WaitingFrame",
-    "decode_call_completed",
     "decode_call_frames",
 ]
 
@@ -101,9 +99,6 @@ class WaitingFrame(msgspec.Struct, tag=keys.MT_CALL_WAITING, tag_field=keys.F_ME
 def _acceptable(frame: CompletedFrame | WaitingFrame) -> bool:
     return bool(frame.callId)
 
-
-#: The frame as a :class:`CompletedFrame`, or None to decode it the generic way.
-decode_call_completed: Final = typed_hook(keys.MT_CALL_COMPLETED, CompletedFrame, _acceptable)
 
 #: The connection's hook: a :class:`CompletedFrame` or a :class:`WaitingFrame`, or None
 #: to decode the frame the generic way. Their common prefix is ``{"messageType":"Call``,

@@ -119,15 +119,12 @@ class InboundHandlers:
                 first: _ReadFrame = frames[start]
                 envelope = first[0]
                 start += 1
-                if isinstance(envelope, CompletedFrame) or isinstance(envelope, WaitingFrame):
-                    typed_type = (
-                        _MT_CALL_COMPLETED
-                        if isinstance(envelope, CompletedFrame)
-                        else _MT_CALL_WAITING
-                    )
-                    self._protocol_error(conn, f"{typed_type} before the attaching Heartbeat")
-                    return
-                message_type = envelope[_F_MESSAGE_TYPE]
+                if isinstance(envelope, CompletedFrame):  # decoded typed (completed_frames.py)
+                    message_type = _MT_CALL_COMPLETED
+                elif isinstance(envelope, WaitingFrame):
+                    message_type = _MT_CALL_WAITING
+                else:
+                    message_type = envelope[_F_MESSAGE_TYPE]
                 if message_type == _MT_HEARTBEAT:
                     state = self._attach(conn, envelope)
                     if state is None:
@@ -160,28 +157,22 @@ class InboundHandlers:
                 payload = envelope.payload
                 attempt: object = payload.attemptSeq
             else:
+                request_id: Any
                 if type(envelope) is WaitingFrame:  # decoded typed (completed_frames.py)
-                    # The common case first (once per IO wait): a well-formed io / subcall
-                    # wait collected for the batch; anything else takes the dict path below.
+                    message_type = _MT_CALL_WAITING
+                    call_id = envelope.callId
+                    request_id = envelope.requestId
                     payload = envelope.payload
-                    if (
-                        call_frames is not None
-                        and type(payload.get(_FP_TASK_ID)) is str
-                        and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
-                    ):
-                        call_frames.append(
-                            (_MT_CALL_WAITING, envelope.callId, payload, envelope.requestId, None)
-                        )
-                        continue
-                    envelope = envelope.to_dict()
-                message_type = envelope[_F_MESSAGE_TYPE]
+                else:
+                    message_type = envelope[_F_MESSAGE_TYPE]
+                    if message_type == _MT_CALL_WAITING:
+                        call_id = envelope.get(_F_CALL_ID)
+                        request_id = envelope.get(_F_REQUEST_ID)
+                        payload = envelope.get(_F_PAYLOAD)
                 if message_type == _MT_CALL_WAITING:
                     # The common case, inline and first (once per IO wait): a well-formed
                     # io / subcall wait collected for the batch. Anything else about it
                     # goes to _handle_call_waiting below.
-                    call_id = envelope.get(_F_CALL_ID)
-                    request_id = envelope.get(_F_REQUEST_ID)
-                    payload = envelope.get(_F_PAYLOAD)
                     if (
                         call_frames is not None
                         and type(call_id) is str
@@ -221,6 +212,8 @@ class InboundHandlers:
                     )
                 continue
             if message_type == _MT_CALL_WAITING:
+                if type(envelope) is WaitingFrame:
+                    envelope = envelope.to_dict()  # the generic path's form, for its errors
                 error = self._handle_call_waiting(state, conn, envelope, frame[1], call_frames)
                 if error is not None:
                     break
