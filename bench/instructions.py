@@ -78,8 +78,6 @@ def _child_worker(mode: str, calls: int, reads: int) -> None:
 
 def _child_executor(calls: int, reads: int) -> None:
     sys.path.insert(0, str(HERE))
-    import orjson
-
     import executor_runtime_loop as loop
     from blockx.executor.execute_frames import decode_inbound
     from blockx.wire import FrameDecoder, encode_frame, keys
@@ -96,38 +94,25 @@ def _child_executor(calls: int, reads: int) -> None:
             return decoder.feed(view[: len(data)])
 
     def execute_bytes(tag: str, count: int) -> list[bytes]:
-        if reads:
-            return [
-                encode_frame(
-                    orjson.dumps(
-                        loop.execute_envelope(tag, i, "n_reads", loop.N_READS_DIGEST, reads, 5000)
-                    )
-                )
-                for i in range(count)
-            ]
+        function, digest = ("n_reads", loop.N_READS_DIGEST) if reads else ("trivial", loop.DIGEST)
         return [
-            encode_frame(
-                orjson.dumps(loop.execute_envelope(tag, i, "trivial", loop.DIGEST, i, 5000))
-            )
+            encode_frame(loop.execute_envelope(tag, i, function, digest, reads or i, 5000))
             for i in range(count)
         ]
 
     def resume_bytes(call_id: str, request_id: str) -> bytes:
-        # As the worker writes it (adapters/outbound.py): executorId in the envelope.
+        # As the worker writes it (adapters/outbound.py's send_resume_call).
         return encode_frame(
-            orjson.dumps(
-                {
-                    keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
-                    keys.F_CALL_ID: call_id,
-                    keys.F_REQUEST_ID: request_id,
-                    keys.F_EXECUTOR_ID: "bench",
-                    keys.F_PAYLOAD: {
-                        keys.FP_RESUME_KIND: keys.WAIT_IO,
-                        keys.FP_RESULT: {"v": 1},
-                        keys.FP_BUDGET_USED_MS: 2,
-                    },
-                }
-            )
+            {
+                keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
+                keys.F_CALL_ID: call_id,
+                keys.F_REQUEST_ID: request_id,
+                keys.F_PAYLOAD: {
+                    keys.FP_RESUME_KIND: keys.WAIT_IO,
+                    keys.FP_RESULT: {"v": 1},
+                    keys.FP_BUDGET_USED_MS: 2,
+                },
+            }
         )
 
     def run_all(tag: str, count: int) -> None:

@@ -58,6 +58,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.helpers.pipelined_driver import process_cpu_seconds
 
 from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
 from blockx.worker.api import Call, Task
@@ -177,31 +180,17 @@ def check_io(outputs: list[Any], n: int) -> None:
     assert outputs == expected, "wrong io outputs"
 
 
-def _process_cpu_s(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (``/proc``; 0 for one that is gone)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
 async def _timed(worker: Worker, source: str, n: int, check: Any) -> dict[str, float]:
     fid = "t" if source is TRIVIAL else "io"
     task = Task(functions={fid: source}, calls=[Call(fid, {"x": i}) for i in range(n)])
     executors = list(worker.pool.pids().values())
     cpu0 = time.process_time()
-    executors0 = _process_cpu_s(executors)
+    executors0 = sum(map(process_cpu_seconds, executors))
     t0 = time.perf_counter()
     result = await worker.run_task(task)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    executors_cpu = _process_cpu_s(executors) - executors0
+    executors_cpu = sum(map(process_cpu_seconds, executors)) - executors0
     assert result.success, result.errors[:3]
     check(result.outputs, n)
     return {

@@ -339,10 +339,10 @@ def test_one_pass_frames_refuse_oversize_frames():
         _one_pass_frame({"k": 1}, sidecar=b"x" * MAX_FRAME_BYTES)
 
 
-@pytest.mark.parametrize("given", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("received_as", [bytes, bytearray, memoryview])
 @pytest.mark.parametrize("typed", [False, True])
 @pytest.mark.parametrize("with_sidecar", [False, True])
-def test_big_frames_decode_like_small_ones(typed, with_sidecar, given):
+def test_big_frames_decode_like_small_ones(typed, with_sidecar, received_as):
     # Bodies above 64 KiB are read through a view of the received bytes, smaller ones are
     # copied out (the sizes straddle the limit: bodies of exactly 64 KiB and one byte more):
     # both ways must give the same frames, whole or fed in pieces.
@@ -362,7 +362,7 @@ def test_big_frames_decode_like_small_ones(typed, with_sidecar, given):
         frames = [
             f
             for i in range(0, len(stream), piece)
-            for f in decoder.feed(given(stream[i : i + piece]))
+            for f in decoder.feed(received_as(stream[i : i + piece]))
         ]
         assert len(frames) == len(items)
         for frame, (envelope, sidecar) in zip(frames, items, strict=True):
