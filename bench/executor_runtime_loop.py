@@ -162,8 +162,9 @@ def batched(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
     return time.thread_time() - t0
 
 
-def resume_frame(call_id: str, request_id: str) -> Frame:
-    """The ResumeCall answering a wait, as a dict envelope (the generic path)."""
+def resume_frame(call_id: str, request_id: str, budget_used_ms: int = 0) -> Frame:
+    """The ResumeCall answering a wait, as a dict envelope (the generic path); the
+    worker writes the same envelope (adapters/outbound.py's send_resume_call)."""
     return Frame(
         {
             keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
@@ -172,7 +173,7 @@ def resume_frame(call_id: str, request_id: str) -> Frame:
             keys.F_PAYLOAD: {
                 keys.FP_RESUME_KIND: keys.WAIT_IO,
                 keys.FP_RESULT: {"v": 1},
-                keys.FP_BUDGET_USED_MS: 0,
+                keys.FP_BUDGET_USED_MS: budget_used_ms,
             },
         }
     )

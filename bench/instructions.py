@@ -80,7 +80,7 @@ def _child_executor(calls: int, reads: int) -> None:
     sys.path.insert(0, str(HERE))
     import executor_runtime_loop as loop
     from blockx.executor.execute_frames import decode_inbound
-    from blockx.wire import FrameDecoder, encode_frame, keys
+    from blockx.wire import FrameDecoder, encode_frame
 
     runtime = loop.make_runtime()
     session = runtime._session
@@ -101,19 +101,8 @@ def _child_executor(calls: int, reads: int) -> None:
         ]
 
     def resume_bytes(call_id: str, request_id: str) -> bytes:
-        # As the worker writes it (adapters/outbound.py's send_resume_call).
-        return encode_frame(
-            {
-                keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
-                keys.F_CALL_ID: call_id,
-                keys.F_REQUEST_ID: request_id,
-                keys.F_PAYLOAD: {
-                    keys.FP_RESUME_KIND: keys.WAIT_IO,
-                    keys.FP_RESULT: {"v": 1},
-                    keys.FP_BUDGET_USED_MS: 2,
-                },
-            }
-        )
+        # Charged 2 ms, as bench/worker_throughput.py's backend answers.
+        return encode_frame(loop.resume_frame(call_id, request_id, 2).envelope)
 
     def run_all(tag: str, count: int) -> None:
         frames = execute_bytes(tag, count)
