@@ -53,7 +53,7 @@ from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
-from worker_throughput import DelayedBackend
+from worker_throughput import DelayedBackend, DelayedIOBackend, product_io
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
 IO_SOURCE = "def _(p):\n    return None\n"  # never runs: the fake executor fakes the reads
@@ -369,8 +369,13 @@ async def measure(
     acc: dict[str, float] = {}
     if args.phases:  # before the Worker exists: the actor keeps bound methods
         install_phase_timers(acc)
-    backend: Any = DelayedBackend() if args.io_mode == "delayed" else ImmediateBackend()
-    async with Worker(config, spawner=IdleSpawner(), io_handlers={"blockdb": backend}) as worker:
+    handlers: Any
+    if args.io_mode == "scope":
+        handlers = product_io(DelayedIOBackend())
+    else:
+        backend = DelayedBackend() if args.io_mode == "delayed" else ImmediateBackend()
+        handlers = {"blockdb": backend}
+    async with Worker(config, spawner=IdleSpawner(), io_handlers=handlers) as worker:
         fakes = []
         for i in range(args.executors):
             conn = worker.adapter._new_connection()
@@ -428,7 +433,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--io-calls", type=int, default=4_000)
     parser.add_argument("--reads", type=int, default=5)
-    parser.add_argument("--io-mode", choices=("immediate", "delayed"), default="immediate")
+    parser.add_argument("--io-mode", choices=("immediate", "delayed", "scope"), default="immediate")
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile", choices=("trivial", "io"), default=None)

@@ -18,6 +18,9 @@ processes, the product's configuration otherwise) and through
   peer a user would pick for such work runs it too: a ``ThreadPoolExecutor``
   with as many threads as BlockX has calls in flight, each call sleeping
   through its reads (PERFORMANCE.md: 10,400 calls/s on the reference machines).
+  One more BlockX row serves the same reads the way ``blockx run`` does: each
+  task's reads go through a ``TaskIOScope`` (read cache, shared flights,
+  statistics) to an ``IOBackend`` with the same 2 ms timer.
 
 A third BlockX row runs the trivial task against ``bench/echo_executor.py``
 stand-ins (they answer every ExecuteCall at once and run no code): the worker's
@@ -67,6 +70,8 @@ from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
+from blockx.worker.io.backend import PreparedRequest, Reply
+from blockx.worker.io.registry import BackendRegistry, IOSubsystem
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
 READS = 5
@@ -124,6 +129,53 @@ class DelayedBackend:
                 future.set_result(IOResult(result={"v": key}, budget_used_ms=2))
 
 
+class DelayedIOBackend:
+    """The same 2 ms reads as an :class:`~blockx.worker.io.backend.IOBackend` named
+    ``blockdb``, served the way ``blockx run`` serves a task's IO: through the task's
+    :class:`~blockx.worker.io.scope.TaskIOScope` (read cache, shared flights, stats).
+    One timer per batch of requests, as :class:`DelayedBackend`."""
+
+    name = "blockdb"
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._batch: list[tuple[asyncio.Future[Reply], int]] | None = None
+
+    def prepare(self, io_kind: str, operation: str, params: Any, sidecar: Any) -> PreparedRequest:
+        return PreparedRequest(operation, params["key"], domain=params["table"])
+
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = []
+            loop.call_later(READ_DELAY_S, self._answer, batch)
+            loop.call_soon(self._close_batch)
+        batch.append((future, request.body))
+        return future
+
+    def _close_batch(self) -> None:
+        self._batch = None
+
+    @staticmethod
+    def _answer(batch: list[tuple[asyncio.Future[Reply], int]]) -> None:
+        for future, key in batch:
+            if not future.done():
+                future.set_result(Reply({"v": key}, nbytes=16))
+
+    async def close(self) -> None:
+        pass
+
+
+def product_io(backend: DelayedIOBackend) -> IOSubsystem:
+    """The worker's IO subsystem with ``backend`` as its only backend (``blockdb``)."""
+    registry = BackendRegistry()
+    registry.register("blockdb", backend)
+    return IOSubsystem(registry=registry)
+
+
 # --- BlockX --------------------------------------------------------------------------------
 
 
@@ -131,8 +183,9 @@ async def blockx_runs(
     args: argparse.Namespace, backend: DelayedBackend
 ) -> dict[str, list[dict[str, float]]]:
     config = load_config(env={}).replace(**{"pool.executor_count": args.executors})
-    out: dict[str, list[dict[str, float]]] = {"trivial": [], "io": []}
-    async with Worker(config, io_handlers={"blockdb": backend}) as worker:
+    out: dict[str, list[dict[str, float]]] = {"trivial": [], "io": [], "io_scope": []}
+    io = product_io(DelayedIOBackend())
+    async with io, Worker(config, io_handlers={"blockdb": backend}) as worker:
         await worker.wait_ready()
         # Warm-up: code fetched and compiled, greenlet pools filled.
         await worker.run_task(
@@ -144,6 +197,7 @@ async def blockx_runs(
         for _ in range(args.repeats):
             out["trivial"].append(await _timed(worker, TRIVIAL, args.calls, check_trivial))
             out["io"].append(await _timed(worker, IO_BOUND, args.io_calls, check_io))
+            out["io_scope"].append(await _timed(worker, IO_BOUND, args.io_calls, check_io, io))
         if args.profile:
             profiler = cProfile.Profile(time.process_time)  # CPU, not wall: the box is shared
             profiler.enable()
@@ -180,9 +234,16 @@ def check_io(outputs: list[Any], n: int) -> None:
     assert outputs == expected, "wrong io outputs"
 
 
-async def _timed(worker: Worker, source: str, n: int, check: Any) -> dict[str, float]:
+async def _timed(
+    worker: Worker, source: str, n: int, check: Any, io: IOSubsystem | None = None
+) -> dict[str, float]:
+    """One task of ``n`` calls of ``source``; its reads served by the worker's handler, or
+    with ``io`` by a task scope of it (as ``blockx run`` serves a task's IO)."""
     fid = "t" if source is TRIVIAL else "io"
     task = Task(functions={fid: source}, calls=[Call(fid, {"x": i}) for i in range(n)])
+    scope = None
+    if io is not None:
+        scope = task.io_handler = io.task_scope(task.task_id)
     executors = list(worker.pool.pids().values())
     cpu0 = time.process_time()
     executors0 = sum(map(process_cpu_seconds, executors))
@@ -191,6 +252,8 @@ async def _timed(worker: Worker, source: str, n: int, check: Any) -> dict[str, f
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     executors_cpu = sum(map(process_cpu_seconds, executors)) - executors0
+    if scope is not None:
+        scope.close()
     assert result.success, result.errors[:3]
     check(result.outputs, n)
     return {
@@ -326,6 +389,11 @@ def main() -> None:
         f"| {f'io x{args.io_calls} (5 reads x 2 ms): BlockX':<44} | {bx_io:>10,.0f} |"
         f" {f'{bx_io / ideal:.0%} ideal':>12} |"
     )
+    bx_io_scope = med(r["calls_per_s"] for r in blockx["io_scope"])
+    print(
+        f"| {'io: BlockX, reads through a task IO scope':<44} | {bx_io_scope:>10,.0f} |"
+        f" {f'{bx_io_scope / ideal:.0%} ideal':>12} |"
+    )
     bx_alone_io = med(r["calls_per_s"] for r in alone_io)
     print(
         f"| {'io: BlockX worker alone (echo executors)':<44} | {bx_alone_io:>10,.0f} |"
@@ -369,6 +437,8 @@ def main() -> None:
         + ", ".join(f"{r['calls_per_s']:,.0f}" for r in blockx["trivial"])
         + "; BlockX io "
         + ", ".join(f"{r['calls_per_s']:,.0f}" for r in blockx["io"])
+        + "; BlockX io through a task scope "
+        + ", ".join(f"{r['calls_per_s']:,.0f}" for r in blockx["io_scope"])
     )
 
 

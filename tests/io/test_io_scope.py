@@ -701,3 +701,112 @@ def test_an_ended_flight_and_its_answers_are_freed_without_the_cyclic_gc() -> No
     finally:
         if enabled:
             gc.enable()
+
+
+def test_deliver_to_calls_back_as_the_flight_answers_not_a_loop_turn_later() -> None:
+    """The worker takes a read's answer with ``deliver_to``: its callback runs inside the
+    flight's own answer (no loop turn between), for the first waiter and a joiner alike,
+    each with its own done future; an ordinary done callback still runs a turn later."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"table": "x", "k": 1})
+        first, joined = (scope.handle_io("t", f"c{i}", p, None) for i in range(2))
+        seen: list[tuple[str, Any]] = []
+        first.deliver_to(lambda f: seen.append(("first", ok(f.result())["result"])))
+        joined.deliver_to(lambda f: seen.append(("joined", ok(f.result())["result"])))
+        first.add_done_callback(lambda f: seen.append(("ordinary", f.done())))
+        gate.release("v")
+        await asyncio.sleep(0)  # one turn: the backend future's callback, the flight's answer
+        assert seen == [("first", "v"), ("joined", "v")]
+        await asyncio.sleep(0)
+        assert seen[2:] == [("ordinary", True)]
+        assert first.direct is None and joined.direct is None
+        assert first.flight is None and joined.flight is None  # let go, as before
+        await io.close()
+
+    run(main())
+
+
+def test_deliver_to_after_the_answer_or_twice_is_an_ordinary_done_callback() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        pending = scope.handle_io("t", "a", payload("gate", "get", {"k": 1}), None)
+        calls: list[str] = []
+        pending.deliver_to(lambda f: calls.append("direct"))
+        pending.deliver_to(lambda f: calls.append("second"))  # a second one: the loop's
+        gate.release("v")
+        await asyncio.sleep(0)
+        assert calls == ["direct"]
+        await asyncio.sleep(0)
+        assert calls == ["direct", "second"]
+        pending.deliver_to(lambda f: calls.append("late"))  # done already
+        assert calls == ["direct", "second"]
+        await asyncio.sleep(0)
+        assert calls == ["direct", "second", "late"]
+        await io.close()
+
+    run(main())
+
+
+def test_a_cancelled_reads_deliver_to_callback_runs_from_the_loop_once() -> None:
+    """The worker cancels the answer future of a call that stopped waiting; the callback
+    it gave still runs -- from the loop, as a done callback would, and once -- and finds
+    the future cancelled. The other waiter still gets the answer at once."""
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"k": 1})
+        leaving, staying = (scope.handle_io("t", f"c{i}", p, None) for i in range(2))
+        seen: list[tuple[str, bool]] = []
+        leaving.deliver_to(lambda f: seen.append(("leaving", f.cancelled())))
+        staying.deliver_to(lambda f: seen.append(("staying", f.cancelled())))
+        assert leaving.cancel()
+        assert seen == []  # not from inside cancel()
+        await asyncio.sleep(0)
+        assert seen == [("leaving", True)]
+        gate.release("v")
+        await asyncio.sleep(0)
+        assert seen == [("leaving", True), ("staying", False)]
+        await asyncio.sleep(0.01)
+        assert len(seen) == 2
+        await io.close()
+
+    run(main())
+
+
+def test_a_deliver_to_callback_that_raises_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {"k": 1})
+        waiters = [scope.handle_io("t", f"c{i}", p, None) for i in range(3)]
+        seen: list[int] = []
+
+        def broken(_f: Any) -> None:
+            raise RuntimeError("callback bug")
+
+        waiters[0].deliver_to(broken)
+        waiters[1].deliver_to(lambda f: seen.append(1))
+        waiters[2].deliver_to(lambda f: seen.append(2))
+        gate.release("v")
+        await asyncio.sleep(0)
+        assert seen == [1, 2]
+        assert all(ok(w.result())["result"] == "v" for w in waiters)
+        assert type(scope.handle_io("t", "c9", p, None)) is IOResult  # cached as usual
+        await io.close()
+
+    with caplog.at_level("ERROR", logger="blockx.worker.io"):
+        run(main())
+    assert any("answer callback" in r.getMessage() and r.exc_info for r in caplog.records)

@@ -19,7 +19,11 @@ from blockx.worker.adapters.orchestrator_events import TaskCancelRequested
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import source_digest
 from blockx.worker.core import CallState, DispatcherConfig, call_key
-from blockx.worker.io import IOResult
+from blockx.worker.io import IOHandler, IOResult
+from blockx.worker.io.backend import PreparedRequest, Reply
+from blockx.worker.io.read_answer import ReadAnswer
+from blockx.worker.io.registry import BackendRegistry, IOSubsystem
+from blockx.worker.io.scope import TaskIOScope
 from blockx.worker.task_run import TaskRun
 
 pytestmark = pytest.mark.timeout(30)
@@ -61,7 +65,7 @@ def _io(peer: Any, frame: Any, request_id: str) -> None:
 
 
 async def _waiting_on_io(
-    rig: OrchestratorRig, backend: Backend, policy: TaskPolicy | None = None
+    rig: OrchestratorRig, backend: IOHandler, policy: TaskPolicy | None = None
 ) -> tuple[Any, TaskRun, Any]:
     """A peer, a one-call task of CHILD served by ``backend``, and that call's ExecuteCall,
     answered with a read (``req-1``): the peer, the task and the frame."""
@@ -227,6 +231,87 @@ def test_a_wait_left_unanswered_cancels_the_handlers_future(run, how: str) -> No
             assert rig.orchestrator.stats.stale_waits == 0
 
     run(scenario())
+
+
+class GateBackend:
+    """An IOBackend (``blockdb``) for a real task scope: every read waits until released."""
+
+    name = "blockdb"
+
+    def __init__(self) -> None:
+        self.open: list[asyncio.Future[Reply]] = []
+
+    def prepare(self, io_kind: str, operation: str, params: Any, sidecar: Any) -> PreparedRequest:
+        return PreparedRequest(operation, params, domain="t")
+
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.open.append(future)
+        return future
+
+    async def close(self) -> None:
+        pass
+
+
+def _scope(backend: GateBackend) -> TaskIOScope:
+    registry = BackendRegistry()
+    registry.register("blockdb", backend)
+    return IOSubsystem(registry=registry).task_scope("user-t1")
+
+
+def test_a_task_scopes_read_resumes_the_call(run) -> None:
+    # The product's IO path: the task's TaskIOScope answers through a ReadAnswer, which
+    # hands the answer to the worker as its flight ends (deliver_to).
+    async def scenario() -> None:
+        async with OrchestratorRig() as rig:
+            backend = GateBackend()
+            scope = _scope(backend)
+            peer, task, frame = await _waiting_on_io(rig, scope)
+            await rig.until(lambda: backend.open)
+            ctx = rig.core.call_context("t1/c0")
+            assert ctx is not None and type(ctx.wait_handle) is ReadAnswer
+            backend.open[0].set_result(Reply({"row": 7}))
+            [resume] = await peer.wait_frames(keys.MT_RESUME_CALL)
+            payload = frame_payload(resume)
+            assert resume.envelope[keys.F_REQUEST_ID] == "req-1"
+            assert payload["result"] == {"row": 7} and payload["resumeKind"] == "io"
+            assert type(payload["budgetUsedMs"]) is int
+            await rig.until(lambda: ctx.state is CallState.RUNNING)
+            assert ctx.wait_handle is None
+            reply_completed(peer, frame, {"ok": 1})
+            assert (await task.done).success and task.io_calls == 1
+            assert scope.stats.operation("blockdb", "get_row").backend_calls == 1
+
+    run(scenario())
+
+
+def test_a_task_scopes_read_left_unanswered_is_abandoned_quietly(
+    run, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The call fails while its read runs: the worker cancels the ReadAnswer, the scope
+    # stops the backend call (nobody else waits), and the callback the worker gave runs
+    # once, answering nobody.
+    async def scenario() -> None:
+        async with OrchestratorRig(config=DispatcherConfig(base_backoff_ms=1)) as rig:
+            backend = GateBackend()
+            scope = _scope(backend)
+            peer, task, _frame = await _waiting_on_io(rig, scope, TaskPolicy(max_attempts=1))
+            await rig.until(lambda: backend.open)
+            peer.failed("t1/c0", keys.ERR_DEADLINE_EXCEEDED)
+            assert (await task.done).failed_count == 1
+            assert backend.open[0].cancelled()
+            stats = rig.orchestrator.stats
+            assert stats.io_waits_released == 1
+            await asyncio.sleep(0.02)  # the cancelled answer's callback: it answers nobody
+            assert not rig.orchestrator._released_waits
+            assert stats.stale_waits == 0 and stats.resume_send_failures == 0
+            assert peer.of_type(keys.MT_RESUME_CALL) == []
+            assert scope.stats.operation("blockdb", "get_row").abandoned == 1
+
+    with caplog.at_level(logging.WARNING, logger="blockx"):
+        run(scenario())
+    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert noise == [], [r.getMessage() for r in noise]
 
 
 class SharingBackend(Backend):

@@ -15,7 +15,9 @@ The actor then
 
    * ``io`` — the task's :class:`~blockx.worker.io.IOHandler`, found by the
      ``taskId`` the frame echoes. An :class:`~blockx.worker.io.IOResult`
-     returned at once is sent at once; a future gets one done callback; a
+     returned at once is sent at once; a future gets one done callback (a
+     task scope's :class:`~blockx.worker.io.read_answer.ReadAnswer` calls it
+     the moment its flight answers: ``deliver_to``, no loop turn between); a
      coroutine runs as one task (IO is naturally concurrent; per-call actor
      work stays task-free). When the answer comes, the ``ResumeCall`` is queued
      straight from the callback — it does not touch the core — and only a
@@ -64,6 +66,7 @@ from blockx.worker.core import (
     WaitingCall,
 )
 from blockx.worker.io import IOResult
+from blockx.worker.io.read_answer import ReadAnswer as _ReadAnswer
 from blockx.worker.json_values import encode_args
 
 from .callbacks import CallFrame
@@ -204,6 +207,12 @@ class WaitHandling:
             try:
                 if type(answer) is IOResult:
                     io_answered(executor_id, call_id, request_id, attempt, started, answer)
+                    continue
+                if type(answer) is _ReadAnswer:  # a task scope's read: answered at once
+                    answer.deliver_to(
+                        _partial(io_answered, executor_id, call_id, request_id, attempt, started)
+                    )
+                    ctx.wait_handle = answer
                     continue
                 # A C future (or TaskIOScope's subclass of it): no Python-level check.
                 if not isinstance(answer, _Future) and not _isfuture(answer):

@@ -61,6 +61,8 @@ RequestKey = "str | tuple[str, bytes]"
 ENTRY_OVERHEAD: Final = 160
 
 _SORTED: Final = orjson.OPT_SORT_KEYS
+#: The generation pair of every (backend, domain) before the task's first write.
+_NO_WRITES: Final = (0, 0)
 
 
 def canonical_params(params: Any) -> bytes:
@@ -184,6 +186,8 @@ class ReadCache:
     def generation(self, backend: str, domain: str | None) -> tuple[int, int]:
         """The (backend, domain) generation pair a read starting now records."""
         generations = self._generations
+        if not generations:  # no write yet in this task: the common case of a read
+            return _NO_WRITES
         return (generations.get((backend, None), 0), generations.get((backend, domain), 0))
 
     def put(

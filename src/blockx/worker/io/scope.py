@@ -132,6 +132,7 @@ class _Flight:
         # the get_running_loop() call, once per backend call).
         answer = self.answer = ReadAnswer()
         answer.flight = self
+        answer.direct = None
         #: The answer futures of the waiters that joined; None: nobody did (or the
         #: flight ended: :meth:`let_go`). ``waiters``
         #: (those not gone, the first one included) is kept from the first join on.
@@ -152,6 +153,7 @@ class _Flight:
         """One more waiter of this read: an answer future of its own."""
         waiter = ReadAnswer()
         waiter.flight = self
+        waiter.direct = None
         joiners = self.joiners
         if joiners is None:
             self.joiners = [waiter]
@@ -251,13 +253,34 @@ class _Flight:
         self.stats.record_call(elapsed, reply.error is not None)
         result = reply.to_io_result()
         scope._flight_done(self, reply)
-        if not self.answer.done():  # a cancelled one: its waiter left
-            self.answer.set_result(result)
-        if self.joiners is not None:
-            for waiter in self.joiners:
+        answer = self.answer
+        joiners = self.joiners
+        if not answer.done():  # a cancelled one: its waiter left
+            answer.set_result(result)
+        if joiners is not None:
+            for waiter in joiners:
                 if not waiter.done():
                     waiter.set_result(result)
         self.let_go()
+        # Then the callbacks given to deliver_to (the worker's), now rather than a loop
+        # turn later; the other done callbacks run from the loop as always.
+        if answer.direct is not None:
+            _deliver(answer)
+        if joiners is not None:
+            for waiter in joiners:
+                if waiter.direct is not None:
+                    _deliver(waiter)
+
+
+def _deliver(waiter: ReadAnswer) -> None:
+    """Call the callback ``waiter.deliver_to`` registered (it is done, not cancelled)."""
+    callback = waiter.direct
+    waiter.direct = None
+    assert callback is not None
+    try:
+        callback(waiter)
+    except Exception:  # as the event loop reports a done callback that raised
+        _log.exception("the answer callback of an IO read raised")
 
 
 def _bug_reply(backend: str, operation: str, exc: BaseException) -> Reply:
