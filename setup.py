@@ -46,8 +46,9 @@ STAMP = Path("blockx") / "_native_build.json"
 #: unreachable to mypyc), ``orchestrator_events`` (dataclasses naming a
 #: TYPE_CHECKING-only class), ``completed_frames`` (msgspec Structs),
 #: ``io/read_answer`` (an ``asyncio.Future`` subclass), ``io/handler`` and
-#: ``io/backend`` (runtime-checkable Protocols), the error modules, and what is
-#: not per call (pool, spawner, sandbox, registry, rpc, postgres, config);
+#: ``io/backend`` (runtime-checkable Protocols; the values they name are
+#: ``io/answers``), the error modules, and what is not per call (pool,
+#: spawner, sandbox, registry, rpc, postgres, config);
 #: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
@@ -81,6 +82,7 @@ NATIVE_MODULES = [
     "blockx/worker/adapters/outbound.py",
     "blockx/worker/adapters/reservations.py",
     "blockx/worker/adapters/snapshot.py",
+    "blockx/worker/io/answers.py",
     "blockx/worker/io/blockdb.py",
     "blockx/worker/io/blockdb_sqlite.py",
     "blockx/worker/io/cache.py",

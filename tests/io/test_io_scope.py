@@ -810,3 +810,34 @@ def test_a_deliver_to_callback_that_raises_is_logged_and_the_others_still_run(
     with caplog.at_level("ERROR", logger="blockx.worker.io"):
         run(main())
     assert any("answer callback" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+def test_the_answer_values_behave_as_the_plain_classes_they_replaced() -> None:
+    """IOResult, PreparedRequest and Reply are compiled (io/answers.py) and re-exported by
+    handler / backend: keyword construction, defaults, repr, IOResult's value equality."""
+    from blockx.worker.io import backend, handler
+    from blockx.worker.io.answers import IOResult as Native
+
+    assert handler.IOResult is Native is IOResult
+    plain = IOResult()
+    assert (plain.result, plain.error, plain.sidecar, plain.budget_used_ms) == (None,) * 4
+    one = IOResult(result={"v": 1}, sidecar=b"x", budget_used_ms=3)
+    assert one == IOResult(result={"v": 1}, sidecar=b"x", budget_used_ms=3)
+    assert one != IOResult(result={"v": 1}, sidecar=b"x") and one != "IOResult"
+    assert repr(one) == "IOResult(result={'v': 1}, error=None, sidecar=b'x', budget_used_ms=3)"
+    with pytest.raises(TypeError):
+        hash(one)  # mutable, compared by value
+    with pytest.raises(TypeError):
+        IOResult({"v": 1})  # type: ignore[misc]  # keywords only
+    failed = backend.Reply.failure("down", retryable=True)
+    assert failed.error is not None and failed.error.retryable and failed.nbytes == 0
+    assert failed.to_io_result(7) == IOResult(error=failed.error, budget_used_ms=7)
+    assert repr(backend.Reply([1], nbytes=3)) == "Reply(nbytes=3, sidecar=False)"
+    prepared = backend.PreparedRequest("get", {"k": 1}, domain="t")
+    assert (prepared.operation, prepared.body, prepared.domain, prepared.cacheable) == (
+        "get",
+        {"k": 1},
+        "t",
+        True,
+    )
+    assert repr(prepared) == "PreparedRequest('get', domain='t', cacheable=True)"

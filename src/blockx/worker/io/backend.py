@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, Final, Protocol, runtime_checkable
 
-from blockx.wire import RemoteError, keys
+from blockx.wire import keys
 
-from .handler import IOResult
+from .answers import PreparedRequest, Reply
 
 __all__ = [
     "ERR_IO_ERROR",
@@ -55,73 +55,6 @@ class IORequestError(Exception):
         super().__init__(message)
         self.message = message
         self.retryable = retryable
-
-
-class PreparedRequest:
-    """A checked request, ready for :meth:`IOBackend.execute`.
-
-    ``domain`` groups requests for write invalidation: a write to a domain
-    drops the task's cached reads of the same backend and domain (``None``: the
-    whole backend). ``cacheable`` False keeps a read's answer out of the cache
-    (identical concurrent reads still share one backend call). ``body`` is the
-    backend's own parsed form of the request.
-    """
-
-    __slots__ = ("body", "cacheable", "domain", "operation")
-
-    def __init__(
-        self, operation: str, body: Any, *, domain: str | None, cacheable: bool = True
-    ) -> None:
-        self.operation = operation
-        self.body = body
-        self.domain = domain
-        self.cacheable = cacheable
-
-    def __repr__(self) -> str:
-        return (
-            f"PreparedRequest({self.operation!r}, domain={self.domain!r}, "
-            f"cacheable={self.cacheable})"
-        )
-
-
-class Reply:
-    """A backend's answer: a JSON ``result`` (and optional raw ``sidecar``) or an ``error``.
-
-    ``nbytes`` estimates the answer's size (the cache's byte bound uses it); 0
-    lets the cache estimate it from ``result``.
-    """
-
-    __slots__ = ("error", "nbytes", "result", "sidecar")
-
-    def __init__(
-        self,
-        result: Any = None,
-        *,
-        sidecar: bytes | None = None,
-        error: RemoteError | None = None,
-        nbytes: int = 0,
-    ) -> None:
-        self.result = result
-        self.sidecar = sidecar
-        self.error = error
-        self.nbytes = nbytes
-
-    @classmethod
-    def failure(cls, message: str, *, retryable: bool, kind: str = ERR_IO_ERROR) -> Reply:
-        return cls(error=RemoteError(kind=kind, message=message, retryable=retryable))
-
-    def to_io_result(self, budget_used_ms: int | None = None) -> IOResult:
-        return IOResult(
-            result=self.result,
-            error=self.error,
-            sidecar=self.sidecar,
-            budget_used_ms=budget_used_ms,
-        )
-
-    def __repr__(self) -> str:
-        if self.error is not None:
-            return f"Reply(error={self.error!r})"
-        return f"Reply(nbytes={self.nbytes}, sidecar={self.sidecar is not None})"
 
 
 @runtime_checkable

@@ -53,10 +53,11 @@ here, usually behind :class:`BackendRouter`, which routes by
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
 from blockx.wire import RemoteError, keys
+
+from .answers import IOResult
 
 __all__ = [
     "BackendRouter",
@@ -69,27 +70,6 @@ __all__ = [
 
 #: Error kind of a failed IO wait (PROTOCOL.md: retryable as the backend says).
 ERR_IO_ERROR: Final = keys.ERR_IO_ERROR
-
-
-# Not frozen: a frozen dataclass builds itself with object.__setattr__ per field, ~2.5x
-# the bytecodes of plain assignments, and one is built per IO answer (two for a read the
-# cache keeps). Treat it as immutable all the same: a cached one answers many waits.
-@dataclass(slots=True, kw_only=True)
-class IOResult:
-    """The answer to one IO wait: a result or an error, plus what it cost.
-
-    ``result`` is any JSON value (with a ``sidecar`` it must be an object or
-    ``None``; the executor adds the bytes as ``result["data"]``). ``error`` set
-    means the wait failed: the executor raises it in user code (uncaught, the
-    call fails with its kind and ``retryable`` flag).
-    """
-
-    result: Any = None
-    error: RemoteError | None = None
-    #: Raw response bytes (a protobuf, a JSON-RPC body), sent without base64.
-    sidecar: bytes | None = None
-    #: Charged to the call's budget; ``None``: the wall time of the request.
-    budget_used_ms: int | None = None
 
 
 #: What ``handle_io`` may return.
