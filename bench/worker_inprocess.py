@@ -16,7 +16,9 @@ living in the same process, attached through a fake transport:
   ``--reads k`` first k ``CallWaiting(io)``, one at a time, each answered by
   the worker's IO handler with a ``ResumeCall`` (``--io-mode immediate``: an
   ``IOResult`` returned at once; ``delayed``: bench/worker_throughput.py's
-  backend, a future resolved 2 ms later, one timer per batch of requests).
+  backend, a future resolved 2 ms later, one timer per batch of requests;
+  ``scope``: the same 2 ms reads through a task's ``TaskIOScope``, as
+  ``blockx run`` serves them).
 
 The fake executors' own CPU (decoding ExecuteCall / ResumeCall, building
 replies) is measured with ``time.thread_time`` and subtracted: what is left is

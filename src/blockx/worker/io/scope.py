@@ -81,6 +81,9 @@ _IO_READ: Final = keys.IO_READ
 _IO_WRITE: Final = keys.IO_WRITE
 _IO_CAPABILITY: Final = keys.IO_CAPABILITY
 
+_Future: Final = asyncio.Future
+_isfuture: Final = asyncio.isfuture
+
 #: Longest backend/operation name kept in statistics (longer ones are cut).
 _MAX_NAME: Final = 64
 
@@ -212,7 +215,7 @@ class _Flight:
     def start(self, backend: IOBackend, prepared: PreparedRequest) -> None:
         try:
             pending: Any = backend.execute(prepared)
-            if not asyncio.isfuture(pending):
+            if type(pending) is not _Future and not _isfuture(pending):
                 pending = asyncio.ensure_future(pending)
         except Exception as exc:
             _log.exception("IO backend %s raised starting %s", self.backend, prepared)
