@@ -16,7 +16,9 @@ the difference in calls:
   at once (``immediate``: an ``IOResult``) or after 2 ms (``delayed``: a future,
   bench/worker_throughput.py's backend), or after 2 ms through the product's IO
   path (``scope``: the task's ``TaskIOScope`` -- read cache, shared flights,
-  stats -- over an ``IOBackend``, as ``blockx run`` serves reads). The fake executors' own work (encoding
+  stats -- over an ``IOBackend``, as ``blockx run`` serves reads), or real
+  ``get_row`` reads of a SQLite table through the same path (``sqlite``: the
+  engine's thread included). The fake executors' own work (encoding
   their frames, decoding the worker's) is included: it does not change when
   the worker does, so differences between two builds are the worker's;
 * **executor** -- ``ExecutorRuntime`` over bench/executor_runtime_loop.py's
@@ -188,6 +190,7 @@ def main() -> None:
             ("worker", "io immediate", "immediate", args.reads),
             ("worker", "io delayed", "delayed", args.reads),
             ("worker", "io scope", "scope", args.reads),
+            ("worker", "io sqlite", "sqlite", args.reads),
         ]
     if args.only != "worker":
         shapes += [("executor", "trivial", "-", 0), ("executor", "io", "-", args.reads)]

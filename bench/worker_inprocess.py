@@ -18,7 +18,9 @@ living in the same process, attached through a fake transport:
   ``IOResult`` returned at once; ``delayed``: bench/worker_throughput.py's
   backend, a future resolved 2 ms later, one timer per batch of requests;
   ``scope``: the same 2 ms reads through a task's ``TaskIOScope``, as
-  ``blockx run`` serves them).
+  ``blockx run`` serves them; ``sqlite``: real ``get_row`` reads of a table
+  in a temporary SQLite file, through the product's IO subsystem -- the
+  SQLite engine's thread runs in the worker's process and is counted).
 
 The fake executors' own CPU (decoding ExecuteCall / ResumeCall, building
 replies) is measured with ``time.thread_time`` and subtracted: what is left is
@@ -36,10 +38,12 @@ import cProfile
 import logging
 import os
 import pstats
+import shutil
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +59,8 @@ from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
+from blockx.worker.io.config import load_io_config
+from blockx.worker.io.registry import IOSubsystem
 from worker_throughput import DelayedBackend, DelayedIOBackend, product_io
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
@@ -367,16 +373,53 @@ async def measure(
 ) -> list[tuple[float, float]]:
     config = load_config(env={}).replace(**{"pool.executor_count": args.executors})
     clock = [0.0]
-    out = []
     acc: dict[str, float] = {}
     if args.phases:  # before the Worker exists: the actor keeps bound methods
         install_phase_timers(acc)
     handlers: Any
+    io: IOSubsystem | None = None
     if args.io_mode == "scope":
-        handlers = product_io(DelayedIOBackend())
+        handlers = io = product_io(DelayedIOBackend())
+    elif args.io_mode == "sqlite":
+        data = tempfile.mkdtemp(prefix="bx-inprocess-")
+        path = os.path.join(data, "blockdb.sqlite3")
+        handlers = io = IOSubsystem(
+            load_io_config({"blockdb": {"engine": "sqlite", "sqlite_path": path}}, env={})
+        )
+        await _preload(io, max(args.io_calls, 2000) * reads)
     else:
         backend = DelayedBackend() if args.io_mode == "delayed" else ImmediateBackend()
         handlers = {"blockdb": backend}
+    try:
+        return await _measure(args, config, handlers, reads, counts, clock, acc)
+    finally:
+        if io is not None:
+            await io.close()
+        if args.io_mode == "sqlite":
+            shutil.rmtree(data, ignore_errors=True)
+
+
+async def _preload(io: IOSubsystem, rows: int) -> None:
+    """Table ``t`` of the SQLite store: rows ``{"key": k, "v": k}`` for every key read."""
+    backend = io.backend("blockdb")
+    assert backend is not None
+    for start in range(0, rows, 10_000):
+        batch = [{"key": k, "v": k} for k in range(start, min(start + 10_000, rows))]
+        prepared = backend.prepare("write", "upsert_rows", {"table": "t", "rows": batch}, None)
+        reply = await backend.execute(prepared)
+        assert reply.error is None, reply.error
+
+
+async def _measure(
+    args: argparse.Namespace,
+    config: Any,
+    handlers: Any,
+    reads: int,
+    counts: list[float],
+    clock: list[float],
+    acc: dict[str, float],
+) -> list[tuple[float, float]]:
+    out = []
     async with Worker(config, spawner=IdleSpawner(), io_handlers=handlers) as worker:
         fakes = []
         for i in range(args.executors):
@@ -435,7 +478,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20_000)
     parser.add_argument("--io-calls", type=int, default=4_000)
     parser.add_argument("--reads", type=int, default=5)
-    parser.add_argument("--io-mode", choices=("immediate", "delayed", "scope"), default="immediate")
+    parser.add_argument(
+        "--io-mode", choices=("immediate", "delayed", "scope", "sqlite"), default="immediate"
+    )
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile", choices=("trivial", "io"), default=None)

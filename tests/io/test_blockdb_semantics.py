@@ -297,3 +297,35 @@ def test_key_encoding_round_trips_and_orders() -> None:
         assert decoded == (key[0] if isinstance(key, list) and len(key) == 1 else key)
     ints = [-(2**63), -7, 0, 3, 10, 2**63 - 1]
     assert sorted(ints, key=encode_key) == ints
+
+
+def test_int_keys_are_stored_exactly_as_the_column_format_says() -> None:
+    """``\x1e`` + the 20-digit zero-padded ``n + 2**63``: the text already in users'
+    tables, whatever way the encoder computes it."""
+    edges = [-(2**63), -(2**63) + 1, -1, 0, 1, 10**18, 2**63 - 10**19 - 1, 2**63 - 10**19]
+    edges += [2**63 - 1, *range(-1000, 1000, 7), *(3**k for k in range(40))]
+    for n in edges:
+        expected = "\x1e" + format(n + 2**63, "020d")
+        assert encode_key(n) == expected, n
+        assert encode_key(["p", n]) == "p\x1f" + expected, n
+        assert decode_key(expected) == n
+
+
+def test_a_table_name_is_checked_every_time_until_it_passed_and_the_memo_is_bounded(
+    tmp_path: Any,
+) -> None:
+    config = load_io_config({"blockdb": {"sqlite_path": str(tmp_path / "x.sqlite3")}}, env={})
+    backend = make_blockdb_backend(config)
+    for _ in range(2):  # a refused name is refused again (never remembered)
+        with pytest.raises(IORequestError, match="bad table name 'Prices'"):
+            backend.prepare(R, "get_row", {"table": "Prices", "key": 1}, None)
+    first = backend.prepare(R, "get_row", {"table": "prices", "key": 1}, None)
+    again = backend.prepare(R, "get_row", {"table": "prices", "key": 2}, None)
+    assert first.body.sql_table == again.body.sql_table == '"bx_prices"'
+    assert (first.domain, again.domain) == ("prices", "prices")
+    for i in range(5000):  # many distinct names: the memo starts over, names still work
+        prepared = backend.prepare(R, "get_row", {"table": f"t{i}", "key": 1}, None)
+        assert prepared.body.sql_table == f'"bx_t{i}"'
+    assert len(backend._sql_tables) <= 4096
+    with pytest.raises(IORequestError, match="bad table name 'Prices'"):
+        backend.prepare(R, "get_row", {"table": "Prices", "key": 1}, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from typing import Any
+from unittest import mock
 
 import pytest
 from io_support import answer, ok, payload, run
@@ -827,6 +828,12 @@ def test_the_answer_values_behave_as_the_plain_classes_they_replaced() -> None:
     assert repr(one) == "IOResult(result={'v': 1}, error=None, sidecar=b'x', budget_used_ms=3)"
     with pytest.raises(TypeError):
         hash(one)  # mutable, compared by value
+    assert one == mock.ANY  # another type decides (NotImplemented), as a dataclass does
+    nan = IOResult(result=[float("nan")])
+    assert nan == nan  # the fields compared as one tuple: identity first
+    for value in (one, backend.Reply(), backend.PreparedRequest("get", 1, domain=None)):
+        with pytest.raises(AttributeError):
+            value.budget_ms = 5  # type: ignore[union-attr]  # a typo is an error, not a field
     with pytest.raises(TypeError):
         IOResult({"v": 1})  # type: ignore[misc]  # keywords only
     failed = backend.Reply.failure("down", retryable=True)

@@ -9,7 +9,12 @@ stay interpreted -- re-export them. Every read builds several of them (a
 worker reads their attributes per wait: as native classes their construction
 and attribute reads run in C. They behave as the plain classes they replace:
 keyword arguments, ``repr``, equality (``IOResult``), no extra attributes. Do not
-subclass them: a compiled class takes no interpreted subclass.
+subclass them: a compiled class takes no interpreted subclass. Compiled, their
+fields are checked against the annotations when set -- ``budget_used_ms`` and
+``nbytes`` an ``int``, ``sidecar`` ``bytes`` (not a ``bytearray`` or a view),
+``domain`` a ``str`` or None, ``cacheable`` a ``bool`` -- so a handler or backend
+passing something else gets a ``TypeError`` at construction (the worker needs
+those types anyway, and would refuse the value later).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class IOResult:
 
     Treat it as immutable: a cached one answers many waits.
     """
+
+    __slots__ = ("budget_used_ms", "error", "result", "sidecar")
 
     result: Any
     error: RemoteError | None
@@ -61,12 +68,15 @@ class IOResult:
         )
 
     def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is IOResult
-            and self.result == other.result
-            and self.error == other.error
-            and self.sidecar == other.sidecar
-            and self.budget_used_ms == other.budget_used_ms
+        # As a dataclass compares: another type decides for itself; fields as one tuple
+        # (identity first, so a result holding a NaN still equals itself).
+        if type(other) is not IOResult:
+            return NotImplemented
+        return (self.result, self.error, self.sidecar, self.budget_used_ms) == (
+            other.result,
+            other.error,
+            other.sidecar,
+            other.budget_used_ms,
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as a dataclass)
@@ -81,6 +91,8 @@ class PreparedRequest:
     (identical concurrent reads still share one backend call). ``body`` is the
     backend's own parsed form of the request.
     """
+
+    __slots__ = ("body", "cacheable", "domain", "operation")
 
     operation: str
     body: Any
@@ -108,6 +120,8 @@ class Reply:
     ``nbytes`` estimates the answer's size (the cache's byte bound uses it); 0
     lets the cache estimate it from ``result``.
     """
+
+    __slots__ = ("error", "nbytes", "result", "sidecar")
 
     result: Any
     sidecar: bytes | None

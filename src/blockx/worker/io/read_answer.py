@@ -41,8 +41,11 @@ class ReadAnswer(asyncio.Future[IOResult]):
         handle fewer per read). A cancelled future's callback still runs from the loop
         (``call_soon``), as a done callback would. One such callback per future; a
         second one, or one given after the answer, is an ordinary done callback.
+
+        Only its flight answers a ReadAnswer (``_Flight.finish``, which then calls
+        this callback); resolving it any other way would skip the callback.
         """
-        if self.direct is None and not self.done():
+        if getattr(self, "direct", None) is None and not self.done():
             self.direct = callback
         else:
             self.add_done_callback(callback)
@@ -50,11 +53,12 @@ class ReadAnswer(asyncio.Future[IOResult]):
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False  # answered already, or cancelled before
-        direct = self.direct
+        # getattr: a ReadAnswer built outside a flight (its flight sets both slots).
+        direct = getattr(self, "direct", None)
         if direct is not None:
             self.direct = None
             self.get_loop().call_soon(direct, self)
-        flight = self.flight
+        flight = getattr(self, "flight", None)
         if flight is not None:
             flight.waiter_left()
         return True
