@@ -254,3 +254,56 @@ def test_another_process_sees_committed_rows(tmp_path: Any) -> None:
         env={**os.environ},
     )
     assert out.stdout.strip() == '{"key":"eth","usd":1}'
+
+
+def test_a_run_of_reads_of_one_table_is_one_statement_with_each_reply_its_own(
+    tmp_path: Any,
+) -> None:
+    """Reads queued together (calls reading one table at once) are served by one
+    ``SELECT ... IN``: each still gets its own answer -- row, None for a missing key,
+    duplicates both answered -- a read after a write sees it, another table's read
+    splits the run, and a missing table answers None."""
+    path = str(tmp_path / "g.sqlite3")
+    engine = SQLiteEngine(path, batch_max=256)
+    backend = BlockDBBackend(engine)
+
+    async def main() -> None:
+        try:
+            rows = [{"key": k, "v": k * 10} for k in range(50)]
+            await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": rows})
+            await call_backend(backend, W, "upsert_rows", {"table": "u", "rows": [{"key": 1}]})
+            await call_backend(backend, R, "get_row", {"table": "t", "key": 0})
+            assert engine.shared_reads == 0  # a lone read: its own statement
+
+            keys = [3, 3, 49, 50, -1, "x", 7]
+            ops = [call_backend(backend, R, "get_row", {"table": "t", "key": k}) for k in keys]
+            ops.append(call_backend(backend, R, "get_row", {"table": "u", "key": 1}))
+            ops.append(call_backend(backend, R, "get_row", {"table": "none", "key": 1}))
+            ops.append(
+                call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 50}]})
+            )
+            ops += [call_backend(backend, R, "get_row", {"table": "t", "key": k}) for k in (50, 3)]
+            before = engine.batches
+            replies = await asyncio.gather(*ops)
+            assert engine.batches == before + 1  # queued together: one batch
+            assert all(r.error is None for r in replies)
+            assert [r.result for r in replies] == [
+                {"key": 3, "v": 30},
+                {"key": 3, "v": 30},
+                {"key": 49, "v": 490},
+                None,
+                None,
+                None,
+                {"key": 7, "v": 70},
+                {"key": 1},
+                None,
+                1,
+                {"key": 50},
+                {"key": 3, "v": 30},
+            ]
+            # the run of 7 reads of t, and the 2 after the write (u's read is alone)
+            assert engine.shared_reads == 9
+        finally:
+            await backend.close()
+
+    run(main())

@@ -12,7 +12,11 @@ the replies back with one ``call_soon_threadsafe`` per batch. Rows are
 decoded from JSON in the thread as well, off the event loop.
 
 Reads in a batch run on the same connection as its writes, in queue order, so
-a read queued after a write sees it. Replies are delivered only after the
+a read queued after a write sees it. A run of ``get_row`` of one table with
+nothing else queued between them (many calls reading the same table at once)
+is one ``SELECT ... WHERE key IN (...)`` -- the statement ``get_rows`` uses --
+and each read still gets the reply (row, ``None`` or error) its own statement
+would have given. Replies are delivered only after the
 commit; when the commit fails, every reply from the batch's first write on
 becomes that error (retryable).
 
@@ -86,6 +90,7 @@ class SQLiteEngine:
         "batches",
         "busy_timeout_s",
         "path",
+        "shared_reads",
     )
 
     engine = "sqlite"
@@ -101,6 +106,8 @@ class SQLiteEngine:
         self._stopped = threading.Event()
         #: Batches run (transactions committed or read-only batches): for tests and stats.
         self.batches = 0
+        #: ``get_row`` reads served by a statement shared with others of a run.
+        self.shared_reads = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("running" if self._sqlite_thread else "idle")
@@ -238,8 +245,26 @@ class SQLiteEngine:
         # A BEGIN that failed on a locked file: the batch's other writes fail with it at
         # once, rather than waiting one busy timeout each.
         locked: sqlite3.Error | None = None
-        for job in batch:
+        count = len(batch)
+        i = 0
+        while i < count:
+            job = batch[i]
             op = job[0]
+            i += 1
+            if type(op) is GetRow:
+                # A run of get_row of one table (no write between them, so they see the
+                # same rows): one SELECT ... IN for all of them.
+                end = i
+                sql_table = op.sql_table
+                while end < count:
+                    other = batch[end][0]
+                    if type(other) is not GetRow or other.sql_table != sql_table:
+                        break
+                    end += 1
+                if end > i:
+                    results += self._get_row_run(conn, known, batch[i - 1 : end])
+                    i = end
+                    continue
             if op.write and first_write is None:
                 if locked is None:
                     try:
@@ -286,6 +311,34 @@ class SQLiteEngine:
                 results[first_write:] = [(job, failed) for job, _ in results[first_write:]]
         self.batches += 1
         self._send(results)
+
+    def _get_row_run(
+        self, conn: sqlite3.Connection, known: set[str], jobs: list[_Job]
+    ) -> list[tuple[_Job, Reply]]:
+        """Several ``get_row`` of one table, in one statement (as ``get_rows`` reads them);
+        each job gets the reply its own ``get_row`` would have had."""
+        first = jobs[0][0]
+        keys: list[str] = []
+        for job in jobs:
+            op = job[0]
+            assert isinstance(op, GetRow)
+            keys.append(op.key)
+        try:
+            found = self._execute(conn, known, GetRows(first.table, first.sql_table, keys))
+        except Exception as failure:  # own name: mypyc types a name once
+            return [(job, _error_reply(self.path, failure, job[0])) for job in jobs]
+        self.shared_reads += len(jobs)
+        rows: dict[str, str] = found or {}
+        out: list[tuple[_Job, Reply]] = []
+        for job in jobs:
+            op = job[0]
+            assert isinstance(op, GetRow)
+            try:
+                reply = op.finish(rows.get(op.key))
+            except Exception as bad_row:
+                reply = _error_reply(self.path, bad_row, op)
+            out.append((job, reply))
+        return out
 
     # --- statements -----------------------------------------------------------------------------
 
