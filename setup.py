@@ -48,7 +48,7 @@ STAMP = Path("blockx") / "_native_build.json"
 #: ``io/read_answer`` (an ``asyncio.Future`` subclass), ``io/handler`` and
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
 #: ``io/answers``), the error modules, and what is not per call (pool,
-#: spawner, sandbox, registry, rpc, postgres, config);
+#: spawner, sandbox, rpc, postgres, config);
 #: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
@@ -86,6 +86,7 @@ NATIVE_MODULES = [
     "blockx/worker/io/blockdb.py",
     "blockx/worker/io/blockdb_sqlite.py",
     "blockx/worker/io/cache.py",
+    "blockx/worker/io/registry.py",
     "blockx/worker/io/scope.py",
     "blockx/worker/io/stats.py",
     "blockx/executor/call_runner.py",
