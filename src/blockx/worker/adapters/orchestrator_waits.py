@@ -208,12 +208,6 @@ class WaitHandling:
                 if type(answer) is IOResult:
                     io_answered(executor_id, call_id, request_id, attempt, started, answer)
                     continue
-                if type(answer) is _ReadAnswer:  # a task scope's read: answered at once
-                    answer.deliver_to(
-                        _partial(io_answered, executor_id, call_id, request_id, attempt, started)
-                    )
-                    ctx.wait_handle = answer
-                    continue
                 # A C future (or TaskIOScope's subclass of it): no Python-level check.
                 if not isinstance(answer, _Future) and not _isfuture(answer):
                     try:
@@ -233,9 +227,11 @@ class WaitHandling:
                             ),
                         )
                         continue
-                answer.add_done_callback(
-                    _partial(io_answered, executor_id, call_id, request_id, attempt, started)
-                )
+                answered = _partial(io_answered, executor_id, call_id, request_id, attempt, started)
+                if type(answer) is _ReadAnswer:
+                    answer.deliver_to(answered)  # a task scope's read: no loop turn between
+                else:
+                    answer.add_done_callback(answered)
                 # Only while the call waits: cleared by the core when the answer is delivered.
                 ctx.wait_handle = answer
             except Exception:

@@ -81,9 +81,6 @@ _IO_READ: Final = keys.IO_READ
 _IO_WRITE: Final = keys.IO_WRITE
 _IO_CAPABILITY: Final = keys.IO_CAPABILITY
 
-_Future: Final = asyncio.Future
-_isfuture: Final = asyncio.isfuture
-
 #: Longest backend/operation name kept in statistics (longer ones are cut).
 _MAX_NAME: Final = 64
 
@@ -215,7 +212,7 @@ class _Flight:
     def start(self, backend: IOBackend, prepared: PreparedRequest) -> None:
         try:
             pending: Any = backend.execute(prepared)
-            if type(pending) is not _Future and not _isfuture(pending):
+            if not asyncio.isfuture(pending):
                 pending = asyncio.ensure_future(pending)
         except Exception as exc:
             _log.exception("IO backend %s raised starting %s", self.backend, prepared)
