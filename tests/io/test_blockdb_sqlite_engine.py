@@ -11,7 +11,7 @@ from typing import Any
 from io_support import call_backend, run
 
 from blockx.wire import keys
-from blockx.worker.io.blockdb import BlockDBBackend
+from blockx.worker.io.blockdb import BlockDBBackend, encode_key
 from blockx.worker.io.blockdb_sqlite import SQLiteEngine
 
 R, W = keys.IO_READ, keys.IO_WRITE
@@ -261,8 +261,9 @@ def test_a_run_of_reads_of_one_table_is_one_statement_with_each_reply_its_own(
 ) -> None:
     """Reads queued together (calls reading one table at once) are served by one
     ``SELECT ... IN``: each still gets its own answer -- row, None for a missing key,
-    duplicates both answered -- a read after a write sees it, another table's read
-    splits the run, and a missing table answers None."""
+    duplicates both answered, a row that is not JSON failing its own read only -- a
+    read after a write sees it, another table's read splits the run, and a missing
+    table answers None."""
     path = str(tmp_path / "g.sqlite3")
     engine = SQLiteEngine(path, batch_max=256)
     backend = BlockDBBackend(engine)
@@ -274,8 +275,10 @@ def test_a_run_of_reads_of_one_table_is_one_statement_with_each_reply_its_own(
             await call_backend(backend, W, "upsert_rows", {"table": "u", "rows": [{"key": 1}]})
             await call_backend(backend, R, "get_row", {"table": "t", "key": 0})
             assert engine.shared_reads == 0  # a lone read: its own statement
+            with sqlite3.connect(path) as other:  # a row that is not JSON: its read fails alone
+                other.execute('UPDATE "bx_t" SET row = ? WHERE key = ?', ("{bad", encode_key(8)))
 
-            keys = [3, 3, 49, 50, -1, "x", 7]
+            keys = [3, 3, 49, 50, -1, "x", 8, 7]
             ops = [call_backend(backend, R, "get_row", {"table": "t", "key": k}) for k in keys]
             ops.append(call_backend(backend, R, "get_row", {"table": "u", "key": 1}))
             ops.append(call_backend(backend, R, "get_row", {"table": "none", "key": 1}))
@@ -286,6 +289,9 @@ def test_a_run_of_reads_of_one_table_is_one_statement_with_each_reply_its_own(
             before = engine.batches
             replies = await asyncio.gather(*ops)
             assert engine.batches == before + 1  # queued together: one batch
+            bad = replies.pop(6)
+            assert bad.error is not None and not bad.error.retryable
+            assert "get_row on table 't'" in bad.error.message
             assert all(r.error is None for r in replies)
             assert [r.result for r in replies] == [
                 {"key": 3, "v": 30},
@@ -301,8 +307,8 @@ def test_a_run_of_reads_of_one_table_is_one_statement_with_each_reply_its_own(
                 {"key": 50},
                 {"key": 3, "v": 30},
             ]
-            # the run of 7 reads of t, and the 2 after the write (u's read is alone)
-            assert engine.shared_reads == 9
+            # the run of 8 reads of t, and the 2 after the write (u's read is alone)
+            assert engine.shared_reads == 10
         finally:
             await backend.close()
 

@@ -369,7 +369,7 @@ class BlockDBBackend:
                 f"blockdb has no operation {operation!r}; operations: "
                 + ", ".join(READ_OPERATIONS + WRITE_OPERATIONS)
             )
-        # Messages name "blockdb <operation>": built only when one is raised (once per read).
+        # Each message names "blockdb <operation>", formatted only when it is raised.
         is_write = operation in WRITE_OPERATIONS
         if is_write and io_kind != keys.IO_WRITE:
             raise IORequestError(

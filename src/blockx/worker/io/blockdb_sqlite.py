@@ -248,22 +248,21 @@ class SQLiteEngine:
         count = len(batch)
         i = 0
         while i < count:
+            start = i
             job = batch[i]
             op = job[0]
             i += 1
             if type(op) is GetRow:
                 # A run of get_row of one table (no write between them, so they see the
                 # same rows): one SELECT ... IN for all of them.
-                end = i
-                sql_table = op.sql_table
-                while end < count:
-                    other = batch[end][0]
-                    if type(other) is not GetRow or other.sql_table != sql_table:
-                        break
-                    end += 1
-                if end > i:
-                    results += self._get_row_run(conn, known, batch[i - 1 : end])
-                    i = end
+                while (
+                    i < count
+                    and type(batch[i][0]) is GetRow
+                    and batch[i][0].sql_table == op.sql_table
+                ):
+                    i += 1
+                if i - start > 1:
+                    results += self._get_row_run(conn, known, batch[start:i])
                     continue
             if op.write and first_write is None:
                 if locked is None:
