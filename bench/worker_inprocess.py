@@ -302,7 +302,7 @@ PHASES = (
         "_apply_call_suspended",
     ),
     ("flush notes", "blockx.worker.adapters.connection:ExecutorConnection", "_report_flushed"),
-    ("IO futures answered (bench backend)", "worker_throughput:DelayedBackend", "_answer"),
+    ("IO futures answered (bench backend)", "worker_throughput:_TimerBatches", "_fire"),
     ("actor: decisions", "blockx.worker.core.dispatcher:DispatcherCore", "dispatch_ready"),
     ("core: completions", "blockx.worker.core.dispatcher:DispatcherCore", "handle_calls_completed"),
     (

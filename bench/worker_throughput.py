@@ -99,71 +99,61 @@ def io_bound_py(x: int) -> dict[str, int]:
     return {"total": total}
 
 
-class DelayedBackend:
-    """Answers every read ``READ_DELAY_S`` after it arrived: one timer per batch of
-    requests that arrived in the same loop turn, one future per request."""
+class _TimerBatches:
+    """Futures answered ``READ_DELAY_S`` after they were asked for: one timer per batch of
+    requests that arrived in the same loop turn, one future per request; each is
+    resolved with ``answer(value)``."""
 
-    def __init__(self) -> None:
-        self.requests = 0
-        self._batch: list[tuple[asyncio.Future[IOResult], int]] | None = None
+    def __init__(self, answer: Any) -> None:
+        self._answer = answer
+        self._batch: list[tuple[asyncio.Future[Any], Any]] | None = None
 
-    def handle_io(self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: Any) -> Any:
-        self.requests += 1
+    def later(self, value: Any) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[IOResult] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         batch = self._batch
         if batch is None:
             batch = self._batch = []
-            loop.call_later(READ_DELAY_S, self._answer, batch)
+            loop.call_later(READ_DELAY_S, self._fire, batch)
             loop.call_soon(self._close_batch)
-        batch.append((future, payload["params"]["key"]))
+        batch.append((future, value))
         return future
 
     def _close_batch(self) -> None:
         self._batch = None
 
-    @staticmethod
-    def _answer(batch: list[tuple[asyncio.Future[IOResult], int]]) -> None:
-        for future, key in batch:
+    def _fire(self, batch: list[tuple[asyncio.Future[Any], Any]]) -> None:
+        answer = self._answer
+        for future, value in batch:
             if not future.done():
-                future.set_result(IOResult(result={"v": key}, budget_used_ms=2))
+                future.set_result(answer(value))
+
+
+class DelayedBackend:
+    """An IO handler answering every read ``READ_DELAY_S`` after it arrived."""
+
+    def __init__(self) -> None:
+        self._timer = _TimerBatches(lambda key: IOResult(result={"v": key}, budget_used_ms=2))
+
+    def handle_io(self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: Any) -> Any:
+        return self._timer.later(payload["params"]["key"])
 
 
 class DelayedIOBackend:
     """The same 2 ms reads as an :class:`~blockx.worker.io.backend.IOBackend` named
     ``blockdb``, served the way ``blockx run`` serves a task's IO: through the task's
-    :class:`~blockx.worker.io.scope.TaskIOScope` (read cache, shared flights, stats).
-    One timer per batch of requests, as :class:`DelayedBackend`."""
+    :class:`~blockx.worker.io.scope.TaskIOScope` (read cache, shared flights, stats)."""
 
     name = "blockdb"
 
     def __init__(self) -> None:
-        self.requests = 0
-        self._batch: list[tuple[asyncio.Future[Reply], int]] | None = None
+        self._timer = _TimerBatches(lambda key: Reply({"v": key}, nbytes=16))
 
     def prepare(self, io_kind: str, operation: str, params: Any, sidecar: Any) -> PreparedRequest:
         return PreparedRequest(operation, params["key"], domain=params["table"])
 
-    def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
-        self.requests += 1
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = []
-            loop.call_later(READ_DELAY_S, self._answer, batch)
-            loop.call_soon(self._close_batch)
-        batch.append((future, request.body))
-        return future
-
-    def _close_batch(self) -> None:
-        self._batch = None
-
-    @staticmethod
-    def _answer(batch: list[tuple[asyncio.Future[Reply], int]]) -> None:
-        for future, key in batch:
-            if not future.done():
-                future.set_result(Reply({"v": key}, nbytes=16))
+    def execute(self, request: PreparedRequest) -> asyncio.Future[Any]:
+        return self._timer.later(request.body)
 
     async def close(self) -> None:
         pass
