@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -30,8 +31,47 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def _read_until(fd: int, needle: str, timeout: float) -> bytes:
+    """What ``fd`` gives until ``needle`` has appeared (or EOF, or ``timeout`` seconds)."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while needle.encode() not in b"".join(chunks):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
 def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
-    task = copy_example("streaming", tmp_path)
+    # The calls wait on a gate the test opens only once it has seen a progress frame:
+    # however fast the machine, the run is still going when the line is first drawn.
+    gate = tmp_path / "gate"
+    task = write(
+        tmp_path / "task.yaml",
+        (
+            "task_id: gated\n"
+            "functions:\n"
+            "  wait_for_gate:\n"
+            "    source: |\n"
+            "      import os, time\n"
+            "      def _(p):\n"
+            "          while not os.path.exists(p['gate']):\n"
+            "              time.sleep(0.02)\n"
+            "          return {'i': p['i']}\n"
+            "calls:\n"
+            + "".join(
+                f"  - {{function: wait_for_gate, args: {{i: {i}, gate: '{gate}'}}}}\n"
+                for i in range(300)
+            )
+        ),
+    )
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [
@@ -42,8 +82,6 @@ def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
             str(task),
             "-n",
             "2",
-            "--set",
-            "stream_build.batch_max_rows=256",
             "-o",
             str(tmp_path / "rows.jsonl"),
         ],
@@ -54,16 +92,21 @@ def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     os.close(slave)
-    err = _read_all(master).decode("utf-8", "replace")
+    try:
+        before = _read_until(master, "calls/s", timeout=60)
+    finally:
+        gate.touch()
+    err = (before + _read_all(master)).decode("utf-8", "replace")
     os.close(master)
     assert proc.wait(timeout=60) == 0, err
     frames = [f for f in err.split("\r") if "calls/s" in f and f.endswith("\x1b[K")]
     assert frames, err
-    assert any(re.search(r"\d+% \S+ [\d,]+/3,000 ", f) for f in frames), frames[:5]
+    assert any(re.search(r"\d+% \S+ [\d,]+/300 ", f) for f in frames), frames[:5]
     assert all("retries" in f and "failed" in f for f in frames)
     # the line is cleared before the summary
     assert "\r\x1b[K" in err
-    assert "task streaming: ok — 3,000 calls in" in err
+    assert "task gated: ok — 300 calls in" in err
+    assert len(jsonl((tmp_path / "rows.jsonl").read_text())) == 300
     # at most 8 redraws a second
     duration = float(re.search(r"time +([\d.]+) s wall", err).group(1))
     assert len(frames) <= 8 * duration + 2

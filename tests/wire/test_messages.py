@@ -152,6 +152,8 @@ def test_heartbeat_with_every_field():
         executor_process_instance_id="p1",
         last_scheduler_active_at_ms=99,
         running_call_id=None,
+        running_for_ms=0,
+        running_call_budget_ms=0,
         call_state_counts={"RUNNABLE": 2, "WAITING_IO": 1},
         sent_at_ms=100,
     )
@@ -161,7 +163,7 @@ def test_heartbeat_with_every_field():
         "executorId", "heartbeatSeq", "runnableCount", "inflightCount", "availableContexts",
         "memoryBytes", "executorCpuUtilization", "executorCpuSecondsTotal",
         "executorProcessInstanceId", "lastSchedulerActiveAtMs", "runningCallId",
-        "callStateCounts", "sentAtMs",
+        "runningForMs", "runningCallBudgetMs", "callStateCounts", "sentAtMs",
     }  # fmt: skip
 
 

@@ -117,6 +117,11 @@ FP_EXECUTOR_CPU_SECONDS_TOTAL: Final = "executorCpuSecondsTotal"
 FP_EXECUTOR_PROCESS_INSTANCE_ID: Final = "executorProcessInstanceId"
 FP_LAST_SCHEDULER_ACTIVE_AT_MS: Final = "lastSchedulerActiveAtMs"
 FP_RUNNING_CALL_ID: Final = "runningCallId"
+#: (additions) ms the running call has run since it was last switched into
+#: (0 when none runs), and that call's budget left when it was switched into
+#: (0 = unlimited): the worker's wedge backstop judges a call by its own budget.
+FP_RUNNING_FOR_MS: Final = "runningForMs"
+FP_RUNNING_CALL_BUDGET_MS: Final = "runningCallBudgetMs"
 FP_CALL_STATE_COUNTS: Final = "callStateCounts"
 FP_SENT_AT_MS: Final = "sentAtMs"
 
@@ -162,6 +167,12 @@ ERR_RESUME_SEND_FAILED: Final = "resume_send_failed"
 ERR_SUBCALL_FAILED: Final = "subcall_failed"
 ERR_SUBCALL_DEPTH_EXCEEDED: Final = "subcall_depth_exceeded"
 ERR_SUBCALL_CYCLE_DETECTED: Final = "subcall_cycle_detected"
+#: A malformed frame (docs/protocol.md, "More kinds"): sending it again cannot help.
+ERR_PROTOCOL_ERROR: Final = "protocol_error"
+#: Decided by the worker for the call it found guilty of an executor's death.
+ERR_EXECUTOR_WEDGED: Final = "executor_wedged"
+ERR_EXECUTOR_CRASHED: Final = "executor_crashed"
+ERR_MEMORY_EXCEEDED: Final = "memory_exceeded"
 
 #: Whether a failure of each kind may be retried, when nothing more specific is
 #: known (PROTOCOL.md, "Retryable by default"). ``io_error`` is absent on
@@ -179,6 +190,10 @@ RETRYABLE_BY_DEFAULT: Final[dict[str, bool]] = {
     ERR_OUTPUT_NOT_SERIALIZABLE: False,
     ERR_PAYLOAD_TOO_LARGE: False,
     ERR_SUBCALL_PARENT_NOT_RESIDENT: False,
+    ERR_PROTOCOL_ERROR: False,
+    ERR_EXECUTOR_WEDGED: False,
+    ERR_EXECUTOR_CRASHED: False,
+    ERR_MEMORY_EXCEEDED: False,
 }
 
 #: ``CancelCall.reason`` when the worker gives none.

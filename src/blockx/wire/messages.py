@@ -347,6 +347,8 @@ class Heartbeat(Payload):
     executor_process_instance_id: str = wire(keys.FP_EXECUTOR_PROCESS_INSTANCE_ID, _is_str, "")
     last_scheduler_active_at_ms: int = wire(keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS, _is_int, 0)
     running_call_id: str | None = wire(keys.FP_RUNNING_CALL_ID, _optional(_is_str), None)
+    running_for_ms: int = wire(keys.FP_RUNNING_FOR_MS, _is_int, 0)
+    running_call_budget_ms: int = wire(keys.FP_RUNNING_CALL_BUDGET_MS, _is_int, 0)
     call_state_counts: dict[str, int] = wire(keys.FP_CALL_STATE_COUNTS, _is_int_map, {})
     sent_at_ms: int = wire(keys.FP_SENT_AT_MS, _is_int, 0)
 
