@@ -32,6 +32,12 @@ class ExecutorArgs:
     executor_max_inflight: int = 128
     executor_max_runnable: int = 128
     connect_timeout: float = 10.0
+    #: The black box file (blockx.wire.blackbox); None: none kept.
+    blackbox_path: str | None = None
+    #: The process's memory limit, MB; 0 = none.
+    memory_limit_mb: int = 0
+    #: RLIMIT_NOFILE set at start; 0 = leave as inherited.
+    max_open_files: int = 0
 
 
 def _non_negative_int(text: str) -> int:
@@ -97,6 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to retry connecting to the socket (default 10)",
     )
+    parser.add_argument(
+        "--blackbox-path",
+        type=_non_empty,
+        default=None,
+        metavar="PATH",
+        help="a file the executor keeps naming the running call (read by the worker after a crash)",
+    )
+    parser.add_argument(
+        "--memory-limit-mb",
+        type=_non_negative_int,
+        default=0,
+        metavar="MB",
+        help="end the process (exit 87) when its memory passes MB; 0 = no limit (default)",
+    )
+    parser.add_argument(
+        "--max-open-files",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="RLIMIT_NOFILE for the process; 0 = as inherited (default)",
+    )
     return parser
 
 
@@ -110,4 +137,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ExecutorArgs:
         executor_max_inflight=ns.executor_max_inflight,
         executor_max_runnable=ns.executor_max_runnable,
         connect_timeout=ns.connect_timeout,
+        blackbox_path=ns.blackbox_path,
+        memory_limit_mb=ns.memory_limit_mb,
+        max_open_files=ns.max_open_files,
     )

@@ -77,10 +77,23 @@ class ExecutorLaunchSpec:
     max_runnable: int = 128
     heartbeat_interval_s: float = 1.0
     python: str = field(default_factory=lambda: sys.executable)
+    #: The executor's black box (blockx.wire.blackbox); None: none.
+    blackbox_path: str | None = None
+    #: The executor's memory limit, MB; 0 = none.
+    memory_limit_mb: int = 0
+    #: RLIMIT_NOFILE of the executor; 0 = inherited.
+    max_open_files: int = 0
 
 
 def executor_flags(spec: ExecutorLaunchSpec) -> list[str]:
-    """The seed's executor flags (``--executor-id ... --heartbeat-interval ...``)."""
+    """The seed's executor flags (``--executor-id ... --heartbeat-interval ...``) and ours."""
+    extra: list[str] = []
+    if spec.blackbox_path is not None:
+        extra += ["--blackbox-path", spec.blackbox_path]
+    if spec.memory_limit_mb:
+        extra += ["--memory-limit-mb", str(spec.memory_limit_mb)]
+    if spec.max_open_files:
+        extra += ["--max-open-files", str(spec.max_open_files)]
     return [
         "--executor-id",
         spec.executor_id,
@@ -92,6 +105,7 @@ def executor_flags(spec: ExecutorLaunchSpec) -> list[str]:
         str(spec.max_runnable),
         "--heartbeat-interval",
         repr(float(spec.heartbeat_interval_s)),
+        *extra,
     ]
 
 
