@@ -71,6 +71,8 @@ if TYPE_CHECKING:
     from collections import OrderedDict
     from collections.abc import Callable
 
+    from blockx.wire.blackbox import BlackboxWriter
+
     from .deadline import DeadlineAlarm
     from .greenlet_pool import ResidentGreenletPool
     from .module_registry import ModuleRegistry
@@ -101,6 +103,17 @@ class CallRunner:
     _counters: dict[str, int]
     _monotonic: Callable[[], float]
     _running: ExecContext | None
+    # Read by the heartbeat thread (runningForMs, runningCallBudgetMs): when the scheduler
+    # last switched into ``_running`` (monotonic seconds) and the budget that call had
+    # left then (ms; 0.0 = unlimited). Stored before ``_running`` is, so a reader that
+    # races a switch sees at worst a newer stamp (a shorter runningForMs).
+    _switched_in_at: float
+    _running_budget_left_ms: float
+    _blackbox: BlackboxWriter | None
+    #: Set when a call failed for want of file descriptors: the process shell then
+    #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
+    descriptors_exhausted: bool
+    _memory_exit: Callable[[], None] | None
     _in_scheduler: bool
     _transport_lost: bool
     _alarm: DeadlineAlarm
@@ -147,9 +160,10 @@ class CallRunner:
         ctx.state = ExecState.RUNNING
         ctx.slice_started = now
         running.ctx = ctx
-        self._running = ctx
+        self._switched_in_at = now
         alarm = self._alarm
         budget = ctx.budget_ms
+        budget_left = 0.0
         if budget or ctx.deadline_at is not None:
             # When this slice would overrun: what the finished slices, sleeps and waits
             # left of the budget — less the ResumeCall's charge, counted on the far side
@@ -159,6 +173,7 @@ class CallRunner:
                 left = budget - (ctx.cpu_s + ctx.sleep_s) * 1000.0 - ctx.wait_ms
                 if type(value) is ResumePayload:
                     left -= value.charged_ms()
+                budget_left = left if left > 0.5 else 0.5  # 0.0 would say "unlimited"
                 due = now + left / 1000.0
                 if deadline is not None and deadline < due:
                     due = deadline
@@ -168,11 +183,23 @@ class CallRunner:
             # DeadlineAlarm.arm's test, inline: mostly the armed expiry already comes first.
             if alarm.ready and (due < alarm.due or alarm.due <= now):
                 alarm.arm(due, now)
+        self._running_budget_left_ms = budget_left
+        self._running = ctx
+        box = self._blackbox
+        if box is not None:
+            # The black box names this call while it holds the thread: if the process
+            # dies now, this is the call to suspect (blockx.wire.blackbox).
+            key = ctx.blackbox_key
+            if not key:
+                key = ctx.blackbox_key = ctx.call_id.encode("utf-8", "replace")
+            box.running(key, ctx.attempt_seq)
         try:
             result = glet.throw(value) if throw else glet.switch(value)
         except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
             result = exc
         finally:
+            if box is not None:
+                box.idle()
             running.ctx = None
             self._running = None
             if ctx.slice_started:

@@ -302,6 +302,7 @@ class ExecContext:
         "args",
         "attempt_seq",
         "audit",
+        "blackbox_key",
         "bridge",
         "budget_ms",
         "call_id",
@@ -355,6 +356,7 @@ class ExecContext:
         debug: bool = False,
     ) -> None:
         self.call_id = call_id
+        self.blackbox_key = b""  # call_id as UTF-8, encoded at its first switch with a black box
         self.task_id = task_id
         self.function_id = function_id
         self.function_code_digest = function_code_digest

@@ -83,6 +83,7 @@ from typing import Any, Final, Protocol
 
 from blockx.sdk.runtime import set_provider
 from blockx.wire import decode_frame, encode_frame
+from blockx.wire.blackbox import BlackboxWriter
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
 from .call_runner import admission_failure
@@ -196,6 +197,7 @@ class ExecutorRuntime(InboundFrames):
         monotonic: Callable[[], float] | None = None,
         registry: ModuleRegistry | None = None,
         call_timeout_ms: int = 0,
+        blackbox: BlackboxWriter | None = None,
     ) -> None:
         if max_inflight < 0 or max_runnable < 0 or call_timeout_ms < 0:
             raise ValueError("max_inflight, max_runnable and call_timeout_ms must be >= 0")
@@ -231,6 +233,11 @@ class ExecutorRuntime(InboundFrames):
         self._heartbeat_seq = itertools.count(1)
         self._pool = ResidentGreenletPool(self._run_call, self._fail_escaped)
         self._running: ExecContext | None = None
+        self._switched_in_at = 0.0
+        self._running_budget_left_ms = 0.0
+        self._blackbox = blackbox
+        self.descriptors_exhausted = False
+        self._memory_exit: Callable[[], None] | None = None
         self._outbox: list[bytes] = []
         self._transport_lost = False
         self._closed = False
@@ -647,7 +654,14 @@ class ExecutorRuntime(InboundFrames):
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.
         """
-        current = self._running
+        current = self._running  # first: the stamps below are then as new or newer
+        switched_in_at = self._switched_in_at
+        budget_left_ms = self._running_budget_left_ms
+        wall_ms = self._clock_ms()
+        since_switch_s = max(self._monotonic() - switched_in_at, 0.0)
+        last_active_ms = self._last_scheduler_active_ms
+        if switched_in_at:  # a switch into a call is scheduler activity too
+            last_active_ms = max(last_active_ms, wall_ms - round(since_switch_s * 1000.0))
         return heartbeat_payload(
             executor_id=self.executor_id,
             heartbeat_seq=next(self._heartbeat_seq),
@@ -655,9 +669,13 @@ class ExecutorRuntime(InboundFrames):
             max_inflight=self.max_inflight,
             metrics=self._metrics,
             process_instance_id=self.process_instance_id,
-            last_scheduler_active_ms=self._last_scheduler_active_ms,
+            last_scheduler_active_ms=last_active_ms,
             running_call_id=current.call_id if current is not None else None,
-            sent_at_ms=self._clock_ms(),
+            running_for_ms=round(since_switch_s * 1000.0) if current is not None else 0,
+            running_call_budget_ms=(
+                max(round(budget_left_ms), 1) if current is not None and budget_left_ms else 0
+            ),
+            sent_at_ms=wall_ms,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -261,6 +261,8 @@ class TestHeartbeat:
             keys.FP_EXECUTOR_PROCESS_INSTANCE_ID,
             keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS,
             keys.FP_RUNNING_CALL_ID,
+            keys.FP_RUNNING_FOR_MS,
+            keys.FP_RUNNING_CALL_BUDGET_MS,
             keys.FP_CALL_STATE_COUNTS,
             keys.FP_SENT_AT_MS,
         }
@@ -283,6 +285,8 @@ class TestHeartbeat:
         assert beat[keys.FP_EXECUTOR_PROCESS_INSTANCE_ID] == "abc123"
         assert beat[keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS] == h.wall_ms
         assert beat[keys.FP_RUNNING_CALL_ID] is None
+        assert beat[keys.FP_RUNNING_FOR_MS] == 0
+        assert beat[keys.FP_RUNNING_CALL_BUDGET_MS] == 0
         assert beat[keys.FP_SENT_AT_MS] == h.wall_ms
         assert h.rt.build_heartbeat()[keys.FP_HEARTBEAT_SEQ] == 2
 
