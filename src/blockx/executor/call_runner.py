@@ -54,6 +54,7 @@ from blockx.wire.keys import (
     FP_OUTPUT,
 )
 
+from .containment import is_descriptor_exhaustion
 from .context import ExecContext, ExecState, ResumePayload, running
 from .errors import AdmissionError, termination_exception
 from .greenlet_pool import CALL_FINISHED
@@ -113,7 +114,7 @@ class CallRunner:
     #: Set when a call failed for want of file descriptors: the process shell then
     #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
     descriptors_exhausted: bool
-    _memory_exit: Callable[[], None] | None
+    _memory_exit: Callable[[int], None] | None
     _in_scheduler: bool
     _transport_lost: bool
     _alarm: DeadlineAlarm
@@ -311,14 +312,29 @@ class CallRunner:
             raise
         except BaseException as error:  # own name: compiled, a name has one type
             ctx.state = ExecState.DONE
+            self._note_resource_failure(error)
             self._finish_failed(ctx, describe_failure(error, self.registry.refresh_linecache))
             return
         self._finish_completed(ctx, output)
+
+    def _note_resource_failure(self, error: BaseException) -> None:
+        """A call failed for want of memory or descriptors. Memory (with a limit set):
+        the process ends now, the call still named in the black box. Descriptors: the
+        call fails as usual, then the process shell recycles the executor."""
+        if isinstance(error, MemoryError):
+            end = self._memory_exit
+            if end is not None:
+                end(0)
+        elif is_descriptor_exhaustion(error):
+            if not self.descriptors_exhausted:
+                _log.error("a call failed for want of file descriptors: recycling the executor")
+            self.descriptors_exhausted = True
 
     def _fail_escaped(self, ctx: ExecContext, exc: BaseException) -> None:
         """``exc`` escaped :meth:`_run_call` (a signal in its handlers): still one frame."""
         if not ctx.finished:
             ctx.state = ExecState.DONE  # no second SIGALRM into the failure report
+            self._note_resource_failure(exc)
             self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
 
     # --- terminal frames ----------------------------------------------------------------

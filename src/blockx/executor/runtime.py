@@ -87,6 +87,7 @@ from blockx.wire.blackbox import BlackboxWriter
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
 from .call_runner import admission_failure
+from .containment import PauseClock
 from .context import (
     CUT_OFF_STATES,
     RESUME_KIND_BY_STATE,
@@ -237,7 +238,7 @@ class ExecutorRuntime(InboundFrames):
         self._running_budget_left_ms = 0.0
         self._blackbox = blackbox
         self.descriptors_exhausted = False
-        self._memory_exit: Callable[[], None] | None = None
+        self._memory_exit: Callable[[int], None] | None = None
         self._outbox: list[bytes] = []
         self._transport_lost = False
         self._closed = False
@@ -635,6 +636,35 @@ class ExecutorRuntime(InboundFrames):
         self._pool.close()
         self.registry.drop_released()
         self._alarm.restore()
+
+    # --- containment ----------------------------------------------------------------------
+
+    def set_memory_exit(self, end: Callable[[int], None] | None) -> None:
+        """What a call that gets ``MemoryError`` does to the process: ``end(0)`` ends it
+        (``containment.memory_exit``: black box cause, exit 87) with that call still
+        named in the black box. None (the default): the call just fails."""
+        self._memory_exit = end
+
+    def credit_pause(self, clock: PauseClock) -> float:
+        """``SIGCONT``: the process was stopped from outside; give the time it stood
+        still back to the call it was running and to the waits it interrupted, so a
+        paused-then-resumed executor fails no healthy call (docs/security.md). Returns
+        the seconds credited. Runs on the main thread as a signal handler: between two
+        bytecodes of whatever ran, so it only moves start times forward (a credit
+        racing the end of a slice is lost, never double-counted)."""
+        paused = clock.take_pause(time.monotonic())  # the clock the watchdog ticks
+        if paused <= 0.0:
+            return 0.0
+        ctx = self._running
+        if ctx is not None and ctx.slice_started:
+            ctx.slice_started += paused
+            ctx.expires_at += paused
+            self._switched_in_at += paused
+        for waiting in list(self._contexts.values()):
+            if waiting.state in CUT_OFF_STATES and not waiting.queued:
+                waiting.suspended_at += paused  # its wait's cut-off moves with it
+        _log.warning("executor was stopped for %.1f s; that time is not charged", paused)
+        return paused
 
     # --- observation ----------------------------------------------------------------------
 
