@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CUT_OFF_STATES",
+    "MAX_BUDGET_MS",
     "RESUME_KIND_BY_STATE",
     "WAITING_STATES",
     "DebugCapture",
@@ -103,6 +104,12 @@ __all__ = [
     "current_context",
     "running",
 ]
+
+
+#: The largest budget (``callBudgetMs``) and wait charge (``budgetUsedMs``) taken as
+#: given (30 days): a larger number is clamped to it, so no number a peer sends can
+#: overflow a float or a timer (issue 15: one bad number must not crash-loop executors).
+MAX_BUDGET_MS: Final = 30 * 24 * 3600 * 1000
 
 
 class ExecState(enum.Enum):
@@ -178,6 +185,8 @@ class ResumePayload:
         used = payload.get(FP_BUDGET_USED_MS, 0)
         if type(used) is not int or used < 0:
             return cls.malformed(resume_kind, f"{FP_BUDGET_USED_MS} must be an integer >= 0")
+        if used > MAX_BUDGET_MS:
+            used = MAX_BUDGET_MS  # more than any budget: the wait used it all up
         error = payload.get(FP_ERROR)
         if error is not None:
             try:
@@ -449,6 +458,8 @@ class ExecContext:
                 and (audit is None or type(audit) is dict)
                 and type(debug) is bool
             ):
+                if budget_ms > MAX_BUDGET_MS:
+                    budget_ms = MAX_BUDGET_MS  # a huge budget is as good as this one
                 return cls(  # positional: measurably cheaper on the per-call path
                     call_id,
                     task_id,
