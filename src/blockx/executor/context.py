@@ -23,9 +23,11 @@ never queueing): ``cpu_s`` sums the slices the scheduler ran the greenlet,
 reported but never charged. :meth:`ExecContext.deadline_expired_reason` is the
 ONLY judge of expiry; everything else asks it.
 
-Since the worker charges an IO or sub-call wait to the budget, a wait that
+Since the worker charges an IO wait to the budget, a wait that
 outlasts what is left of it can only end in ``deadline_exceeded``: a budgeted
-call's wait is cut off when the budget runs out
+call's IO wait is cut off when the budget runs out (a sub-call's is not: it is
+charged the child's own used budget, never the wall time, see
+:data:`BUDGET_CUT_OFF_STATES`)
 (:meth:`ExecContext.budget_runs_out_at`, timed by
 :class:`~blockx.executor.timers.CallTimers`), an absolute deadline cuts it off
 when it passes, and the time waited is charged as if the worker had answered
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
     from .sdk_bridge import SdkBridge
 
 __all__ = [
+    "BUDGET_CUT_OFF_STATES",
     "CUT_OFF_STATES",
     "MAX_BUDGET_MS",
     "RESUME_KIND_BY_STATE",
@@ -139,9 +142,16 @@ WAITING_STATES: Final = frozenset(
 )
 
 #: The waits on the worker that are charged to the budget, and cut off when they
-#: outlast it or the call's deadline (a code fetch is never charged; a sleep is
+#: outlast the call's deadline (a code fetch is never charged; a sleep is
 #: shortened to the budget up front).
 CUT_OFF_STATES: Final = frozenset({ExecState.WAITING_IO, ExecState.WAITING_SUBCALL})
+
+#: The waits also cut off when they outlast what is left of the *budget* in wall
+#: time: IO only. A sub-call's wait is charged only the child's own ``budgetUsedMs``
+#: (docs/protocol.md "Budgets"), never the wall time the caller spent suspended —
+#: the child may queue behind a CPU-bound neighbour, and queueing is never charged.
+#: The child's granted budget bounds it instead: it fails itself when that runs out.
+BUDGET_CUT_OFF_STATES: Final = frozenset({ExecState.WAITING_IO})
 
 #: The ``resumeKind`` a ResumeCall must carry for a context in each waiting state.
 RESUME_KIND_BY_STATE: Final = {
