@@ -23,7 +23,18 @@ Theory of operation
      exits at once (143) — for a call stuck in a loop that no budget bounds;
    * the connection ending (EOF, a protocol error, a failed write):
      ``runtime.on_transport_lost()``, exit 1. The executor never reconnects; the
-     worker's pool starts a new one.
+     worker's pool starts a new one;
+   * a call failed for want of file descriptors: its ``CallFailed`` is flushed,
+     the black box cause set, exit 88 (``EXIT_DESCRIPTORS_EXHAUSTED``);
+   * past ``--memory-limit-mb`` (the watchdog thread, or a call's ``MemoryError``):
+     exit 87 at once from wherever it was found (``containment.exit_now``).
+
+   Every one of these first SIGKILLs the processes user code started: the
+   executor is their subreaper (:mod:`.containment`).
+
+Containment (docs/security.md): ``--max-open-files`` is applied first, the black
+box (``--blackbox-path``) opened before the runtime is built and handed to it,
+and ``RLIMIT_AS`` set last, once every thread of the executor has started.
 
 Signals: the Python-level handler only records the request (it takes no lock,
 so it cannot deadlock against the main thread it interrupts). The wake-up

@@ -11,7 +11,8 @@ into call greenlets (the scheduler thread only, never from inside a call).
   first switch, which hands the context to a resident greenlet
   (:mod:`.greenlet_pool`) in a fresh copy of the call ``contextvars.Context``.
 * :meth:`CallRunner._run_slice` — one switch (or throw) into a context's
-  greenlet. It marks the context ``RUNNING``, arms the deadline alarm
+  greenlet. It marks the context ``RUNNING``, stamps the switch for heartbeats,
+  names the call in the black box (cleared when control is back), arms the deadline alarm
   (:mod:`.deadline`), charges the slice to ``cpu_s`` (its end is
   ``suspended_at``: where a wait begins) and settles what the
   greenlet hands back: ``SUSPENDED`` (it waits), ``CALL_FINISHED`` (its

@@ -53,7 +53,16 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   late ``ResumeCall`` is dropped as stale) and switches ``WAIT_CUT_OFF`` into
   the call, whose wait then fails it as ``deadline_exceeded``;
 * :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
-  (:meth:`build_heartbeat`) and the thread that sends it;
+  (:meth:`build_heartbeat`) and the thread that sends it. Every switch into a
+  call stamps when it happened and the budget the call had left
+  (``_switched_in_at``, ``_running_budget_left_ms``: two attribute stores, no
+  clock read of its own): heartbeats report ``runningForMs`` and
+  ``runningCallBudgetMs`` from them, so a long pass of healthy calls never
+  looks stalled;
+* :mod:`.containment` — the black box written around each switch, the
+  ``MemoryError`` exit (:meth:`set_memory_exit`), the descriptor-exhaustion flag
+  (``descriptors_exhausted``) and the credit for time stopped by ``SIGSTOP``
+  (:meth:`credit_pause`);
 * :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
   suspend → ``ResumeCall``); this module is its host (``next_request_id``,
   ``send_encoded``, ``schedule_sleep``, ``wake_context``);
@@ -170,7 +179,9 @@ class ExecutorRuntime(InboundFrames):
     long after admission ends as ``deadline_exceeded``.
 
     ``process_instance_id`` defaults to 12 hex digits of a uuid4; it prefixes
-    every ``requestId``.
+    every ``requestId``. ``blackbox`` (``blockx.wire.blackbox.BlackboxWriter``)
+    is written around every switch into a call's greenlet: the call holding the
+    thread is named in it, none between switches.
 
     Construction sets ``BLOCKX_EXECUTOR_RUNTIME=1``, installs the global
     ``time.sleep`` patch and, on the main thread, the ``SIGALRM`` handler.
