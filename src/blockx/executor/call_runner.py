@@ -73,8 +73,7 @@ if TYPE_CHECKING:
     from collections import OrderedDict
     from collections.abc import Callable
 
-    from blockx.wire.blackbox import BlackboxWriter
-
+    from .containment import SwitchBlackbox
     from .deadline import DeadlineAlarm
     from .greenlet_pool import ResidentGreenletPool
     from .module_registry import ModuleRegistry
@@ -111,7 +110,7 @@ class CallRunner:
     # races a switch sees at worst a newer stamp (a shorter runningForMs).
     _switched_in_at: float
     _running_budget_left_ms: float
-    _blackbox: BlackboxWriter | None
+    _blackbox: SwitchBlackbox | None
     #: Set when a call failed for want of file descriptors: the process shell then
     #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
     descriptors_exhausted: bool
@@ -191,17 +190,17 @@ class CallRunner:
         if box is not None:
             # The black box names this call while it holds the thread: if the process
             # dies now, this is the call to suspect (blockx.wire.blackbox).
-            key = ctx.blackbox_key
-            if not key:
-                key = ctx.blackbox_key = ctx.call_id.encode("utf-8", "replace")
-            box.running(key, ctx.attempt_seq)
+            record = ctx.blackbox_record
+            if record is None:
+                record = ctx.blackbox_record = box.record_of(ctx.call_id, ctx.attempt_seq)
+            box.enter(record)
         try:
             result = glet.throw(value) if throw else glet.switch(value)
         except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
             result = exc
         finally:
             if box is not None:
-                box.idle()
+                box.leave()
             running.ctx = None
             self._running = None
             if ctx.slice_started:

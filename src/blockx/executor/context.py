@@ -321,7 +321,7 @@ class ExecContext:
         "args",
         "attempt_seq",
         "audit",
-        "blackbox_key",
+        "blackbox_record",
         "bridge",
         "budget_ms",
         "call_id",
@@ -375,7 +375,8 @@ class ExecContext:
         debug: bool = False,
     ) -> None:
         self.call_id = call_id
-        self.blackbox_key = b""  # call_id as UTF-8, encoded at its first switch with a black box
+        # What the black box writes for this call, packed at its first switch (if kept).
+        self.blackbox_record: tuple[bytes, int] | None = None
         self.task_id = task_id
         self.function_id = function_id
         self.function_code_digest = function_code_digest

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from executor_harness import Harness
 
-from blockx.executor.containment import PauseClock, is_descriptor_exhaustion
+from blockx.executor.containment import PauseClock, SwitchBlackbox, is_descriptor_exhaustion
 from blockx.wire import keys
-from blockx.wire.blackbox import BlackboxWriter, read_blackbox
+from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
 
 
 def _boxed(make_harness: Any, tmp_path: Path) -> tuple[Harness, str, dict[str, Any]]:
     path = str(tmp_path / "box")
     holder: dict[str, Any] = {"path": path, "read": read_blackbox}
-    h = make_harness(blackbox=BlackboxWriter(path), prelude={"holder": holder}, max_inflight=0)
+    h = make_harness(blackbox=SwitchBlackbox(path), prelude={"holder": holder}, max_inflight=0)
     holder["rt"] = h.rt
     return h, path, holder
 
@@ -175,3 +175,26 @@ def test_the_open_files_limit_never_goes_above_the_inherited_hard_limit() -> Non
         timeout=60,
     )
     assert out.stdout.split() == ["True", "32", "(32,", "32)"]
+
+
+@pytest.mark.parametrize(
+    ("call_id", "attempt_seq"), [("t1/c1", 1), ("t1/é" * 2000, 2**32 + 3), ("", 5)]
+)
+def test_the_switch_writer_writes_what_the_wire_reader_reads(
+    tmp_path: Path, call_id: str, attempt_seq: int
+) -> None:
+    path = str(tmp_path / "box")
+    box = SwitchBlackbox(path)
+    try:
+        box.enter(box.record_of("t1/longer-call-before" * 5, 9))
+        box.enter(box.record_of(call_id, attempt_seq))
+        record = read_blackbox(path)
+        assert record is not None
+        expected = call_id.encode()[: BLACKBOX_SIZE - 16].decode("utf-8", "replace") or None
+        assert record.call_id == expected
+        if call_id:
+            assert record.attempt_seq == attempt_seq & 0xFFFFFFFF
+        box.leave()
+        assert read_blackbox(path).call_id is None  # type: ignore[union-attr]
+    finally:
+        box.close()
