@@ -68,6 +68,7 @@ from blockx.wire.blackbox import (
 )
 
 __all__ = [
+    "MIN_OPEN_FILES",
     "PAUSE_CLOCK",
     "WATCHDOG_INTERVAL_S",
     "PauseClock",
@@ -223,12 +224,18 @@ def _reap_children() -> None:
 # --- descriptors ---------------------------------------------------------------------
 
 
+#: The fewest descriptors the executor itself needs (its socket, pipes, imports, logs).
+MIN_OPEN_FILES: Final = 32
+
+
 def limit_open_files(limit: int) -> int:
-    """Set ``RLIMIT_NOFILE`` soft and hard to ``limit``, never above the inherited hard
-    limit; return the limit in force (0: ``limit`` was 0, nothing changed)."""
+    """Set ``RLIMIT_NOFILE`` soft and hard to ``limit`` (at least :data:`MIN_OPEN_FILES`),
+    never above the inherited hard limit; return the limit in force (0: ``limit`` was
+    0, nothing changed)."""
     if limit <= 0:
         return 0
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = max(limit, MIN_OPEN_FILES)
     value = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (value, value))
     return value
@@ -272,10 +279,11 @@ def limit_address_space(limit_bytes: int) -> int:
         reserved = int(_statm_fields()[0]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     value = reserved + limit_bytes
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
+    for inherited in (soft, hard):  # never loosen a limit set from outside (a sandbox's)
+        if inherited != resource.RLIM_INFINITY:
+            value = min(value, inherited)
     try:
         resource.setrlimit(resource.RLIMIT_AS, (value, hard))
     except (ValueError, OSError):

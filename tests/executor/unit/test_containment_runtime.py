@@ -163,7 +163,7 @@ def test_the_open_files_limit_never_goes_above_the_inherited_hard_limit() -> Non
         "import resource\n"
         "from blockx.executor.containment import limit_open_files\n"
         "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
-        "print(limit_open_files(10**9) == hard, limit_open_files(32),"
+        "print(limit_open_files(10**9) == hard, limit_open_files(40),"
         " resource.getrlimit(resource.RLIMIT_NOFILE))\n"
     )
     out = subprocess.run(
@@ -174,7 +174,7 @@ def test_the_open_files_limit_never_goes_above_the_inherited_hard_limit() -> Non
         env={**os.environ},
         timeout=60,
     )
-    assert out.stdout.split() == ["True", "32", "(32,", "32)"]
+    assert out.stdout.split() == ["True", "40", "(40,", "40)"]
 
 
 @pytest.mark.parametrize(
@@ -198,3 +198,28 @@ def test_the_switch_writer_writes_what_the_wire_reader_reads(
         assert read_blackbox(path).call_id is None  # type: ignore[union-attr]
     finally:
         box.close()
+
+
+def test_the_open_files_limit_leaves_the_executor_what_it_needs() -> None:
+    code = (
+        "from blockx.executor.containment import MIN_OPEN_FILES, limit_open_files\n"
+        "print(limit_open_files(3) == MIN_OPEN_FILES)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["True"]
+
+
+def test_the_address_space_limit_never_loosens_an_inherited_one() -> None:
+    code = (
+        "import resource\n"
+        "from blockx.executor.containment import limit_address_space\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 16 << 30))\n"
+        "print(limit_address_space(64 << 30) == 8 << 30,"
+        " resource.getrlimit(resource.RLIMIT_AS) == (8 << 30, 16 << 30))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "True"]
