@@ -55,7 +55,7 @@ from blockx.wire.keys import (
     FP_OUTPUT,
 )
 
-from .containment import is_descriptor_exhaustion
+from .containment import is_descriptor_exhaustion, is_memory_exhaustion
 from .context import ExecContext, ExecState, ResumePayload, running
 from .errors import AdmissionError, termination_exception
 from .greenlet_pool import CALL_FINISHED
@@ -321,10 +321,9 @@ class CallRunner:
         """A call failed for want of memory or descriptors. Memory (with a limit set):
         the process ends now, the call still named in the black box. Descriptors: the
         call fails as usual, then the process shell recycles the executor."""
-        if isinstance(error, MemoryError):
-            end = self._memory_exit
-            if end is not None:
-                end(0)
+        end = self._memory_exit
+        if end is not None and is_memory_exhaustion(error):
+            end(0)
         elif is_descriptor_exhaustion(error):
             if not self.descriptors_exhausted:
                 _log.error("a call failed for want of file descriptors: recycling the executor")

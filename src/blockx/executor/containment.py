@@ -77,6 +77,7 @@ __all__ = [
     "become_subreaper",
     "exit_now",
     "is_descriptor_exhaustion",
+    "is_memory_exhaustion",
     "kill_descendants",
     "limit_address_space",
     "limit_open_files",
@@ -247,6 +248,18 @@ def is_descriptor_exhaustion(error: BaseException | None) -> bool:
     seen = 0
     while error is not None and seen < 32:
         if isinstance(error, OSError) and error.errno in _DESCRIPTOR_ERRNOS:
+            return True
+        seen += 1
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def is_memory_exhaustion(error: BaseException | None) -> bool:
+    """``error``, or an exception it was raised from or while handling, is a
+    ``MemoryError`` (a call that turned it into another error is still out of memory)."""
+    seen = 0
+    while error is not None and seen < 32:
+        if isinstance(error, MemoryError):
             return True
         seen += 1
         error = error.__cause__ or error.__context__

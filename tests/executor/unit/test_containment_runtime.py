@@ -81,6 +81,23 @@ class TestMemoryError:
         ((resident, record),) = seen
         assert resident == 0 and record.call_id == "t1/hog"
 
+    def test_a_memory_error_turned_into_another_error_still_ends_the_process(
+        self, make_harness: Any, tmp_path: Path
+    ) -> None:
+        h, _, _ = _boxed(make_harness, tmp_path)
+        seen: list[int] = []
+        h.rt.set_memory_exit(seen.append)
+        source = (
+            "def _(p):\n"
+            "    try:\n"
+            "        raise MemoryError()\n"
+            "    except MemoryError:\n"
+            "        raise ValueError('no room')\n"
+        )
+        h.execute("t1/hog", source, None)
+        h.run()
+        assert seen == [0]
+
     def test_without_a_limit_a_memory_error_just_fails_the_call(self, h: Harness) -> None:
         h.execute("c1", "def _(p):\n    raise MemoryError()\n", None)
         h.run()
