@@ -501,6 +501,10 @@ class ExecutorRuntime(InboundFrames):
             ctx.queued = False
             self._step_context(ctx)
             stepped += 1
+            if self.descriptors_exhausted:
+                # Out of descriptors: the next call would fail the same way. Stop here;
+                # the process shell recycles the executor (the queued calls go elsewhere).
+                return 0
 
     # --- the bridge's host interface ------------------------------------------------------
 

@@ -123,6 +123,13 @@ class TestDescriptors:
         assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_USER_ERROR
         assert h.rt.descriptors_exhausted is True
 
+    def test_no_further_call_runs_once_descriptors_ran_out(self, h: Harness) -> None:
+        h.execute("c1", "import errno\ndef _(p):\n    raise OSError(errno.EMFILE, 'x')\n", None)
+        h.execute("c2", "def _(p):\n    record('ran')\n", None)
+        h.run()
+        assert h.failure("c1")[keys.FP_ERROR_KIND] == keys.ERR_USER_ERROR
+        assert h.terminals("c2") == [] and h.records == []  # left for the next executor
+
     def test_other_os_errors_do_not_recycle(self, h: Harness) -> None:
         h.execute("c1", "def _(p):\n    raise FileNotFoundError(2, 'nope')\n", None)
         h.run()
