@@ -371,3 +371,64 @@ def test_big_frames_decode_like_small_ones(typed, with_sidecar, received_as):
                 assert type(frame.envelope) is Big and frame.envelope.text == envelope["text"]
             else:
                 assert frame.envelope == envelope
+
+
+# --- depth bombs: a protocol error, never a RecursionError (issue 15) ------------------
+
+_DEEP = 100_000
+
+
+def _bomb(depth: int = _DEEP) -> bytes:
+    return (
+        b'{"messageType":"ExecuteCall","callId":"c","payload":' + b"[" * depth + b"]" * depth + b"}"
+    )
+
+
+def _prefixed(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+def test_a_depth_bomb_decodes_to_a_protocol_error():
+    with pytest.raises(FrameJSONError, match="nests too deeply"):
+        decode_frame(_prefixed(_bomb()))
+
+
+def test_a_depth_bomb_fed_to_a_decoder_poisons_it_with_a_protocol_error():
+    decoder = FrameDecoder()
+    good = encode_frame({"messageType": "X"})
+    with pytest.raises(FrameJSONError):
+        decoder.feed(good + _prefixed(_bomb()))
+    with pytest.raises(FrameJSONError):
+        decoder.feed(good)  # poisoned: the connection is closed
+
+
+def test_a_depth_bomb_arriving_in_pieces_is_a_protocol_error():
+    decoder = FrameDecoder()
+    data = _prefixed(_bomb())
+    with pytest.raises(ProtocolError):
+        for start in range(0, len(data), 4096):
+            decoder.feed(data[start : start + 4096])
+
+
+def test_a_depth_bomb_behind_a_typed_hook_is_a_protocol_error():
+    from blockx.executor.execute_frames import decode_inbound
+
+    with pytest.raises(FrameJSONError):
+        FrameDecoder(typed=decode_inbound).feed(_prefixed(_bomb()))
+
+
+def test_a_depth_bomb_in_a_sidecar_frame_is_a_protocol_error():
+    envelope = _bomb()
+    body = b"BXB1" + struct.pack(">I", len(envelope)) + envelope + b"raw"
+    with pytest.raises(FrameJSONError):
+        FrameDecoder().feed(_prefixed(body))
+
+
+def test_a_depth_bomb_is_malformed_input_to_loads_wire():
+    with pytest.raises(msgspec.DecodeError, match="nests too deeply"):
+        wire.loads_wire(b"[" * _DEEP + b"]" * _DEEP)
+
+
+def test_ordinary_nesting_still_decodes():
+    (frame,) = FrameDecoder().feed(_prefixed(_bomb(200)))
+    assert frame.envelope["callId"] == "c"

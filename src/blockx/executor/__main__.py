@@ -23,7 +23,18 @@ Theory of operation
      exits at once (143) — for a call stuck in a loop that no budget bounds;
    * the connection ending (EOF, a protocol error, a failed write):
      ``runtime.on_transport_lost()``, exit 1. The executor never reconnects; the
-     worker's pool starts a new one.
+     worker's pool starts a new one;
+   * a call failed for want of file descriptors: its ``CallFailed`` is flushed,
+     the black box cause set, exit 88 (``EXIT_DESCRIPTORS_EXHAUSTED``);
+   * past ``--memory-limit-mb`` (the watchdog thread, or a call's ``MemoryError``):
+     exit 87 at once from wherever it was found (``containment.exit_now``).
+
+   Every one of these first SIGKILLs the processes user code started: the
+   executor is their subreaper (:mod:`.containment`).
+
+Containment (docs/security.md): ``--max-open-files`` is applied first, the black
+box (``--blackbox-path``) opened before the runtime is built and handed to it,
+and ``RLIMIT_AS`` set last, once every thread of the executor has started.
 
 Signals: the Python-level handler only records the request (it takes no lock,
 so it cannot deadlock against the main thread it interrupts). The wake-up
@@ -125,6 +136,9 @@ class _ShutdownSignals:
         name = signal.Signals(signum).name
         if self._handled > 1:
             os.write(2, f"blockx.executor: second {name}, exiting now\n".encode())
+            from .containment import kill_descendants
+
+            kill_descendants()
             os._exit(_EXIT_FORCED)
         if self.requested is None:
             self.requested = name
@@ -159,7 +173,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: ExecutorArgs) -> int:
+    from .containment import become_subreaper, kill_descendants
+
+    # A child user code starts (however it detaches) stays below this process, and
+    # every exit path below kills it (docs/security.md "Containment").
+    become_subreaper()
+    try:
+        return _run_contained(args)
+    finally:
+        kill_descendants()
+
+
+def _run_contained(args: ExecutorArgs) -> int:
+    from blockx.wire.blackbox import CAUSE_DESCRIPTORS_EXHAUSTED, EXIT_DESCRIPTORS_EXHAUSTED
+
+    from .containment import (
+        PAUSE_CLOCK,
+        ProcessWatchdog,
+        SwitchBlackbox,
+        is_descriptor_exhaustion,
+        limit_address_space,
+        limit_open_files,
+        memory_exit,
+    )
     from .process_metrics import MetricsProbeError, ProcessMetricsSampler
+
+    if args.max_open_files:
+        try:
+            limit_open_files(args.max_open_files)
+        except (ValueError, OSError) as exc:
+            _log.critical("executor start-up failed: cannot set RLIMIT_NOFILE: %s", exc)
+            return EXIT_STARTUP_FAILED
+    blackbox: SwitchBlackbox | None = None
+    if args.blackbox_path:
+        try:
+            blackbox = SwitchBlackbox(args.blackbox_path)
+        except OSError as exc:
+            _log.critical("executor start-up failed: cannot open the black box: %s", exc)
+            return EXIT_STARTUP_FAILED
 
     sampler = ProcessMetricsSampler()
     try:
@@ -193,6 +244,7 @@ def _run(args: ExecutorArgs) -> int:
                 max_inflight=args.executor_max_inflight,
                 max_runnable=args.executor_max_runnable,
                 metrics=sampler,
+                blackbox=blackbox,
             )
         except Exception:
             _log.critical("executor start-up failed: cannot build the runtime", exc_info=True)
@@ -207,6 +259,17 @@ def _run(args: ExecutorArgs) -> int:
             interval_s=args.heartbeat_interval,
         )
         heartbeat.start()
+        limit_mb = args.memory_limit_mb
+        on_memory_exceeded = memory_exit(blackbox, limit_mb)
+        watchdog = ProcessWatchdog(
+            memory_limit_bytes=limit_mb << 20, on_memory_exceeded=on_memory_exceeded
+        )
+        watchdog.start()
+        signal.signal(signal.SIGCONT, lambda _signum, _frame: runtime.credit_pause(PAUSE_CLOCK))
+        if limit_mb:
+            runtime.set_memory_exit(on_memory_exceeded)
+            # Last: every thread the executor needs has reserved its stack by now.
+            limit_address_space(limit_mb << 20)
         _log.info(
             "executor started",
             extra={
@@ -214,20 +277,38 @@ def _run(args: ExecutorArgs) -> int:
                 "socketPath": args.socket_path,
                 "maxInflight": args.executor_max_inflight,
                 "heartbeatIntervalS": args.heartbeat_interval,
+                "memoryLimitMb": limit_mb,
+                "maxOpenFiles": args.max_open_files,
+                "blackboxPath": args.blackbox_path,
             },
         )
 
+        descriptors_exhausted = False
         try:
             while session.is_connected() and signals.requested is None:
                 runtime.run_until_idle()
-                if signals.requested is not None:
+                if signals.requested is not None or runtime.descriptors_exhausted:
                     break
                 session.wait_for_message(timeout=runtime.next_scheduler_delay(None))
-        except Exception:
-            _log.critical("executor main loop crashed", exc_info=True)
+        except Exception as exc:
+            if not is_descriptor_exhaustion(exc):
+                _log.critical("executor main loop crashed", exc_info=True)
+                watchdog.stop()
+                heartbeat.stop()
+                _end_runtime(runtime.on_transport_lost)
+                return EXIT_INTERNAL_ERROR
+            descriptors_exhausted = True
+        watchdog.stop()
+
+        if descriptors_exhausted or runtime.descriptors_exhausted:
+            # Recycle: the failed call's CallFailed is queued; session.close (below)
+            # flushes it. The calls still resident here are the worker's to place again.
+            _log.error("executor out of file descriptors, exiting to be replaced")
             heartbeat.stop()
             _end_runtime(runtime.on_transport_lost)
-            return EXIT_INTERNAL_ERROR
+            if blackbox is not None:
+                blackbox.set_cause(CAUSE_DESCRIPTORS_EXHAUSTED)
+            return EXIT_DESCRIPTORS_EXHAUSTED
 
         if signals.requested is not None:
             _log.info("executor shutting down on %s", signals.requested)

@@ -11,7 +11,8 @@ into call greenlets (the scheduler thread only, never from inside a call).
   first switch, which hands the context to a resident greenlet
   (:mod:`.greenlet_pool`) in a fresh copy of the call ``contextvars.Context``.
 * :meth:`CallRunner._run_slice` — one switch (or throw) into a context's
-  greenlet. It marks the context ``RUNNING``, arms the deadline alarm
+  greenlet. It marks the context ``RUNNING``, stamps the switch for heartbeats,
+  names the call in the black box (cleared when control is back), arms the deadline alarm
   (:mod:`.deadline`), charges the slice to ``cpu_s`` (its end is
   ``suspended_at``: where a wait begins) and settles what the
   greenlet hands back: ``SUSPENDED`` (it waits), ``CALL_FINISHED`` (its
@@ -54,6 +55,7 @@ from blockx.wire.keys import (
     FP_OUTPUT,
 )
 
+from .containment import is_descriptor_exhaustion, is_memory_exhaustion
 from .context import ExecContext, ExecState, ResumePayload, running
 from .errors import AdmissionError, termination_exception
 from .greenlet_pool import CALL_FINISHED
@@ -71,6 +73,7 @@ if TYPE_CHECKING:
     from collections import OrderedDict
     from collections.abc import Callable
 
+    from .containment import SwitchBlackbox
     from .deadline import DeadlineAlarm
     from .greenlet_pool import ResidentGreenletPool
     from .module_registry import ModuleRegistry
@@ -101,6 +104,17 @@ class CallRunner:
     _counters: dict[str, int]
     _monotonic: Callable[[], float]
     _running: ExecContext | None
+    # Read by the heartbeat thread (runningForMs, runningCallBudgetMs): when the scheduler
+    # last switched into ``_running`` (monotonic seconds) and the budget that call had
+    # left then (ms; 0.0 = unlimited). Stored before ``_running`` is, so a reader that
+    # races a switch sees at worst a newer stamp (a shorter runningForMs).
+    _switched_in_at: float
+    _running_budget_left_ms: float
+    _blackbox: SwitchBlackbox | None
+    #: Set when a call failed for want of file descriptors: the process shell then
+    #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
+    descriptors_exhausted: bool
+    _memory_exit: Callable[[int], None] | None
     _in_scheduler: bool
     _transport_lost: bool
     _alarm: DeadlineAlarm
@@ -147,9 +161,10 @@ class CallRunner:
         ctx.state = ExecState.RUNNING
         ctx.slice_started = now
         running.ctx = ctx
-        self._running = ctx
+        self._switched_in_at = now
         alarm = self._alarm
         budget = ctx.budget_ms
+        budget_left = 0.0
         if budget or ctx.deadline_at is not None:
             # When this slice would overrun: what the finished slices, sleeps and waits
             # left of the budget — less the ResumeCall's charge, counted on the far side
@@ -159,6 +174,7 @@ class CallRunner:
                 left = budget - (ctx.cpu_s + ctx.sleep_s) * 1000.0 - ctx.wait_ms
                 if type(value) is ResumePayload:
                     left -= value.charged_ms()
+                budget_left = left if left > 0.5 else 0.5  # 0.0 would say "unlimited"
                 due = now + left / 1000.0
                 if deadline is not None and deadline < due:
                     due = deadline
@@ -168,11 +184,23 @@ class CallRunner:
             # DeadlineAlarm.arm's test, inline: mostly the armed expiry already comes first.
             if alarm.ready and (due < alarm.due or alarm.due <= now):
                 alarm.arm(due, now)
+        self._running_budget_left_ms = budget_left
+        self._running = ctx
+        box = self._blackbox
+        if box is not None:
+            # The black box names this call while it holds the thread: if the process
+            # dies now, this is the call to suspect (blockx.wire.blackbox).
+            record = ctx.blackbox_record
+            if record is None:
+                record = ctx.blackbox_record = box.record_of(ctx.call_id, ctx.attempt_seq)
+            box.enter(record)
         try:
             result = glet.throw(value) if throw else glet.switch(value)
         except BaseException as exc:  # the greenlet's run raised: a bug, not the user's
             result = exc
         finally:
+            if box is not None:
+                box.leave()
             running.ctx = None
             self._running = None
             if ctx.slice_started:
@@ -284,14 +312,28 @@ class CallRunner:
             raise
         except BaseException as error:  # own name: compiled, a name has one type
             ctx.state = ExecState.DONE
+            self._note_resource_failure(error)
             self._finish_failed(ctx, describe_failure(error, self.registry.refresh_linecache))
             return
         self._finish_completed(ctx, output)
+
+    def _note_resource_failure(self, error: BaseException) -> None:
+        """A call failed for want of memory or descriptors. Memory (with a limit set):
+        the process ends now, the call still named in the black box. Descriptors: the
+        call fails as usual, then the process shell recycles the executor."""
+        end = self._memory_exit
+        if end is not None and is_memory_exhaustion(error):
+            end(0)
+        elif is_descriptor_exhaustion(error):
+            if not self.descriptors_exhausted:
+                _log.error("a call failed for want of file descriptors: recycling the executor")
+            self.descriptors_exhausted = True
 
     def _fail_escaped(self, ctx: ExecContext, exc: BaseException) -> None:
         """``exc`` escaped :meth:`_run_call` (a signal in its handlers): still one frame."""
         if not ctx.finished:
             ctx.state = ExecState.DONE  # no second SIGALRM into the failure report
+            self._note_resource_failure(exc)
             self._finish_failed(ctx, describe_failure(exc, self.registry.refresh_linecache))
 
     # --- terminal frames ----------------------------------------------------------------

@@ -8,7 +8,13 @@ flag                        default meaning
 ``--heartbeat-interval``    1.0     seconds between heartbeats
 ``--executor-max-inflight`` 128     resident contexts; 0 = unlimited
 ``--executor-max-runnable`` 128     stored only (the worker's dispatch threshold)
+``--connect-timeout``       10      seconds to retry connecting to the socket
+``--blackbox-path``         —       the black box file (``blockx.wire.blackbox``)
+``--memory-limit-mb``       0       exit 87 past this memory (0 = none)
+``--max-open-files``        0       RLIMIT_NOFILE soft and hard (0 = inherited)
 =========================== ======= ==============================================
+
+What the last three do: :mod:`.containment` (docs/security.md "Containment").
 
 ``BLOCKX_EXECUTOR_CODE_CACHE_MAX_ENTRIES`` is read by the module registry and
 ``BLOCKX_LOG_LEVEL`` / ``BLOCKX_LOG_FORMAT`` by :mod:`.logging_setup`; they are

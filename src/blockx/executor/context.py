@@ -23,9 +23,11 @@ never queueing): ``cpu_s`` sums the slices the scheduler ran the greenlet,
 reported but never charged. :meth:`ExecContext.deadline_expired_reason` is the
 ONLY judge of expiry; everything else asks it.
 
-Since the worker charges an IO or sub-call wait to the budget, a wait that
+Since the worker charges an IO wait to the budget, a wait that
 outlasts what is left of it can only end in ``deadline_exceeded``: a budgeted
-call's wait is cut off when the budget runs out
+call's IO wait is cut off when the budget runs out (a sub-call's is not: it is
+charged the child's own used budget, never the wall time, see
+:data:`BUDGET_CUT_OFF_STATES`)
 (:meth:`ExecContext.budget_runs_out_at`, timed by
 :class:`~blockx.executor.timers.CallTimers`), an absolute deadline cuts it off
 when it passes, and the time waited is charged as if the worker had answered
@@ -93,7 +95,9 @@ if TYPE_CHECKING:
     from .sdk_bridge import SdkBridge
 
 __all__ = [
+    "BUDGET_CUT_OFF_STATES",
     "CUT_OFF_STATES",
+    "MAX_BUDGET_MS",
     "RESUME_KIND_BY_STATE",
     "WAITING_STATES",
     "DebugCapture",
@@ -103,6 +107,12 @@ __all__ = [
     "current_context",
     "running",
 ]
+
+
+#: The largest budget (``callBudgetMs``) and wait charge (``budgetUsedMs``) taken as
+#: given (30 days): a larger number is clamped to it, so no number a peer sends can
+#: overflow a float or a timer (issue 15: one bad number must not crash-loop executors).
+MAX_BUDGET_MS: Final = 30 * 24 * 3600 * 1000
 
 
 class ExecState(enum.Enum):
@@ -132,9 +142,16 @@ WAITING_STATES: Final = frozenset(
 )
 
 #: The waits on the worker that are charged to the budget, and cut off when they
-#: outlast it or the call's deadline (a code fetch is never charged; a sleep is
+#: outlast the call's deadline (a code fetch is never charged; a sleep is
 #: shortened to the budget up front).
 CUT_OFF_STATES: Final = frozenset({ExecState.WAITING_IO, ExecState.WAITING_SUBCALL})
+
+#: The waits also cut off when they outlast what is left of the *budget* in wall
+#: time: IO only. A sub-call's wait is charged only the child's own ``budgetUsedMs``
+#: (docs/protocol.md "Budgets"), never the wall time the caller spent suspended —
+#: the child may queue behind a CPU-bound neighbour, and queueing is never charged.
+#: The child's granted budget bounds it instead: it fails itself when that runs out.
+BUDGET_CUT_OFF_STATES: Final = frozenset({ExecState.WAITING_IO})
 
 #: The ``resumeKind`` a ResumeCall must carry for a context in each waiting state.
 RESUME_KIND_BY_STATE: Final = {
@@ -178,6 +195,8 @@ class ResumePayload:
         used = payload.get(FP_BUDGET_USED_MS, 0)
         if type(used) is not int or used < 0:
             return cls.malformed(resume_kind, f"{FP_BUDGET_USED_MS} must be an integer >= 0")
+        if used > MAX_BUDGET_MS:
+            used = MAX_BUDGET_MS  # more than any budget: the wait used it all up
         error = payload.get(FP_ERROR)
         if error is not None:
             try:
@@ -302,6 +321,7 @@ class ExecContext:
         "args",
         "attempt_seq",
         "audit",
+        "blackbox_record",
         "bridge",
         "budget_ms",
         "call_id",
@@ -355,6 +375,8 @@ class ExecContext:
         debug: bool = False,
     ) -> None:
         self.call_id = call_id
+        # What the black box writes for this call, packed at its first switch (if kept).
+        self.blackbox_record: tuple[bytes, int] | None = None
         self.task_id = task_id
         self.function_id = function_id
         self.function_code_digest = function_code_digest
@@ -447,6 +469,8 @@ class ExecContext:
                 and (audit is None or type(audit) is dict)
                 and type(debug) is bool
             ):
+                if budget_ms > MAX_BUDGET_MS:
+                    budget_ms = MAX_BUDGET_MS  # a huge budget is as good as this one
                 return cls(  # positional: measurably cheaper on the per-call path
                     call_id,
                     task_id,

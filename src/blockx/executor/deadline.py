@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import signal
 import threading
+import time
 
 # signal.getsignal wraps this one and turns its result into an enum: 0.55 µs
 # against 17 ns, and refresh() runs on every scheduler wake-up.
@@ -41,13 +42,16 @@ from typing import Any, Final
 
 from greenlet import getcurrent
 
+from .containment import PAUSE_CLOCK
 from .context import ExecState, running
 from .errors import DeadlineSignalExpired
 
-__all__ = ["ALARM_INTERVAL_S", "DeadlineAlarm", "on_deadline_signal"]
+__all__ = ["ALARM_INTERVAL_S", "MAX_TIMER_S", "DeadlineAlarm", "on_deadline_signal"]
 
 #: SIGALRM re-fires this often while a call overruns (the handler re-checks).
 ALARM_INTERVAL_S: Final = 0.1
+#: The longest timer ever armed (a day): a longer budget is re-aimed when it fires.
+MAX_TIMER_S: Final = 86_400.0
 
 
 def on_deadline_signal(signum: int, frame: Any) -> None:
@@ -61,7 +65,15 @@ def on_deadline_signal(signum: int, frame: Any) -> None:
         # call's own expiry rather than waiting for the next interval tick.
         remaining = ctx.remaining_s()
         if remaining is not None:
-            signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001), ALARM_INTERVAL_S)
+            signal.setitimer(
+                signal.ITIMER_REAL, min(max(remaining, 0.001), MAX_TIMER_S), ALARM_INTERVAL_S
+            )
+        return
+    if PAUSE_CLOCK.stale(time.monotonic()):
+        # The watchdog's ticks stopped: the process may have been stopped (SIGSTOP), and
+        # SIGCONT's handler, which credits that time back, runs just after this one. Hold
+        # fire for one interval; a C call that held the GIL is judged at the next tick.
+        signal.setitimer(signal.ITIMER_REAL, ALARM_INTERVAL_S, ALARM_INTERVAL_S)
         return
     raise DeadlineSignalExpired(reason, used_ms=ctx.budget_used_ms(), budget_ms=ctx.budget_ms)
 
@@ -102,7 +114,9 @@ class DeadlineAlarm:
         # Earlier than the armed expiry, or that one already fired (the timer is then
         # only ticking every ALARM_INTERVAL_S): aim at this call's expiry.
         if due < self.due or self.due <= now:
-            remaining = max(due - now, 0.001)
+            # Bounded: setitimer raises OverflowError past ~292 years, and a timer that
+            # fires early only finds the budget not yet spent and re-aims.
+            remaining = min(max(due - now, 0.001), MAX_TIMER_S)
             signal.setitimer(signal.ITIMER_REAL, remaining, ALARM_INTERVAL_S)
             self.due = now + remaining
 

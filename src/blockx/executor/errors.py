@@ -220,7 +220,7 @@ class InvalidExecuteCall(AdmissionError):
     validly (else ``""`` / 1): the ``CallFailed`` echoes them.
     """
 
-    error_kind = keys.ERR_INTERNAL_ERROR
+    error_kind = keys.ERR_PROTOCOL_ERROR  # the worker's bug: the same frame fails again
     retryable = False
 
     def __init__(self, message: str, *, task_id: str = "", attempt_seq: int = 1) -> None:

@@ -9,7 +9,8 @@ the executor's reader thread. :data:`decode_inbound` is the reader's
 the worker writes an ExecuteCall (``{"messageType":"ExecuteCall",``) is decoded
 straight into :class:`ExecuteCallFrame` by msgspec, which checks every type
 PROTOCOL.md gives (``callBudgetMs`` an int, ``ancestry`` a list of strings,
-...); the two range checks msgspec cannot express follow. The runtime then
+...); the range checks msgspec cannot express follow (a budget past
+``MAX_BUDGET_MS`` takes the generic path, which clamps it). The runtime then
 builds the call's context from the struct's attributes
 (:meth:`~blockx.executor.inbound_frames.InboundFrames._handle_execute_frame`).
 
@@ -38,6 +39,8 @@ import msgspec
 
 from blockx.wire import keys
 from blockx.wire.frames import TypedHook
+
+from .context import MAX_BUDGET_MS
 
 __all__ = [
     "ExecuteCallFrame",
@@ -92,11 +95,11 @@ class ResumeCallFrame(msgspec.Struct, tag=keys.MT_RESUME_CALL, tag_field=keys.F_
 def _acceptable(frame: ExecuteCallFrame | ResumeCallFrame) -> bool:
     if type(frame) is ResumeCallFrame:
         resume = frame.payload
-        return resume.error is None and resume.budgetUsedMs >= 0
+        return resume.error is None and 0 <= resume.budgetUsedMs <= MAX_BUDGET_MS
     payload = frame.payload  # an ExecuteCallFrame
     return (
         bool(frame.callId)
-        and payload.callBudgetMs >= 0  # type: ignore[union-attr]
+        and 0 <= payload.callBudgetMs <= MAX_BUDGET_MS  # type: ignore[union-attr]
         and payload.attemptSeq >= 1  # type: ignore[union-attr]
     )
 

@@ -64,12 +64,18 @@ def heartbeat_payload(
     last_scheduler_active_ms: int,
     running_call_id: str | None,
     sent_at_ms: int,
+    running_for_ms: int = 0,
+    running_call_budget_ms: int = 0,
 ) -> dict[str, Any]:
     """The ``Heartbeat`` payload (PROTOCOL.md) for a snapshot of resident ``contexts``.
 
     ``runnableCount`` counts contexts queued to run (admitted, resumed or woken);
     ``availableContexts`` is ``max(0, max_inflight - inflight)``, or 1<<30 when
     ``max_inflight`` is 0 (unlimited). Without ``metrics`` the samples are 0.
+    ``running_for_ms``: how long ``running_call_id`` has run since the scheduler
+    last switched into it (0 when none runs); ``running_call_budget_ms``: the
+    budget it had left then (0 = unlimited) — the worker's wedge backstop judges
+    the running call by these two (docs/protocol.md "Heartbeat").
     """
     counts = dict.fromkeys(keys.EXEC_STATES, 0)
     runnable = 0
@@ -102,6 +108,8 @@ def heartbeat_payload(
         keys.FP_EXECUTOR_PROCESS_INSTANCE_ID: process_instance_id,
         keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS: last_scheduler_active_ms,
         keys.FP_RUNNING_CALL_ID: running_call_id,
+        keys.FP_RUNNING_FOR_MS: running_for_ms,
+        keys.FP_RUNNING_CALL_BUDGET_MS: running_call_budget_ms,
         keys.FP_CALL_STATE_COUNTS: counts,
         keys.FP_SENT_AT_MS: sent_at_ms,
     }

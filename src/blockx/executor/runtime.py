@@ -53,7 +53,16 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   late ``ResumeCall`` is dropped as stale) and switches ``WAIT_CUT_OFF`` into
   the call, whose wait then fails it as ``deadline_exceeded``;
 * :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
-  (:meth:`build_heartbeat`) and the thread that sends it;
+  (:meth:`build_heartbeat`) and the thread that sends it. Every switch into a
+  call stamps when it happened and the budget the call had left
+  (``_switched_in_at``, ``_running_budget_left_ms``: two attribute stores, no
+  clock read of its own): heartbeats report ``runningForMs`` and
+  ``runningCallBudgetMs`` from them, so a long pass of healthy calls never
+  looks stalled;
+* :mod:`.containment` — the black box written around each switch, the
+  ``MemoryError`` exit (:meth:`set_memory_exit`), the descriptor-exhaustion flag
+  (``descriptors_exhausted``) and the credit for time stopped by ``SIGSTOP``
+  (:meth:`credit_pause`);
 * :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
   suspend → ``ResumeCall``); this module is its host (``next_request_id``,
   ``send_encoded``, ``schedule_sleep``, ``wake_context``);
@@ -86,6 +95,7 @@ from blockx.wire import decode_frame, encode_frame
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
 from .call_runner import admission_failure
+from .containment import PauseClock, SwitchBlackbox
 from .context import (
     CUT_OFF_STATES,
     RESUME_KIND_BY_STATE,
@@ -168,7 +178,9 @@ class ExecutorRuntime(InboundFrames):
     long after admission ends as ``deadline_exceeded``.
 
     ``process_instance_id`` defaults to 12 hex digits of a uuid4; it prefixes
-    every ``requestId``.
+    every ``requestId``. ``blackbox`` (``containment.SwitchBlackbox``)
+    is written around every switch into a call's greenlet: the call holding the
+    thread is named in it, none between switches.
 
     Construction sets ``BLOCKX_EXECUTOR_RUNTIME=1``, installs the global
     ``time.sleep`` patch and, on the main thread, the ``SIGALRM`` handler.
@@ -196,6 +208,7 @@ class ExecutorRuntime(InboundFrames):
         monotonic: Callable[[], float] | None = None,
         registry: ModuleRegistry | None = None,
         call_timeout_ms: int = 0,
+        blackbox: SwitchBlackbox | None = None,
     ) -> None:
         if max_inflight < 0 or max_runnable < 0 or call_timeout_ms < 0:
             raise ValueError("max_inflight, max_runnable and call_timeout_ms must be >= 0")
@@ -231,6 +244,11 @@ class ExecutorRuntime(InboundFrames):
         self._heartbeat_seq = itertools.count(1)
         self._pool = ResidentGreenletPool(self._run_call, self._fail_escaped)
         self._running: ExecContext | None = None
+        self._switched_in_at = 0.0
+        self._running_budget_left_ms = 0.0
+        self._blackbox = blackbox
+        self.descriptors_exhausted = False
+        self._memory_exit: Callable[[int], None] | None = None
         self._outbox: list[bytes] = []
         self._transport_lost = False
         self._closed = False
@@ -483,6 +501,10 @@ class ExecutorRuntime(InboundFrames):
             ctx.queued = False
             self._step_context(ctx)
             stepped += 1
+            if self.descriptors_exhausted:
+                # Out of descriptors: the next call would fail the same way. Stop here;
+                # the process shell recycles the executor (the queued calls go elsewhere).
+                return 0
 
     # --- the bridge's host interface ------------------------------------------------------
 
@@ -629,6 +651,35 @@ class ExecutorRuntime(InboundFrames):
         self.registry.drop_released()
         self._alarm.restore()
 
+    # --- containment ----------------------------------------------------------------------
+
+    def set_memory_exit(self, end: Callable[[int], None] | None) -> None:
+        """What a call that gets ``MemoryError`` does to the process: ``end(0)`` ends it
+        (``containment.memory_exit``: black box cause, exit 87) with that call still
+        named in the black box. None (the default): the call just fails."""
+        self._memory_exit = end
+
+    def credit_pause(self, clock: PauseClock) -> float:
+        """``SIGCONT``: the process was stopped from outside; give the time it stood
+        still back to the call it was running and to the waits it interrupted, so a
+        paused-then-resumed executor fails no healthy call (docs/security.md). Returns
+        the seconds credited. Runs on the main thread as a signal handler: between two
+        bytecodes of whatever ran, so it only moves start times forward (a credit
+        racing the end of a slice is lost, never double-counted)."""
+        paused = clock.take_pause(time.monotonic())  # the clock the watchdog ticks
+        if paused <= 0.0:
+            return 0.0
+        ctx = self._running
+        if ctx is not None and ctx.slice_started:
+            ctx.slice_started += paused
+            ctx.expires_at += paused
+            self._switched_in_at += paused
+        for waiting in list(self._contexts.values()):
+            if waiting.state in CUT_OFF_STATES and not waiting.queued:
+                waiting.suspended_at += paused  # its wait's cut-off moves with it
+        _log.warning("executor was stopped for %.1f s; that time is not charged", paused)
+        return paused
+
     # --- observation ----------------------------------------------------------------------
 
     def drain_outbox(self) -> list[tuple[dict[str, Any], bytes | None]]:
@@ -647,7 +698,14 @@ class ExecutorRuntime(InboundFrames):
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.
         """
-        current = self._running
+        current = self._running  # first: the stamps below are then as new or newer
+        switched_in_at = self._switched_in_at
+        budget_left_ms = self._running_budget_left_ms
+        wall_ms = self._clock_ms()
+        since_switch_s = max(self._monotonic() - switched_in_at, 0.0)
+        last_active_ms = self._last_scheduler_active_ms
+        if switched_in_at:  # a switch into a call is scheduler activity too
+            last_active_ms = max(last_active_ms, wall_ms - round(since_switch_s * 1000.0))
         return heartbeat_payload(
             executor_id=self.executor_id,
             heartbeat_seq=next(self._heartbeat_seq),
@@ -655,9 +713,13 @@ class ExecutorRuntime(InboundFrames):
             max_inflight=self.max_inflight,
             metrics=self._metrics,
             process_instance_id=self.process_instance_id,
-            last_scheduler_active_ms=self._last_scheduler_active_ms,
+            last_scheduler_active_ms=last_active_ms,
             running_call_id=current.call_id if current is not None else None,
-            sent_at_ms=self._clock_ms(),
+            running_for_ms=round(since_switch_s * 1000.0) if current is not None else 0,
+            running_call_budget_ms=(
+                max(round(budget_left_ms), 1) if current is not None and budget_left_ms else 0
+            ),
+            sent_at_ms=wall_ms,
         )
 
     def stats(self) -> dict[str, Any]:

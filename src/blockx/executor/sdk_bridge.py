@@ -14,13 +14,16 @@ own greenlet:
    the greenlet to end the call). Back on the call's greenlet the wait's
    ``budgetUsedMs`` is charged, the safe point is checked again, and the result
    is returned or ``ResumeCall.error`` is raised as a :class:`RemoteCallError`.
-   An IO or sub-call wait of a call with a budget arms the runtime's wait
+   An IO wait of a call with a budget arms the runtime's wait
    timer (``BridgeHost.limit_wait``) for the moment the budget runs out: the
    worker charges the wait to the budget, so an answer that comes later can
    only end in ``deadline_exceeded``. When that moment (or the call's deadline)
    comes first, the runtime cuts the wait off and switches ``WAIT_CUT_OFF`` in:
    the time waited is charged and :class:`WaitDeadlineExceededError` ends the
-   call, naming what it waited for.
+   call, naming what it waited for. A sub-call's wait is charged only the
+   child's own ``budgetUsedMs``, never the wall time this call spent suspended
+   (the child may queue behind a CPU-bound neighbour: queueing is never
+   charged); its granted budget bounds it, and only a deadline cuts it off.
 2. :meth:`SdkBridge.do_sleep` suspends on a local timer: no frame is sent.
 3. :meth:`SdkBridge.do_function_code_req` fetches a module's source by digest
    with a local singleflight: the first call missing a digest (the leader)
@@ -585,10 +588,12 @@ class SdkBridge:
         # Sent: drop the request, which a suspended frame would keep for the whole wait.
         del envelope, payload, frame
         sidecar = None
-        if ctx.budget_ms and not ctx.wait_timer_due and wait_kind != WAIT_FUNCTION_CODE:
+        if ctx.budget_ms and not ctx.wait_timer_due and wait_kind == WAIT_IO:
             # No answer can come in time once the budget is used up (the worker charges
-            # the wait): the runtime cuts the wait off then. One timer serves every later
-            # wait too (see timers.py); a deadline is timed by the call-timeout latch.
+            # the IO wait): the runtime cuts the wait off then. One timer serves every
+            # later wait too (see timers.py); a deadline is timed by the call-timeout
+            # latch. A sub-call is charged only its child's own budgetUsedMs (never the
+            # wall time this call spends suspended): its granted budget bounds it.
             host.limit_wait(ctx)
         greenlet = ctx.greenlet
         assert greenlet is not None and greenlet.parent is not None
@@ -620,7 +625,8 @@ class SdkBridge:
         ctx.state = state
         waited_s = ctx.wait_cut_off_at() - ctx.suspended_at
         waited_ms = max(_ceil(waited_s * 1000.0 - _CLOCK_NOISE_MS), 0)
-        ctx.wait_ms += waited_ms
+        if state is ExecState.WAITING_IO:
+            ctx.wait_ms += waited_ms  # a sub-call's wall time is never charged (deadline)
         ctx.expires_at = -math.inf  # used up within this slice: every later safe point trips
         reason = ctx.deadline_expired_reason()
         if reason is None:  # float rounding at the very edge: the budget ran out all the same

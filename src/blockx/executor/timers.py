@@ -9,7 +9,7 @@ Three heaps of ``(due, seq, ctx)``, in the runtime's monotonic seconds:
   ``ExecutorRuntime.schedule_sleep``). The entry's ``seq`` is also stored on
   the context as ``sleep_token``: an entry is due only while the context still
   sleeps on that very token;
-* **wait_limits** — when the IO / sub-call wait of a budgeted call must be cut
+* **wait_limits** — when the IO wait of a budgeted call must be cut
   off: when its budget runs out (``SdkBridge`` arms one at a call's first wait;
   ``ExecContext.wait_cut_off_at`` says when a wait must end).
   A call has at most one live entry, the one whose due is ``ctx.wait_timer_due``,
@@ -40,7 +40,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Final
 
-from .context import CUT_OFF_STATES, ExecContext, ExecState
+from .context import BUDGET_CUT_OFF_STATES, ExecContext, ExecState
 
 __all__ = ["CallTimers"]
 
@@ -89,7 +89,8 @@ class CallTimers:
             heapq.heapify(heap)
 
     def pop_cut_off_waits(self, now: float) -> Iterator[tuple[float, ExecContext]]:
-        """``(cut-off time, ctx)`` of every IO / sub-call wait to cut off by ``now``.
+        """``(cut-off time, ctx)`` of every IO wait to cut off by ``now`` (a sub-call's
+        wait is never cut off by the budget: ``context.BUDGET_CUT_OFF_STATES``).
 
         A live entry that comes due while its call is not in such a wait (answered,
         running) is spent; one due before the wait in progress must end
@@ -101,7 +102,7 @@ class CallTimers:
             if ctx.wait_timer_due != due or ctx.finished:
                 continue  # spent earlier, or the call ended
             ctx.wait_timer_due = 0.0
-            if ctx.state not in CUT_OFF_STATES or ctx.queued:
+            if ctx.state not in BUDGET_CUT_OFF_STATES or ctx.queued:
                 continue  # not waiting, or its answer is in: the next wait arms again
             cut = ctx.wait_cut_off_at()
             if cut > now:  # a later wait than the one the entry was armed for

@@ -13,6 +13,10 @@ reads a socket, so the executor's reader thread and the worker's asyncio
 protocol use the same code. The length limit is checked as soon as the 4-byte
 prefix is in, before any of the body is buffered.
 
+A body nested too deeply to decode (a "depth bomb": msgspec's recursion limit)
+is malformed JSON like any other, a :class:`~blockx.wire.errors.FrameJSONError`,
+never a ``RecursionError`` escaping into the reader.
+
 After a :class:`~blockx.wire.errors.ProtocolError` a decoder is *poisoned*: the
 stream has lost framing and every later ``feed`` raises the same error. The
 owner closes the connection.
@@ -212,8 +216,8 @@ class TypedHook:
         """Decode a body known to start with :attr:`prefix` (None: take the generic path)."""
         try:
             decoded = self._decode(body)
-        except msgspec.DecodeError:  # also msgspec.ValidationError
-            return None
+        except (msgspec.DecodeError, RecursionError):  # also msgspec.ValidationError;
+            return None  # a depth bomb too: the generic path raises its ProtocolError
         return decoded if self._accept(decoded) else None
 
 
@@ -389,8 +393,8 @@ class FrameDecoder:
                             continue
                     try:
                         envelope = _json_decode(body)
-                    except msgspec.DecodeError:
-                        pass
+                    except (msgspec.DecodeError, RecursionError):
+                        pass  # decode_body raises the precise ProtocolError
                 if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
                     frames.append(_new_frame(Frame, (envelope, None)))
                 else:

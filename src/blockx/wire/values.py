@@ -107,10 +107,19 @@ def _dumps_stdlib(value: Any) -> bytes:
 def loads_wire(data: bytes | bytearray | memoryview | str) -> Any:
     """Decode JSON text, keeping integers of any size exact.
 
-    Raises ``msgspec.DecodeError`` (a ``ValueError``) on malformed input; the
+    Raises ``msgspec.DecodeError`` (a ``ValueError``) on malformed input — a text
+    nested deeper than the interpreter's recursion limit included (msgspec raises
+    ``RecursionError`` for those: a depth bomb is malformed input, not a crash); the
     frame layer turns that into a typed :class:`~blockx.wire.errors.ProtocolError`.
     """
-    return _decoder.decode(data)
+    try:
+        return _decoder.decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError(_TOO_DEEP) from None
+
+
+#: The message of a text nested too deeply to decode.
+_TOO_DEEP: Final = "JSON nests too deeply (past the recursion limit)"
 
 
 # --- locating the problem ------------------------------------------------------

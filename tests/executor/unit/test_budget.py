@@ -463,7 +463,11 @@ class TestWaitCutOff:
         assert h.output("c1") == 50
         assert len(h.rt._timers.wait_limits) <= 1
 
-    def test_a_subcall_wait_that_outlasts_the_budget_ends_the_caller(self, h: Harness) -> None:
+    def test_a_subcall_is_charged_its_childs_used_budget_never_the_wall_time(
+        self, h: Harness
+    ) -> None:
+        """The child queued 5 s behind a CPU-bound neighbour and ran 40 ms: the caller,
+        with 150 ms of budget left, is charged the 40 ms (docs/protocol.md "Budgets")."""
         h.execute(
             "c1",
             "def _(p):\n    clock.advance_ms(50)\n    return function.call('pricer', p)\n",
@@ -473,16 +477,53 @@ class TestWaitCutOff:
         h.run()
         (wait,) = h.waits("c1", keys.WAIT_SUBCALL)
         assert wait[keys.F_PAYLOAD][keys.FP_GRANTED_BUDGET_MS] == 150
-        h.clock.advance_ms(151)  # a hair past: the fake clock's sums are floats
+        assert h.rt.next_scheduler_delay(None) is None  # no wall-time cut-off armed
+        h.clock.advance(5.0)
+        assert h.run() == []
+        h.resume(wait, {"price": 3}, budget_used_ms=40)
+        h.run()
+        assert h.output("c1") == {"price": 3}
+        assert h.payload("c1")[keys.FP_BUDGET_USED_MS] == 90  # 50 ms CPU + the child's 40
+        assert h.rt.stats()["waits_cut_off"] == 0
+
+    def test_a_child_out_of_its_granted_budget_fails_the_caller_through_its_answer(
+        self, h: Harness
+    ) -> None:
+        h.execute(
+            "c1",
+            "def _(p):\n    clock.advance_ms(50)\n    return function.call('pricer', p)\n",
+            {"x": 1},
+            call_budget_ms=200,
+        )
+        h.run()
+        (wait,) = h.waits("c1", keys.WAIT_SUBCALL)
+        error = {"kind": keys.ERR_DEADLINE_EXCEEDED, "message": "child out", "retryable": False}
+        h.resume(wait, error=error, budget_used_ms=150)
         h.run()
         failure = h.failure("c1")
-        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
-        message = failure[keys.FP_ERROR_MESSAGE]
-        assert message.startswith(_cut_off_message(200, 150, "sub-call pricer", wait))
         assert failure[keys.FP_BUDGET_USED_MS] == 200
-        h.resume(wait, {"late": True}, budget_used_ms=150)  # the child's late answer
+        assert failure[keys.FP_ERROR_KIND] in (keys.ERR_SUBCALL_FAILED, keys.ERR_DEADLINE_EXCEEDED)
+
+    def test_an_io_wait_timer_never_cuts_off_a_later_subcall_wait(self, h: Harness) -> None:
+        source = dedent(
+            """
+            from blockx.sdk import db
+
+            def _(p):
+                db.get("t", 1)
+                return function.call("pricer", p)
+            """
+        )
+        h.execute("c1", source, 1, call_budget_ms=300)
+        h.run()
+        h.resume(h.last_wait("c1"), "a", budget_used_ms=10)  # the IO wait armed a timer
+        h.run()
+        (wait,) = h.waits("c1", keys.WAIT_SUBCALL)
+        h.clock.advance(10.0)  # far past the IO timer's due time
         assert h.run() == []
-        assert h.rt.stats()["stale_resume_dropped"] == 1
+        h.resume(wait, "child", budget_used_ms=20)
+        h.run()
+        assert h.output("c1") == "child"
 
     def test_user_code_that_swallows_the_cut_off_cannot_wait_again(self, h: Harness) -> None:
         source = dedent(

@@ -46,6 +46,11 @@ class TestExecuteCallValidation:
             ({keys.FP_FUNCTION_CODE_DIGEST: None}, keys.FP_FUNCTION_CODE_DIGEST),
             ({keys.FP_CALL_BUDGET_MS: "100"}, keys.FP_CALL_BUDGET_MS),
             ({keys.FP_CALL_BUDGET_MS: -1}, keys.FP_CALL_BUDGET_MS),
+            ({keys.FP_CALL_BUDGET_MS: 1.5}, keys.FP_CALL_BUDGET_MS),
+            ({keys.FP_CALL_BUDGET_MS: 100.0}, keys.FP_CALL_BUDGET_MS),
+            ({keys.FP_CALL_BUDGET_MS: True}, keys.FP_CALL_BUDGET_MS),
+            ({keys.FP_CALL_BUDGET_MS: -(10**30)}, keys.FP_CALL_BUDGET_MS),
+            ({keys.FP_CALL_BUDGET_MS: [1]}, keys.FP_CALL_BUDGET_MS),
             ({keys.FP_ATTEMPT_SEQ: 0}, keys.FP_ATTEMPT_SEQ),
             ({keys.FP_ATTEMPT_SEQ: True}, keys.FP_ATTEMPT_SEQ),
             ({keys.FP_ANCESTRY: "k1"}, keys.FP_ANCESTRY),
@@ -56,7 +61,7 @@ class TestExecuteCallValidation:
             ({keys.FP_ENTRY_SELECTOR: 1}, keys.FP_ENTRY_SELECTOR),
         ],
     )
-    def test_a_malformed_execute_call_fails_that_call(
+    def test_a_malformed_execute_call_is_refused_as_a_non_retryable_protocol_error(
         self, h: Harness, change: dict[str, Any], named: str
     ) -> None:
         payload = {**GOOD, keys.FP_ATTEMPT_SEQ: 2}
@@ -68,7 +73,7 @@ class TestExecuteCallValidation:
         h.send(_execute_envelope("c1", payload))
         h.run()
         failure = h.failure("c1")
-        assert failure[keys.FP_ERROR_KIND] == keys.ERR_INTERNAL_ERROR
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_PROTOCOL_ERROR
         assert failure[keys.FP_RETRYABLE] is False
         assert named in failure[keys.FP_ERROR_MESSAGE]
         assert h.rt.inflight_count() == 0
@@ -77,7 +82,7 @@ class TestExecuteCallValidation:
         h.send(_execute_envelope("c1", [1, 2]))
         h.run()
         failure = h.failure("c1")
-        assert failure[keys.FP_ERROR_KIND] == keys.ERR_INTERNAL_ERROR
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_PROTOCOL_ERROR
         assert failure[keys.FP_TASK_ID] == ""
 
     def test_an_execute_call_without_a_call_id_is_dropped(self, h: Harness) -> None:
@@ -102,7 +107,7 @@ class TestExecuteCallValidation:
         h.run()
         failure = h.failure("c1")  # exactly one terminal frame for c1, and it is attempt 2's
         assert failure[keys.FP_ATTEMPT_SEQ] == 2
-        assert failure[keys.FP_ERROR_KIND] == keys.ERR_INTERNAL_ERROR
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_PROTOCOL_ERROR
         assert h.rt.inflight_count() == 0
         stats = h.rt.stats()
         assert stats["attempts_replaced"] == 1
@@ -261,6 +266,8 @@ class TestHeartbeat:
             keys.FP_EXECUTOR_PROCESS_INSTANCE_ID,
             keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS,
             keys.FP_RUNNING_CALL_ID,
+            keys.FP_RUNNING_FOR_MS,
+            keys.FP_RUNNING_CALL_BUDGET_MS,
             keys.FP_CALL_STATE_COUNTS,
             keys.FP_SENT_AT_MS,
         }
@@ -283,6 +290,8 @@ class TestHeartbeat:
         assert beat[keys.FP_EXECUTOR_PROCESS_INSTANCE_ID] == "abc123"
         assert beat[keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS] == h.wall_ms
         assert beat[keys.FP_RUNNING_CALL_ID] is None
+        assert beat[keys.FP_RUNNING_FOR_MS] == 0
+        assert beat[keys.FP_RUNNING_CALL_BUDGET_MS] == 0
         assert beat[keys.FP_SENT_AT_MS] == h.wall_ms
         assert h.rt.build_heartbeat()[keys.FP_HEARTBEAT_SEQ] == 2
 
