@@ -78,6 +78,8 @@ class RunOutcome:
     io_stats: Any = None
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    #: A streamed task's calls file changed while it was read (a bad line): what was wrong.
+    stream_problem: str | None = None
     #: The exit status that goes with ``problems``.
     problem_status: int = EXIT_USAGE
 

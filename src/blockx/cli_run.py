@@ -62,7 +62,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -73,12 +73,14 @@ from blockx.cli_console import (
     Console,
     Progress,
     StderrWriter,
+    count_text,
     indent,
     plural,
     print_problems,
     setup_logging,
 )
-from blockx.cli_output import PUT_SLICE_ROWS, OutputClosed, RowWriter
+from blockx.cli_output import OutputClosed, RowWriter
+from blockx.cli_paths import check_output_paths
 from blockx.cli_report import (
     EXIT_FAILED,
     EXIT_OK,
@@ -246,16 +248,19 @@ async def _run_on_worker(
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
-    one_shot_rows_put = 0  # of a one-shot task's outputs, how many went to the writer
-    stream_rows: AsyncIterator[Any] | None = None
+    rows: AsyncIterator[Any] | None = None
     try:
         await worker.start()
-        task = spec.to_task()
+        task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
         outcome.io_stats = scope.stats
-        stream = spec.is_stream
-        handle = worker.submit(task, collect=not stream)
+        # Inline or streamed, the rows come from TaskHandle.rows() (collect=False): a
+        # one-shot task's in call order once it ends, a stream's as its batches settle.
+        # One path for both, so that what is written never depends on which it is: the
+        # rows of the calls that succeeded are written even when the task was stopped
+        # (max_output_bytes drops only the rows a *collecting* caller would have kept).
+        handle = worker.submit(task, collect=False)
         if show_progress:
             progress = Progress(console, progress_total, settings.worker.pool.executor_count)
 
@@ -290,21 +295,13 @@ async def _run_on_worker(
 
         ticker = loop.create_task(tick(), name="blockx-cli-ticker")
         try:
-            if stream:
-                stream_rows = handle.rows()
-                async for row in stream_rows:
-                    if not outcome.output_closed:
-                        sink.put_rows((row,))
-                        if sink.full:  # the loop runs on; the stream pauses at its window
-                            await sink.wait_for_room()
-            result = await handle.result()
-            if not stream and not outcome.output_closed:
-                for start in range(0, len(result.outputs), PUT_SLICE_ROWS):
-                    if sink.full:
+            rows = handle.rows()
+            async for row in rows:
+                if not outcome.output_closed:
+                    sink.put_rows((row,))
+                    if sink.full:  # the loop runs on; the stream pauses at its window
                         await sink.wait_for_room()
-                    chunk = result.outputs[start : start + PUT_SLICE_ROWS]
-                    sink.put_rows(chunk)
-                    one_shot_rows_put += len(chunk)
+            result = await handle.result()
         except OutputClosed:
             outcome.output_closed = True
             handle.cancel("the output pipe was closed")
@@ -323,18 +320,15 @@ async def _run_on_worker(
                 # written yet, queued at once: they are in memory already (a stream's:
                 # its settled batches, at most its window), and the drain that follows
                 # is bounded.
-                if spec.is_stream:
-                    # the rest of the batch being taken, then the batches settled since
-                    rest = [row async for row in stream_rows] if stream_rows else []
-                    rest += [row async for row in handle.rows()]
-                else:
-                    rest = outcome.result.outputs[one_shot_rows_put:]
+                # the rest of the batch being taken, then the batches settled since
+                rest = [row async for row in rows] if rows is not None else []
+                rest += [row async for row in handle.rows()]
                 try:
                     sink.put_rows(rest)
                 except OutputClosed:
                     outcome.output_closed = True
     except SpecError as exc:  # the calls file changed while it was streamed
-        outcome.problems = exc.problems
+        outcome.stream_problem = "; ".join(exc.problems)
         if handle is not None:
             outcome.result = await _settle(handle)
     finally:
@@ -348,6 +342,18 @@ async def _run_on_worker(
         finally:
             await io.close()
             interruption.cancel_main = True
+
+
+def _calls_until_a_bad_line(spec: TaskFile, outcome: RunOutcome) -> Iterator[Any]:
+    """The calls of a streamed task's file; a bad line (the file changed since it was
+    checked) ends the stream there, quietly for the worker, and is kept for the verdict
+    (:func:`_short_stream`): the calls read so far run to their end and are reported."""
+    try:
+        yield from spec.iter_calls_file()
+    except SpecError as exc:
+        outcome.stream_problem = "; ".join(exc.problems)
+    except OSError as exc:
+        outcome.stream_problem = f"cannot read it: {exc.strerror or exc}"
 
 
 async def _drain_output(sink: RowWriter, outcome: RunOutcome, main: asyncio.Task[Any]) -> None:
@@ -417,16 +423,17 @@ def _run_command(options: RunOptions, console: Console) -> int:
     except (SpecError, UsageError) as exc:
         print_problems(console, exc.problems)
         return EXIT_USAGE
-    for path_option, flag in (
-        (options.output, "-o"),
-        (options.errors_out, "--errors"),
-        (options.summary_json, "--summary-json"),
-    ):
-        if path_option is not None:
-            parent = os.path.dirname(os.path.abspath(path_option))
-            if not os.path.isdir(parent):
-                print_problems(console, [f"{flag} {path_option}: no such directory {parent}"])
-                return EXIT_USAGE
+    path_problems = check_output_paths(
+        spec,
+        (
+            ("-o", options.output),
+            ("--errors", options.errors_out),
+            ("--summary-json", options.summary_json),
+        ),
+    )
+    if path_problems:
+        print_problems(console, path_problems)
+        return EXIT_USAGE
     for problem in spec.code_problems():
         console.print(
             f"blockx: warning: function {problem.function_id!r} cannot run — its calls will "
@@ -476,13 +483,23 @@ def _run_command(options: RunOptions, console: Console) -> int:
 
     # 3. The verdict.
     outcome.calls_in_file = total if spec.is_stream else None
+    result = outcome.result
     if outcome.output_closed and options.output is None:
         try:  # nothing more may reach the closed pipe, not even at interpreter exit
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         except OSError:  # pragma: no cover
             pass
-        return EXIT_SIGPIPE
+        code = INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_SIGPIPE)
+        why = f"interrupted ({outcome.interrupted}), and " if outcome.interrupted else ""
+        console.print(
+            f"blockx: {why}stdout's reader went away after {plural(sink.rows, 'row')}: "
+            "the task was cancelled (exit status "
+            f"{code})"
+        )
+        if result is not None:
+            _write_files(options, console, spec, outcome, sink, code)
+        return code
     if outcome.problems:
         print_problems(console, outcome.problems)
         return outcome.problem_status
@@ -494,28 +511,79 @@ def _run_command(options: RunOptions, console: Console) -> int:
             f"interruption: {at_most}{plural(outcome.rows_dropped, 'row')} dropped, not "
             f"written{torn}"
         )
-    result = outcome.result
     if result is None:
         console.print("blockx: error: the task did not end in time after it was cancelled")
         return INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_FAILED)
+    short_stream = _short_stream(spec, outcome, total)
     if outcome.interrupted:
         code = INTERRUPTED_STATUS[outcome.interrupted]
-    elif result.success and not result.errors:
+    elif result.success and not result.errors and short_stream is None:
         code = EXIT_OK
     else:
         code = EXIT_FAILED
-    if options.errors_out is not None:
-        write_errors(options.errors_out, spec, result.errors)
-    if code == EXIT_FAILED or (outcome.interrupted and result.errors):
+    if short_stream is not None:
+        console.print(f"blockx: error: {short_stream}")
+    if code == EXIT_FAILED and (short_stream is None or result.errors):
+        console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
+        console.print()
+    elif outcome.interrupted and result.errors:
         console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
         console.print()
     if not options.quiet:
         console.print(summary_text(spec, outcome, sink, executors))
+    return _write_files(options, console, spec, outcome, sink, code)
+
+
+def _short_stream(spec: TaskFile, outcome: RunOutcome, total: int) -> str | None:
+    """Why a streamed task read fewer calls than its file held when it was checked (the
+    file changed while it was read), or None. A task that stopped by itself (fast_fail,
+    its deadline, a signal) reads less on purpose: that is not this."""
+    result = outcome.result
+    if not spec.is_stream or result is None or outcome.interrupted:
+        return None
+    read = int(result.stats.calls)
+    label = spec.calls_label
+    if outcome.stream_problem is not None:
+        return (
+            f"{label} changed while it was read — {outcome.stream_problem}: the task was "
+            f"stopped after {plural(read, 'call')} read of the {count_text(total)} checked"
+        )
+    if result.failure is None and read < total:
+        return (
+            f"{label} changed while it was read: it ended after {plural(read, 'call')}, "
+            f"but held {count_text(total)} when it was checked"
+        )
+    return None
+
+
+def _write_files(
+    options: RunOptions,
+    console: Console,
+    spec: TaskFile,
+    outcome: RunOutcome,
+    sink: RowWriter,
+    code: int,
+) -> int:
+    """``--errors`` and ``--summary-json`` (checked before the run; a failure now — a full
+    disk — is one line, and a successful run's status becomes 1). Returns the status."""
+    result = outcome.result
+    if options.errors_out is not None and result is not None:
+        try:
+            write_errors(options.errors_out, spec, result.errors)
+        except OSError as exc:
+            console.print(f"blockx: error: --errors {options.errors_out}: {exc.strerror or exc}")
+            code = EXIT_FAILED if code == EXIT_OK else code
     if options.summary_json is not None:
         data = summary_json(outcome, sink, code)
         # Lines of log and print() output dropped so far because stderr was not read.
         data["stderr_lines_dropped"] = 0 if console.writer is None else console.writer.lines_dropped
-        with open(options.summary_json, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+        try:
+            with open(options.summary_json, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2)
+                f.write("\n")
+        except OSError as exc:
+            console.print(
+                f"blockx: error: --summary-json {options.summary_json}: {exc.strerror or exc}"
+            )
+            code = EXIT_FAILED if code == EXIT_OK else code
     return code
