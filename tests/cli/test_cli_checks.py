@@ -115,7 +115,9 @@ def test_budgets_out_of_bounds_get_one_message_from_validate_and_run(
     assert run.stdout == ""
 
 
-@pytest.mark.parametrize(("field", "value"), [("call_budget_ms", 0), ("call_budget_ms", 86_400_000)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("call_budget_ms", 0), ("call_budget_ms", 86_400_000)]
+)
 def test_budgets_at_the_bounds_are_valid(tmp_path: Path, field: str, value: int) -> None:
     task = write(
         tmp_path / "task.yaml",
