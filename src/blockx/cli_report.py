@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import resource
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_ARGS_TEXT",
     "MAX_REPORTED",
     "RunOutcome",
+    "collapse_repeats",
     "failure_report",
     "summary_json",
     "summary_text",
@@ -103,6 +105,22 @@ def _args_text(args: Any) -> str:
     return text
 
 
+#: A path segment (``['d']``, ``[0]``, or a short run of them) repeated 4 times or more.
+_REPEATED_PATH_RE: Final = re.compile(r"((?:\[[^\[\]\n]{1,40}\]){1,3}?)\1{3,}")
+
+
+def collapse_repeats(text: str) -> str:
+    """``$['d']['d']…`` (a value that contains itself, 254 levels deep) written once with
+    its count: ``$['d']×254 (a value that contains itself?)``."""
+
+    def once(match: re.Match[str]) -> str:
+        unit = match.group(1)
+        count = len(match.group(0)) // len(unit)
+        return f"{unit}×{count} (a value that contains itself?)"
+
+    return _REPEATED_PATH_RE.sub(once, text)
+
+
 def _calls_not_read(spec: TaskFile, result: Any, calls_in_file: int | None) -> int:
     """The calls of a streamed task's file that were never read (the task stopped first)."""
     if not spec.is_stream or calls_in_file is None:
@@ -151,8 +169,10 @@ def failure_report(
             f"{n}) call #{error.index}: {error.function_id}({_args_text(error.args)}) — "
             f"{error.kind} after {attempts}"
         )
-        message = spec.user_locations(error.message or "")
-        stack = _user_frames(spec.user_locations(error.stack)) if error.stack else ""
+        message = collapse_repeats(spec.user_locations(error.message or ""))
+        stack = (
+            collapse_repeats(_user_frames(spec.user_locations(error.stack))) if error.stack else ""
+        )
         key = (error.kind, message, stack)
         if key in seen:
             lines.append(f"   the same error and stack as {seen[key]})")
@@ -329,7 +349,7 @@ def write_errors(path: str, spec: TaskFile, errors: Sequence[Any]) -> None:
                 "function": e.function_id,
                 "args": e.args,
                 "kind": e.kind,
-                "message": spec.user_locations(e.message or ""),
+                "message": collapse_repeats(spec.user_locations(e.message or "")),
                 "stack": spec.user_locations(e.stack) if e.stack else None,
                 "attempts": e.attempts,
                 "retryable": e.retryable,

@@ -356,6 +356,17 @@ def audit_supported() -> bool:
 # --- reading ---------------------------------------------------------------------------------
 
 
+def _first_bad_char(value: Any, allowed: str) -> str:
+    """``: 'é' (character 3) is not allowed`` for the first character of ``value`` outside
+    ``allowed`` (ASCII letters and digits, and those), or ``""``."""
+    if not isinstance(value, str):
+        return ""
+    for i, char in enumerate(value):
+        if not (char.isascii() and (char.isalnum() or char in allowed)):
+            return f": {char!r} (character {i + 1}) is not allowed"
+    return ""
+
+
 def _display(path: Path) -> str:
     """A path as messages show it: relative to the working directory when inside it."""
     try:
@@ -409,8 +420,8 @@ def _check_functions(
         if not isinstance(fid, str) or not _FUNCTION_ID_RE.fullmatch(fid):
             check.add(
                 ("functions", fid),
-                f"{describe(fid)} is not a valid function id (letters, digits and _ . : / @ -, "
-                "at most 200)",
+                f"{describe(fid)} is not a valid function id (ASCII letters A-Z a-z, digits and "
+                f"_ . : / @ -, at most 200){_first_bad_char(fid, '_.:/@-')}",
             )
             continue
         if isinstance(spec, str):
@@ -496,7 +507,8 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
     if task_id is not None and (not isinstance(task_id, str) or not _TASK_ID_RE.fullmatch(task_id)):
         check.add(
             ("task_id",),
-            f"expected letters, digits and . _ : @ - (at most 128), got {describe(task_id)}",
+            "expected ASCII letters A-Z a-z, digits and . _ : @ - (at most 128), got "
+            f"{describe(task_id)}{_first_bad_char(task_id, '._:@-')}",
         )
         task_id = None
     instance = data.get("instance")

@@ -164,12 +164,22 @@ class _NoLines:
 
 def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
     """(data, line finder) of a task file's text; SpecError on a parse error."""
+    if text.startswith("\ufeff"):
+        raise SpecError(
+            [
+                f"{label}: starts with a byte order mark (BOM, bytes EF BB BF): save it as "
+                "UTF-8 without a BOM"
+            ]
+        )
     if is_json:
         try:
             return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
         except json.JSONDecodeError as exc:
             raise SpecError(
-                [f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"]
+                [
+                    f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: "
+                    + exc.msg.removesuffix(" starting at")
+                ]
             ) from None
         except _DuplicateKey as exc:
             raise SpecError(
@@ -427,6 +437,47 @@ def check_call(
     return fid, args
 
 
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _not_a_json_number(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def json_line_problem(line: bytes) -> str:
+    """Why one line is not a JSON value, with the column (1-based, in characters) where
+    it goes wrong: a byte order mark, bytes that are not UTF-8, or the parser's reason."""
+    if line.startswith(_BOM):
+        return (
+            "starts with a byte order mark (BOM, bytes EF BB BF): save the file as UTF-8 "
+            "without a BOM"
+        )
+    try:
+        text = line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start + 1} of the line)"
+    try:
+        json.loads(text, parse_constant=_not_a_json_number)
+    except _NotJSON as exc:
+        return f"not valid JSON: {exc}"
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) and text.strip():
+            return (
+                f"not valid JSON: the line ends at column {len(text.rstrip()) + 1} before the "
+                f"value does ({exc.msg}: a missing }} or ]?)"
+            )
+        # json's "Unterminated string starting at" ends with its own "at"
+        at = " " if exc.msg.endswith(" at") else " at "
+        return f"not valid JSON: {exc.msg}{at}column {exc.pos + 1}"
+    except RecursionError:
+        return "not valid JSON: nested too deeply"
+    return "not valid JSON"  # valid for json, not for the wire (a huge number, NaN)
+
+
 def parse_call_line(
     line: bytes, lineno: int, label: str, known: Mapping[str, Any]
 ) -> tuple[str, Any]:
@@ -436,14 +487,7 @@ def parse_call_line(
     try:
         call = loads_wire(line)
     except ValueError:
-        try:
-            json.loads(line)
-            problem = "not valid JSON"
-        except json.JSONDecodeError as exc:
-            problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
-        except UnicodeDecodeError:
-            problem = "not UTF-8 text"
-        raise SpecError([f"{label}: line {lineno}: {problem}"]) from None
+        raise SpecError([f"{label}: line {lineno}: {json_line_problem(line)}"]) from None
     # A line shorter than half the limit cannot hold arguments over it (re-encoding a
     # JSON value never doubles it); a longer one is measured.
     large = len(line) > MAX_ARGS_BYTES // 2
