@@ -80,6 +80,8 @@ class RunOutcome:
     io_stats: Any = None
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    #: IO backends still busy after the task ended, abandoned (one line each).
+    io_abandoned: list[str] = field(default_factory=list)
     #: A streamed task's calls file changed while it was read (a bad line): what was wrong.
     stream_problem: str | None = None
     #: The exit status that goes with ``problems``.
@@ -293,6 +295,8 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         lines.append(indent(io_stats.format_table(), "            "))
     else:
         lines.append("  io        none")
+    for note in outcome.io_abandoned:
+        lines.append(f"  abandoned {note}")
     own, children = _peak_rss_kb()
     lines.append(
         f"  time      {outcome.wall_s:,.2f} s wall; "
@@ -337,6 +341,7 @@ def summary_json(outcome: RunOutcome, sink: RowWriter, exit_code: int) -> dict[s
         )
     if outcome.io_stats is not None:
         data["io"] = outcome.io_stats.as_dict()
+    data["io_abandoned"] = list(outcome.io_abandoned)
     return data
 
 

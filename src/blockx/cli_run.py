@@ -105,6 +105,9 @@ __all__ = [
 
 #: Give up when no executor has attached this long after start-up (s).
 STARTUP_TIMEOUT_S: Final = 30.0
+#: Once the task is over, how long the IO backends may take to close (s): an operation
+#: still running then (a write waiting for a lock held elsewhere) is abandoned.
+IO_CLOSE_GRACE_S: Final = 1.0
 #: After an interruption, how long rows still queued may take to be written (s); then
 #: they are dropped (a reader that does not drain cannot hold the process).
 OUTPUT_GRACE_S: Final = 2.0
@@ -340,7 +343,9 @@ async def _run_on_worker(
         try:
             await worker.close()
         finally:
-            await io.close()
+            # Every call is decided: a backend still busy (a SQLite lock held elsewhere)
+            # gets IO_CLOSE_GRACE_S, then is abandoned — the summary says so.
+            outcome.io_abandoned = await io.close(grace_s=IO_CLOSE_GRACE_S)
             interruption.cancel_main = True
 
 

@@ -258,3 +258,40 @@ def test_ctrl_c_in_a_pipeline_whose_reader_dies_says_so_and_exits_130(tmp_path: 
     assert proc.wait(timeout=60) == 130, err
     assert "interrupted (SIGINT)" in err
     assert "Traceback" not in err
+
+
+# --- 4. a backend still busy when the task is over -----------------------------------------
+
+LOCKED_TASK = """\
+functions:
+  w: {source: "def _(x):\\n    Table('t').upsert_rows([{'key': 'k', 'v': x}])\\n    return {'ok': x}\\n"}
+calls: [{function: w, args: [1]}]
+policy: {call_budget_ms: 1000, max_attempts: 1}
+io: {data_dir: data, blockdb: {timeout_s: 120}}
+"""
+
+
+def test_a_locked_sqlite_store_does_not_hold_the_command_past_the_task(tmp_path: Path) -> None:
+    import sqlite3
+    import time
+
+    (tmp_path / "data").mkdir()
+    holder = sqlite3.connect(tmp_path / "data" / "blockdb.sqlite3", isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE IF NOT EXISTS other (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # another process's lock, held for the whole run
+    task = write(tmp_path / "task.yaml", LOCKED_TASK)
+    started = time.monotonic()
+    try:
+        proc = blockx("run", task, "-n", "1", "--summary-json", "s.json", cwd=tmp_path)
+    finally:
+        holder.close()
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert took < 60, took  # far below the store's 120 s busy timeout, however slow the machine
+    assert "deadline_exceeded" in proc.stderr
+    assert "abandoned blockdb: 1 operation still running 1 s after the task ended" in proc.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["io_abandoned"] == [
+        "blockdb: 1 operation still running 1 s after the task ended: abandoned, not finished"
+    ]
