@@ -84,6 +84,9 @@ class RunOutcome:
     io_abandoned: list[str] = field(default_factory=list)
     #: A streamed task's calls file changed while it was read (a bad line): what was wrong.
     stream_problem: str | None = None
+    #: The verdict's message when the stream read fewer calls than the file held (the run
+    #: failed, however well its calls went).
+    stream_short: str | None = None
     #: The exit status that goes with ``problems``.
     problem_status: int = EXIT_USAGE
 
@@ -246,7 +249,7 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
     stats = result.stats
     if outcome.interrupted:
         status = f"interrupted ({outcome.interrupted})"
-    elif result.success and not result.errors:
+    elif result.success and not result.errors and outcome.stream_short is None:
         status = "ok"
     else:
         status = "FAILED"

@@ -519,7 +519,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
     if result is None:
         console.print("blockx: error: the task did not end in time after it was cancelled")
         return INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_FAILED)
-    short_stream = _short_stream(spec, outcome, total)
+    short_stream = outcome.stream_short = _short_stream(spec, outcome, total)
     if outcome.interrupted:
         code = INTERRUPTED_STATUS[outcome.interrupted]
     elif result.success and not result.errors and short_stream is None:
@@ -550,7 +550,8 @@ def _short_stream(spec: TaskFile, outcome: RunOutcome, total: int) -> str | None
     label = spec.calls_label
     if outcome.stream_problem is not None:
         return (
-            f"{label} changed while it was read — {outcome.stream_problem}: the task was "
+            f"{label} changed while it was read — "
+            f"{outcome.stream_problem.removeprefix(label + ': ')}: the task was "
             f"stopped after {plural(read, 'call')} read of the {count_text(total)} checked"
         )
     if result.failure is None and read < total:

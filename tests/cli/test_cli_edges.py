@@ -169,6 +169,7 @@ def test_a_calls_file_cut_short_while_it_is_read_fails_and_says_how_many_calls_w
     assert f"stream    stopped after {read:,} call" in err
     assert len(jsonl(proc.stdout)) == summary["succeeded"]
     assert "nothing was run" not in err
+    assert ": FAILED — " in err and f"{read:,} of 3,001 calls" in err
 
 
 def test_a_calls_file_whole_as_checked_still_succeeds(tmp_path: Path) -> None:
