@@ -164,7 +164,7 @@ class _NoLines:
 
 def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
     """(data, line finder) of a task file's text; SpecError on a parse error."""
-    if text.startswith("\ufeff"):
+    if is_json and text.startswith("\ufeff"):  # YAML allows one; JSON does not
         raise SpecError(
             [
                 f"{label}: starts with a byte order mark (BOM, bytes EF BB BF): save it as "

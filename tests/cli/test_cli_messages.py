@@ -64,6 +64,10 @@ def test_a_byte_order_mark_is_named(tmp_path: Path) -> None:
     proc = blockx("validate", task, cwd=tmp_path)
     assert proc.returncode == 2
     assert "bom.json: starts with a byte order mark" in proc.stderr
+    yaml_task = tmp_path / "bom.yaml"  # YAML allows a BOM: still valid
+    yaml_task.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "task.yaml").read_bytes())
+    (tmp_path / "calls.jsonl").write_bytes(b'{"function":"f","args":[1]}\n')
+    assert blockx("validate", yaml_task, cwd=tmp_path).returncode == 0
 
 
 def test_a_json_error_names_its_real_column(tmp_path: Path) -> None:
