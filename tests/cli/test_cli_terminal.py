@@ -195,7 +195,7 @@ def test_a_signal_cancels_the_task_and_stops_the_executors(
     assert_executors_gone(pids)
 
 
-def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:
+def test_a_closed_output_pipe_ends_the_run_with_one_line(tmp_path: Path) -> None:
     task = copy_example("streaming", tmp_path)
     proc = subprocess.Popen(
         [
@@ -221,3 +221,5 @@ def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert "blockx: stdout's reader went away after " in err
+    assert "(exit status 141)" in err
