@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Everything that can be wrong with the input is found before a process
 starts: the task file (and every line of its calls file) is checked, the
-configuration is built, the output file is opened. Then, on one event loop
+configuration is built, the output paths are checked (:mod:`blockx.cli_paths`:
+writable, not a directory, never one of the task's input files) and the
+output file is opened. Then, on one event loop
 (:func:`blockx.worker.app.run`: uvloop, GC tuned)::
 
     IOSubsystem(io config)                one per run; closed at the end
@@ -43,9 +45,14 @@ per-task counters, which the run's ticker reads (:func:`_task_progress`).
 Exit status (the constants and the texts of the verdict — failure report,
 summary, ``--summary-json``, ``--errors`` — are :mod:`blockx.cli_report`'s):
 0 every call succeeded; 1 the task failed or a call failed (every failed
-call is reported, up to :data:`~blockx.cli_report.MAX_REPORTED`); 2 bad
+call is reported, up to :data:`~blockx.cli_report.MAX_REPORTED`), or the
+calls file changed while it was read (:func:`_short_stream`); 2 bad
 input; 130/143 interrupted (SIGINT/SIGTERM: the task is cancelled, its
-executors are stopped); 141 the output pipe was closed.
+executors are stopped); 141 the output pipe was closed (one line says so).
+
+Ends: once every call is decided the IO backends get :data:`IO_CLOSE_GRACE_S`
+to close; one still busy then (a SQLite write waiting for a lock another
+process holds) is abandoned, and the summary says what was left.
 
 This module owns the command's three steps (input checks, the run on the
 worker, the verdict), :class:`RunOptions` and the signal handling. stderr
@@ -499,8 +506,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
         why = f"interrupted ({outcome.interrupted}), and " if outcome.interrupted else ""
         console.print(
             f"blockx: {why}stdout's reader went away after {plural(sink.rows, 'row')}: "
-            "the task was cancelled (exit status "
-            f"{code})"
+            f"the task was cancelled (exit status {code})"
         )
         if result is not None:
             _write_files(options, console, spec, outcome, sink, code)
@@ -528,10 +534,11 @@ def _run_command(options: RunOptions, console: Console) -> int:
         code = EXIT_FAILED
     if short_stream is not None:
         console.print(f"blockx: error: {short_stream}")
-    if code == EXIT_FAILED and (short_stream is None or result.errors):
-        console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
-        console.print()
-    elif outcome.interrupted and result.errors:
+    # The failure report: for failed calls, or a task that failed by itself (a stream cut
+    # short has said why in its line above).
+    if (code == EXIT_FAILED and (short_stream is None or result.errors)) or (
+        outcome.interrupted and result.errors
+    ):
         console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
         console.print()
     if not options.quiet:
