@@ -125,3 +125,36 @@ def test_budgets_at_the_bounds_are_valid(tmp_path: Path, field: str, value: int)
         f"calls: [{{function: f, args: [1]}}]\npolicy: {{{field}: {value}}}\n",
     )
     assert blockx("validate", task, cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("io", "expected"),
+    [
+        (
+            "{blockdb: {timeout_s: 100000}}",
+            "io.blockdb.timeout_s=100000: expected a positive number of at most 86,400 (24 h)",
+        ),
+        (
+            "{rpc: {timeout_s: 1.0e+13}}",
+            "io.rpc.timeout_s=10000000000000.0: expected a positive number of at most 86,400 (24 h)",
+        ),
+        (
+            "{rpc: {backoff_max_ms: 10000000000000}}",
+            "io.rpc.backoff_max_ms=10000000000000: expected a non-negative integer of at most "
+            "86,400,000 (24 h)",
+        ),
+    ],
+)
+def test_io_time_knobs_out_of_bounds_are_refused_by_validate_and_run(
+    tmp_path: Path, io: str, expected: str
+) -> None:
+    task = write(
+        tmp_path / "task.yaml",
+        "functions:\n  f: {source: \"def _(x):\\n    return {'x': x}\\n\"}\n"
+        f"calls: [{{function: f, args: [1]}}]\nio: {io}\n",
+    )
+    validate = blockx("validate", task, cwd=tmp_path)
+    run = blockx("run", task, "-n", "1", cwd=tmp_path)
+    assert validate.returncode == run.returncode == 2, run.stderr
+    assert expected in validate.stderr
+    assert validate.stderr == run.stderr
