@@ -24,9 +24,16 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # A source of those packages changed since the build: compile again (a stale
-# build runs the sources, slower: blockx.native). ~2-3 min.
+# build runs the sources, slower: blockx.native). ~2-3 min, so it says so first,
+# and how long it took after.
 $(NATIVE_STAMP): $(NATIVE_SOURCES) | $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@case "$$BLOCKX_PURE_PYTHON" in \
+	  ""|0) echo "compiling the hot paths with mypyc, ~2-3 min; BLOCKX_PURE_PYTHON=1 skips it" ;; \
+	  *) echo "installing without the compiled build (BLOCKX_PURE_PYTHON=$$BLOCKX_PURE_PYTHON)" ;; \
+	esac
+	@start=$$(date +%s); \
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . || exit $$?; \
+	echo "build done in $$(( $$(date +%s) - start )) s"
 
 # The whole suite, slow end-to-end tests included, on the compiled modules; then
 # the tests of the compiled packages again on their pure-Python sources (what runs

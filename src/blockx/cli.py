@@ -58,8 +58,9 @@ None none) to stdout or -o FILE.
 Inline `calls:` run as one task and their rows are written in call order when
 it ends; a `calls_file:` is streamed line by line and its rows are written as
 they arrive, with flat memory however long the file. Before anything starts,
-the task file and every line of its calls file are checked (exit 2 on a
-problem).
+the task file, every line of its calls file and the output paths (-o,
+--errors, --summary-json: writable, not a directory, never one of the
+task's input files) are checked (exit 2 on a problem).
 
 On stderr: a live progress line when stderr is a terminal (done/total, rate,
 retries, failures), print() output of the functions, a report of every failed
@@ -192,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         metavar="FILE",
-        help="write the output rows to FILE instead of stdout (created or truncated)",
+        help="write the output rows to FILE instead of stdout (created or truncated; "
+        "refused when it is the task file, a function file or the calls file)",
     )
     out.add_argument(
         "-q",

@@ -34,9 +34,10 @@ INTERRUPTED_STATUS: Final = {"SIGINT": 130, "SIGTERM": 143}
 EXIT_STATUS_HELP: Final = f"""\
 exit status:
   {EXIT_OK:<4} every call succeeded
-  {EXIT_FAILED:<4} the task failed, or at least one call failed (each failed call is reported)
+  {EXIT_FAILED:<4} the task failed, or at least one call failed (each failed call is reported),
+       or the calls file changed while it was read
   {EXIT_USAGE:<4} bad usage, task file, calls file or configuration (nothing was run)
   {INTERRUPTED_STATUS["SIGINT"]:<4} interrupted (Ctrl-C); {INTERRUPTED_STATUS["SIGTERM"]} \
 terminated (SIGTERM): the task was cancelled
-  {EXIT_SIGPIPE:<4} the output pipe was closed (e.g. `| head`)
+  {EXIT_SIGPIPE:<4} the output pipe was closed (e.g. `| head`); one line on stderr says so
 """

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import resource
 import sys
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_ARGS_TEXT",
     "MAX_REPORTED",
     "RunOutcome",
+    "collapse_repeats",
     "failure_report",
     "summary_json",
     "summary_text",
@@ -78,6 +80,13 @@ class RunOutcome:
     io_stats: Any = None
     wall_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    #: IO backends still busy after the task ended, abandoned (one line each).
+    io_abandoned: list[str] = field(default_factory=list)
+    #: A streamed task's calls file changed while it was read (a bad line): what was wrong.
+    stream_problem: str | None = None
+    #: The verdict's message when the stream read fewer calls than the file held (the run
+    #: failed, however well its calls went).
+    stream_short: str | None = None
     #: The exit status that goes with ``problems``.
     problem_status: int = EXIT_USAGE
 
@@ -99,6 +108,22 @@ def _args_text(args: Any) -> str:
     if len(text) > MAX_ARGS_TEXT:
         text = text[: MAX_ARGS_TEXT - 1] + "…"
     return text
+
+
+#: A path segment (``['d']``, ``[0]``, or a short run of them) repeated 4 times or more.
+_REPEATED_PATH_RE: Final = re.compile(r"((?:\[[^\[\]\n]{1,40}\]){1,3}?)\1{3,}")
+
+
+def collapse_repeats(text: str) -> str:
+    """``$['d']['d']…`` (a value that contains itself, 254 levels deep) written once with
+    its count: ``$['d']×254 (a value that contains itself?)``."""
+
+    def once(match: re.Match[str]) -> str:
+        unit = match.group(1)
+        count = len(match.group(0)) // len(unit)
+        return f"{unit}×{count} (a value that contains itself?)"
+
+    return _REPEATED_PATH_RE.sub(once, text)
 
 
 def _calls_not_read(spec: TaskFile, result: Any, calls_in_file: int | None) -> int:
@@ -149,8 +174,10 @@ def failure_report(
             f"{n}) call #{error.index}: {error.function_id}({_args_text(error.args)}) — "
             f"{error.kind} after {attempts}"
         )
-        message = spec.user_locations(error.message or "")
-        stack = _user_frames(spec.user_locations(error.stack)) if error.stack else ""
+        message = collapse_repeats(spec.user_locations(error.message or ""))
+        stack = (
+            collapse_repeats(_user_frames(spec.user_locations(error.stack))) if error.stack else ""
+        )
         key = (error.kind, message, stack)
         if key in seen:
             lines.append(f"   the same error and stack as {seen[key]})")
@@ -222,7 +249,7 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
     stats = result.stats
     if outcome.interrupted:
         status = f"interrupted ({outcome.interrupted})"
-    elif result.success and not result.errors:
+    elif result.success and not result.errors and outcome.stream_short is None:
         status = "ok"
     else:
         status = "FAILED"
@@ -271,6 +298,8 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         lines.append(indent(io_stats.format_table(), "            "))
     else:
         lines.append("  io        none")
+    for note in outcome.io_abandoned:
+        lines.append(f"  abandoned {note}")
     own, children = _peak_rss_kb()
     lines.append(
         f"  time      {outcome.wall_s:,.2f} s wall; "
@@ -315,6 +344,7 @@ def summary_json(outcome: RunOutcome, sink: RowWriter, exit_code: int) -> dict[s
         )
     if outcome.io_stats is not None:
         data["io"] = outcome.io_stats.as_dict()
+    data["io_abandoned"] = list(outcome.io_abandoned)
     return data
 
 
@@ -327,7 +357,7 @@ def write_errors(path: str, spec: TaskFile, errors: Sequence[Any]) -> None:
                 "function": e.function_id,
                 "args": e.args,
                 "kind": e.kind,
-                "message": spec.user_locations(e.message or ""),
+                "message": collapse_repeats(spec.user_locations(e.message or "")),
                 "stack": spec.user_locations(e.stack) if e.stack else None,
                 "attempts": e.attempts,
                 "retryable": e.retryable,

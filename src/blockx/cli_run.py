@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Everything that can be wrong with the input is found before a process
 starts: the task file (and every line of its calls file) is checked, the
-configuration is built, the output file is opened. Then, on one event loop
+configuration is built, the output paths are checked (:mod:`blockx.cli_paths`:
+writable, not a directory, never one of the task's input files) and the
+output file is opened. Then, on one event loop
 (:func:`blockx.worker.app.run`: uvloop, GC tuned)::
 
     IOSubsystem(io config)                one per run; closed at the end
@@ -43,9 +45,14 @@ per-task counters, which the run's ticker reads (:func:`_task_progress`).
 Exit status (the constants and the texts of the verdict — failure report,
 summary, ``--summary-json``, ``--errors`` — are :mod:`blockx.cli_report`'s):
 0 every call succeeded; 1 the task failed or a call failed (every failed
-call is reported, up to :data:`~blockx.cli_report.MAX_REPORTED`); 2 bad
+call is reported, up to :data:`~blockx.cli_report.MAX_REPORTED`), or the
+calls file changed while it was read (:func:`_short_stream`); 2 bad
 input; 130/143 interrupted (SIGINT/SIGTERM: the task is cancelled, its
-executors are stopped); 141 the output pipe was closed.
+executors are stopped); 141 the output pipe was closed (one line says so).
+
+Ends: once every call is decided the IO backends get :data:`IO_CLOSE_GRACE_S`
+to close; one still busy then (a SQLite write waiting for a lock another
+process holds) is abandoned, and the summary says what was left.
 
 This module owns the command's three steps (input checks, the run on the
 worker, the verdict), :class:`RunOptions` and the signal handling. stderr
@@ -62,7 +69,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -73,12 +80,14 @@ from blockx.cli_console import (
     Console,
     Progress,
     StderrWriter,
+    count_text,
     indent,
     plural,
     print_problems,
     setup_logging,
 )
-from blockx.cli_output import PUT_SLICE_ROWS, OutputClosed, RowWriter
+from blockx.cli_output import OutputClosed, RowWriter
+from blockx.cli_paths import check_output_paths
 from blockx.cli_report import (
     EXIT_FAILED,
     EXIT_OK,
@@ -103,6 +112,9 @@ __all__ = [
 
 #: Give up when no executor has attached this long after start-up (s).
 STARTUP_TIMEOUT_S: Final = 30.0
+#: Once the task is over, how long the IO backends may take to close (s): an operation
+#: still running then (a write waiting for a lock held elsewhere) is abandoned.
+IO_CLOSE_GRACE_S: Final = 1.0
 #: After an interruption, how long rows still queued may take to be written (s); then
 #: they are dropped (a reader that does not drain cannot hold the process).
 OUTPUT_GRACE_S: Final = 2.0
@@ -246,16 +258,19 @@ async def _run_on_worker(
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
-    one_shot_rows_put = 0  # of a one-shot task's outputs, how many went to the writer
-    stream_rows: AsyncIterator[Any] | None = None
+    rows: AsyncIterator[Any] | None = None
     try:
         await worker.start()
-        task = spec.to_task()
+        task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
         outcome.io_stats = scope.stats
-        stream = spec.is_stream
-        handle = worker.submit(task, collect=not stream)
+        # Inline or streamed, the rows come from TaskHandle.rows() (collect=False): a
+        # one-shot task's in call order once it ends, a stream's as its batches settle.
+        # One path for both, so that what is written never depends on which it is: the
+        # rows of the calls that succeeded are written even when the task was stopped
+        # (max_output_bytes drops only the rows a *collecting* caller would have kept).
+        handle = worker.submit(task, collect=False)
         if show_progress:
             progress = Progress(console, progress_total, settings.worker.pool.executor_count)
 
@@ -290,21 +305,13 @@ async def _run_on_worker(
 
         ticker = loop.create_task(tick(), name="blockx-cli-ticker")
         try:
-            if stream:
-                stream_rows = handle.rows()
-                async for row in stream_rows:
-                    if not outcome.output_closed:
-                        sink.put_rows((row,))
-                        if sink.full:  # the loop runs on; the stream pauses at its window
-                            await sink.wait_for_room()
-            result = await handle.result()
-            if not stream and not outcome.output_closed:
-                for start in range(0, len(result.outputs), PUT_SLICE_ROWS):
-                    if sink.full:
+            rows = handle.rows()
+            async for row in rows:
+                if not outcome.output_closed:
+                    sink.put_rows((row,))
+                    if sink.full:  # the loop runs on; the stream pauses at its window
                         await sink.wait_for_room()
-                    chunk = result.outputs[start : start + PUT_SLICE_ROWS]
-                    sink.put_rows(chunk)
-                    one_shot_rows_put += len(chunk)
+            result = await handle.result()
         except OutputClosed:
             outcome.output_closed = True
             handle.cancel("the output pipe was closed")
@@ -323,18 +330,15 @@ async def _run_on_worker(
                 # written yet, queued at once: they are in memory already (a stream's:
                 # its settled batches, at most its window), and the drain that follows
                 # is bounded.
-                if spec.is_stream:
-                    # the rest of the batch being taken, then the batches settled since
-                    rest = [row async for row in stream_rows] if stream_rows else []
-                    rest += [row async for row in handle.rows()]
-                else:
-                    rest = outcome.result.outputs[one_shot_rows_put:]
+                # the rest of the batch being taken, then the batches settled since
+                rest = [row async for row in rows] if rows is not None else []
+                rest += [row async for row in handle.rows()]
                 try:
                     sink.put_rows(rest)
                 except OutputClosed:
                     outcome.output_closed = True
     except SpecError as exc:  # the calls file changed while it was streamed
-        outcome.problems = exc.problems
+        outcome.stream_problem = "; ".join(exc.problems)
         if handle is not None:
             outcome.result = await _settle(handle)
     finally:
@@ -346,8 +350,22 @@ async def _run_on_worker(
         try:
             await worker.close()
         finally:
-            await io.close()
+            # Every call is decided: a backend still busy (a SQLite lock held elsewhere)
+            # gets IO_CLOSE_GRACE_S, then is abandoned — the summary says so.
+            outcome.io_abandoned = await io.close(grace_s=IO_CLOSE_GRACE_S)
             interruption.cancel_main = True
+
+
+def _calls_until_a_bad_line(spec: TaskFile, outcome: RunOutcome) -> Iterator[Any]:
+    """The calls of a streamed task's file; a bad line (the file changed since it was
+    checked) ends the stream there, quietly for the worker, and is kept for the verdict
+    (:func:`_short_stream`): the calls read so far run to their end and are reported."""
+    try:
+        yield from spec.iter_calls_file()
+    except SpecError as exc:
+        outcome.stream_problem = "; ".join(exc.problems)
+    except OSError as exc:
+        outcome.stream_problem = f"cannot read it: {exc.strerror or exc}"
 
 
 async def _drain_output(sink: RowWriter, outcome: RunOutcome, main: asyncio.Task[Any]) -> None:
@@ -417,16 +435,17 @@ def _run_command(options: RunOptions, console: Console) -> int:
     except (SpecError, UsageError) as exc:
         print_problems(console, exc.problems)
         return EXIT_USAGE
-    for path_option, flag in (
-        (options.output, "-o"),
-        (options.errors_out, "--errors"),
-        (options.summary_json, "--summary-json"),
-    ):
-        if path_option is not None:
-            parent = os.path.dirname(os.path.abspath(path_option))
-            if not os.path.isdir(parent):
-                print_problems(console, [f"{flag} {path_option}: no such directory {parent}"])
-                return EXIT_USAGE
+    path_problems = check_output_paths(
+        spec,
+        (
+            ("-o", options.output),
+            ("--errors", options.errors_out),
+            ("--summary-json", options.summary_json),
+        ),
+    )
+    if path_problems:
+        print_problems(console, path_problems)
+        return EXIT_USAGE
     for problem in spec.code_problems():
         console.print(
             f"blockx: warning: function {problem.function_id!r} cannot run — its calls will "
@@ -476,13 +495,22 @@ def _run_command(options: RunOptions, console: Console) -> int:
 
     # 3. The verdict.
     outcome.calls_in_file = total if spec.is_stream else None
+    result = outcome.result
     if outcome.output_closed and options.output is None:
         try:  # nothing more may reach the closed pipe, not even at interpreter exit
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         except OSError:  # pragma: no cover
             pass
-        return EXIT_SIGPIPE
+        code = INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_SIGPIPE)
+        why = f"interrupted ({outcome.interrupted}), and " if outcome.interrupted else ""
+        console.print(
+            f"blockx: {why}stdout's reader went away after {plural(sink.rows, 'row')}: "
+            f"the task was cancelled (exit status {code})"
+        )
+        if result is not None:
+            _write_files(options, console, spec, outcome, sink, code)
+        return code
     if outcome.problems:
         print_problems(console, outcome.problems)
         return outcome.problem_status
@@ -494,28 +522,81 @@ def _run_command(options: RunOptions, console: Console) -> int:
             f"interruption: {at_most}{plural(outcome.rows_dropped, 'row')} dropped, not "
             f"written{torn}"
         )
-    result = outcome.result
     if result is None:
         console.print("blockx: error: the task did not end in time after it was cancelled")
         return INTERRUPTED_STATUS.get(outcome.interrupted or "", EXIT_FAILED)
+    short_stream = outcome.stream_short = _short_stream(spec, outcome, total)
     if outcome.interrupted:
         code = INTERRUPTED_STATUS[outcome.interrupted]
-    elif result.success and not result.errors:
+    elif result.success and not result.errors and short_stream is None:
         code = EXIT_OK
     else:
         code = EXIT_FAILED
-    if options.errors_out is not None:
-        write_errors(options.errors_out, spec, result.errors)
-    if code == EXIT_FAILED or (outcome.interrupted and result.errors):
+    if short_stream is not None:
+        console.print(f"blockx: error: {short_stream}")
+    # The failure report: for failed calls, or a task that failed by itself (a stream cut
+    # short has said why in its line above).
+    if (code == EXIT_FAILED and (short_stream is None or result.errors)) or (
+        outcome.interrupted and result.errors
+    ):
         console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
         console.print()
     if not options.quiet:
         console.print(summary_text(spec, outcome, sink, executors))
+    return _write_files(options, console, spec, outcome, sink, code)
+
+
+def _short_stream(spec: TaskFile, outcome: RunOutcome, total: int) -> str | None:
+    """Why a streamed task read fewer calls than its file held when it was checked (the
+    file changed while it was read), or None. A task that stopped by itself (fast_fail,
+    its deadline, a signal) reads less on purpose: that is not this."""
+    result = outcome.result
+    if not spec.is_stream or result is None or outcome.interrupted:
+        return None
+    read = int(result.stats.calls)
+    label = spec.calls_label
+    if outcome.stream_problem is not None:
+        return (
+            f"{label} changed while it was read — "
+            f"{outcome.stream_problem.removeprefix(label + ': ')}: the task was "
+            f"stopped after {plural(read, 'call')} read of the {count_text(total)} checked"
+        )
+    if result.failure is None and read < total:
+        return (
+            f"{label} changed while it was read: it ended after {plural(read, 'call')}, "
+            f"but held {count_text(total)} when it was checked"
+        )
+    return None
+
+
+def _write_files(
+    options: RunOptions,
+    console: Console,
+    spec: TaskFile,
+    outcome: RunOutcome,
+    sink: RowWriter,
+    code: int,
+) -> int:
+    """``--errors`` and ``--summary-json`` (checked before the run; a failure now — a full
+    disk — is one line, and a successful run's status becomes 1). Returns the status."""
+    result = outcome.result
+    if options.errors_out is not None and result is not None:
+        try:
+            write_errors(options.errors_out, spec, result.errors)
+        except OSError as exc:
+            console.print(f"blockx: error: --errors {options.errors_out}: {exc.strerror or exc}")
+            code = EXIT_FAILED if code == EXIT_OK else code
     if options.summary_json is not None:
         data = summary_json(outcome, sink, code)
         # Lines of log and print() output dropped so far because stderr was not read.
         data["stderr_lines_dropped"] = 0 if console.writer is None else console.writer.lines_dropped
-        with open(options.summary_json, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
+        try:
+            with open(options.summary_json, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2)
+                f.write("\n")
+        except OSError as exc:
+            console.print(
+                f"blockx: error: --summary-json {options.summary_json}: {exc.strerror or exc}"
+            )
+            code = EXIT_FAILED if code == EXIT_OK else code
     return code

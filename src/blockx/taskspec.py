@@ -64,6 +64,7 @@ from typing import Any, Final
 from blockx.taskspec_checks import CALL_FIELDS as CALL_FIELDS
 from blockx.taskspec_checks import FAILURE_POLICIES as FAILURE_POLICIES
 from blockx.taskspec_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
+from blockx.taskspec_checks import MAX_ARGS_BYTES as MAX_ARGS_BYTES
 from blockx.taskspec_checks import MAX_PROBLEMS as MAX_PROBLEMS
 from blockx.taskspec_checks import POLICY_FIELDS as POLICY_FIELDS
 from blockx.taskspec_checks import (
@@ -226,13 +227,20 @@ class TaskFile:
     # --- code ------------------------------------------------------------------------------------
 
     def code_problems(self) -> list[CodeProblem]:
-        """Functions that do not compile or have no entry ``def`` (the worker's own check)."""
+        """Functions that do not compile or have no entry ``def`` (the worker's own check)
+        and, with ``audit: true``, those the audit gate refuses (the worker's own auditor:
+        their calls would fail as ``audit_rejected``)."""
         from blockx.worker.code import function_code
 
         problems: list[CodeProblem] = []
         for fid, fn in self.functions.items():
-            error = function_code(fid, fn.source).error
+            code = function_code(fid, fn.source)
+            error = code.error
             if error is None:
+                if self.audit:
+                    refused = self._audit_problem(fn, code.digest)
+                    if refused is not None:
+                        problems.append(refused)
                 continue
             if error.lineno:
                 file, line = fn.locate(error.lineno)
@@ -249,6 +257,33 @@ class TaskFile:
                 text = self.user_locations(error.message)
                 problems.append(CodeProblem(fid, f"{fn.origin}: {text} (function {fid!r})"))
         return problems
+
+    def _audit_problem(self, fn: FunctionSource, digest: str) -> CodeProblem | None:
+        """The audit gate's verdict on ``fn`` as a problem (None: accepted)."""
+        from blockx.worker.audit_gate import AuditGate
+
+        verdict = AuditGate().verdict(fn.function_id, fn.source, digest)
+        if verdict.accepted:
+            return None
+        lines = fn.source.splitlines()
+        messages: list[str] = []
+        excerpt: list[str] = []
+        for violation in verdict.violations:
+            file, line = fn.locate(violation.line)
+            messages.append(
+                f"{file}:{line}:{violation.col}: audit: [{violation.rule}] {violation.message}"
+            )
+            if 0 < violation.line <= len(lines):
+                text = lines[violation.line - 1]
+                excerpt.append(text)
+                excerpt.append(" " * max(violation.col - 1, 0) + "^")
+        if not messages:
+            messages.append(f"{fn.origin}: audit: {verdict.error_message()}")
+        first, *rest = messages
+        message = f"{first} (function {fn.function_id!r} is refused by audit: true)"
+        if rest:
+            message += "\n" + "\n".join(rest)
+        return CodeProblem(fn.function_id, message, "\n".join(excerpt) or None)
 
     def user_locations(self, text: str) -> str:
         """``text`` with the executor's module names (``<blockx:ID>``, line N) made real files."""
@@ -321,6 +356,17 @@ def audit_supported() -> bool:
 # --- reading ---------------------------------------------------------------------------------
 
 
+def _first_bad_char(value: Any, allowed: str) -> str:
+    """``: 'é' (character 3) is not allowed`` for the first character of ``value`` outside
+    ``allowed`` (ASCII letters and digits, and those), or ``""``."""
+    if not isinstance(value, str):
+        return ""
+    for i, char in enumerate(value):
+        if not (char.isascii() and (char.isalnum() or char in allowed)):
+            return f": {char!r} (character {i + 1}) is not allowed"
+    return ""
+
+
 def _display(path: Path) -> str:
     """A path as messages show it: relative to the working directory when inside it."""
     try:
@@ -374,8 +420,8 @@ def _check_functions(
         if not isinstance(fid, str) or not _FUNCTION_ID_RE.fullmatch(fid):
             check.add(
                 ("functions", fid),
-                f"{describe(fid)} is not a valid function id (letters, digits and _ . : / @ -, "
-                "at most 200)",
+                f"{describe(fid)} is not a valid function id (ASCII letters A-Z a-z, digits and "
+                f"_ . : / @ -, at most 200){_first_bad_char(fid, '_.:/@-')}",
             )
             continue
         if isinstance(spec, str):
@@ -461,7 +507,8 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
     if task_id is not None and (not isinstance(task_id, str) or not _TASK_ID_RE.fullmatch(task_id)):
         check.add(
             ("task_id",),
-            f"expected letters, digits and . _ : @ - (at most 128), got {describe(task_id)}",
+            "expected ASCII letters A-Z a-z, digits and . _ : @ - (at most 128), got "
+            f"{describe(task_id)}{_first_bad_char(task_id, '._:@-')}",
         )
         task_id = None
     instance = data.get("instance")
@@ -489,8 +536,10 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         else:
             calls = []
             names = {fid: None for fid in declared if isinstance(fid, str)}
+            # Arguments over the frame limit need a large file (or YAML aliases).
+            check_size = len(raw) > MAX_ARGS_BYTES // 2 or b"*" in raw
             for i, call in enumerate(raw_calls):
-                checked = check_call(check, call, ("calls", i), names)
+                checked = check_call(check, call, ("calls", i), names, check_size=check_size)
                 if checked is not None:
                     calls.append(checked)
     else:

@@ -38,10 +38,13 @@ __all__ = [
     "CALL_FIELDS",
     "FAILURE_POLICIES",
     "IO_PATH_KNOBS",
+    "MAX_ARGS_BYTES",
+    "MAX_BUDGET_MS",
     "MAX_PROBLEMS",
     "POLICY_FIELDS",
     "Checker",
     "SpecError",
+    "args_size_problem",
     "check_call",
     "check_policy",
     "describe",
@@ -65,6 +68,16 @@ FAILURE_POLICIES: Final = ("fast_fail", "continue")
 IO_PATH_KNOBS: Final = ((None, "data_dir"), ("blockdb", "sqlite_path"))
 #: Problems listed before "... and N more" (per file).
 MAX_PROBLEMS: Final = 20
+#: The largest time budget a policy may give (ms): 24 h. Larger ones overflow the
+#: executors' timers; a task that needs more has no deadline at all.
+MAX_BUDGET_MS: Final = 86_400_000
+#: Room kept in an ``ExecuteCall`` frame for everything but the arguments (ids, digest,
+#: budget, trace, audit payload).
+ENVELOPE_ALLOWANCE_BYTES: Final = 64 * 1024
+#: The largest arguments a call may have, encoded as JSON: the frame limit
+#: (``MAX_FRAME_BYTES``, 16 MiB, docs/protocol.md) less the envelope's room. Larger
+#: arguments would fail every attempt as ``payload_too_large``: refused before the run.
+MAX_ARGS_BYTES: Final = 16 * 1024 * 1024 - ENVELOPE_ALLOWANCE_BYTES
 
 
 class SpecError(ValueError):
@@ -151,12 +164,22 @@ class _NoLines:
 
 def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
     """(data, line finder) of a task file's text; SpecError on a parse error."""
+    if is_json and text.startswith("\ufeff"):  # YAML allows one; JSON does not
+        raise SpecError(
+            [
+                f"{label}: starts with a byte order mark (BOM, bytes EF BB BF): save it as "
+                "UTF-8 without a BOM"
+            ]
+        )
     if is_json:
         try:
             return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
         except json.JSONDecodeError as exc:
             raise SpecError(
-                [f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"]
+                [
+                    f"{label}: line {exc.lineno}, column {exc.colno}: not valid JSON: "
+                    + exc.msg.removesuffix(" starting at")
+                ]
             ) from None
         except _DuplicateKey as exc:
             raise SpecError(
@@ -293,6 +316,23 @@ def _json_problem(value: Any, path: str = "") -> str | None:
     return f"{path or 'value'}: a {kind} is not a JSON value{hint}"
 
 
+def args_size_problem(args: Any) -> str | None:
+    """Why ``args`` cannot be sent to an executor (too large for one frame), or None."""
+    from blockx.wire import dumps_wire
+
+    try:
+        size = len(dumps_wire(args))
+    except ValueError:  # not JSON: _json_problem says why
+        return None
+    if size <= MAX_ARGS_BYTES:
+        return None
+    return (
+        f"{size:,} bytes of arguments (as JSON); a call's arguments may be at most "
+        f"{MAX_ARGS_BYTES:,} bytes (the 16 MiB frame limit, less its envelope): the call "
+        "would fail as payload_too_large"
+    )
+
+
 def _positive_int(value: Any, *, minimum: int) -> bool:
     return type(value) is int and value >= minimum
 
@@ -306,18 +346,23 @@ def check_policy(check: Checker, policy: Any) -> dict[str, Any]:
         return {}
     check.unknown_fields(policy, ("policy",), POLICY_FIELDS)
     out: dict[str, Any] = {}
+    day = f"{MAX_BUDGET_MS:,} (24 h)"
     ints = {
-        "max_attempts": (1, "a positive integer"),
-        "call_budget_ms": (0, "a non-negative integer (ms; 0 = unlimited)"),
-        "base_backoff_ms": (0, "a non-negative integer (ms)"),
-        "max_output_bytes": (1, "a positive integer (bytes)"),
-        "deadline_ms": (1, "a positive integer (ms, the whole task's wall-clock limit)"),
+        "max_attempts": (1, None, "a positive integer"),
+        "call_budget_ms": (0, MAX_BUDGET_MS, f"an integer from 0 to {day} (ms; 0 = unlimited)"),
+        "base_backoff_ms": (0, MAX_BUDGET_MS, f"an integer from 0 to {day} (ms)"),
+        "max_output_bytes": (1, None, "a positive integer (bytes)"),
+        "deadline_ms": (
+            1,
+            MAX_BUDGET_MS,
+            f"an integer from 1 to {day} (ms, the whole task's wall-clock limit)",
+        ),
     }
-    for name, (minimum, expected) in ints.items():
+    for name, (minimum, maximum, expected) in ints.items():
         if name not in policy or policy[name] is None:
             continue
         value = policy[name]
-        if not _positive_int(value, minimum=minimum):
+        if not _positive_int(value, minimum=minimum) or (maximum is not None and value > maximum):
             check.add(("policy", name), f"expected {expected}, got {describe(value)}")
         else:
             out[name] = value
@@ -348,11 +393,18 @@ def check_policy(check: Checker, policy: Any) -> dict[str, Any]:
 
 
 def check_call(
-    check: Checker, call: Any, path: tuple[Any, ...], known: Mapping[str, Any]
+    check: Checker,
+    call: Any,
+    path: tuple[Any, ...],
+    known: Mapping[str, Any],
+    *,
+    check_size: bool = False,
 ) -> tuple[str, Any] | None:
     """One call -> (function id, args), or None with its problems added to ``check``.
 
-    ``known``: the task's function ids (empty: any id is accepted)."""
+    ``known``: the task's function ids (empty: any id is accepted). ``check_size``: also
+    measure the encoded arguments (:data:`MAX_ARGS_BYTES`) — the caller knows when they
+    may be that large."""
     if not isinstance(call, Mapping):
         check.add(path, f"expected a mapping {{function: ID, args: ...}}, got {describe(call)}")
         return None
@@ -377,7 +429,53 @@ def check_call(
         sub, _, what = problem.partition(": ")
         check.add((*path, *sub.split(".")), what)
         return None
+    if check_size:
+        too_large = args_size_problem(args)
+        if too_large is not None:
+            check.add((*path, "args"), too_large)
+            return None
     return fid, args
+
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _not_a_json_number(name: str) -> Any:
+    raise _NotJSON(f"{name} is not a JSON number")
+
+
+def json_line_problem(line: bytes) -> str:
+    """Why one line is not a JSON value, with the column (1-based, in characters) where
+    it goes wrong: a byte order mark, bytes that are not UTF-8, or the parser's reason."""
+    if line.startswith(_BOM):
+        return (
+            "starts with a byte order mark (BOM, bytes EF BB BF): save the file as UTF-8 "
+            "without a BOM"
+        )
+    try:
+        text = line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start + 1} of the line)"
+    try:
+        json.loads(text, parse_constant=_not_a_json_number)
+    except _NotJSON as exc:
+        return f"not valid JSON: {exc}"
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) and text.strip():
+            return (
+                f"not valid JSON: the line ends at column {len(text.rstrip()) + 1} before the "
+                f"value does ({exc.msg}: a missing }} or ]?)"
+            )
+        # json's "Unterminated string starting at" ends with its own "at"
+        at = " " if exc.msg.endswith(" at") else " at "
+        return f"not valid JSON: {exc.msg}{at}column {exc.pos + 1}"
+    except RecursionError:
+        return "not valid JSON: nested too deeply"
+    return "not valid JSON"  # valid for json, not for the wire (a huge number, NaN)
 
 
 def parse_call_line(
@@ -389,23 +487,25 @@ def parse_call_line(
     try:
         call = loads_wire(line)
     except ValueError:
-        try:
-            json.loads(line)
-            problem = "not valid JSON"
-        except json.JSONDecodeError as exc:
-            problem = f"not valid JSON: {exc.msg} at column {exc.colno}"
-        except UnicodeDecodeError:
-            problem = "not UTF-8 text"
-        raise SpecError([f"{label}: line {lineno}: {problem}"]) from None
-    if type(call) is dict and type(call.get("function")) is str and call["function"] in known:
+        raise SpecError([f"{label}: line {lineno}: {json_line_problem(line)}"]) from None
+    # A line shorter than half the limit cannot hold arguments over it (re-encoding a
+    # JSON value never doubles it); a longer one is measured.
+    large = len(line) > MAX_ARGS_BYTES // 2
+    if (
+        not large
+        and type(call) is dict
+        and type(call.get("function")) is str
+        and call["function"] in known
+    ):
         if len(call) == 2 and "args" in call:
             return call["function"], call["args"]
         if len(call) == 1:
             return call["function"], []
     check = Checker(f"{label}: line {lineno}", _NoLines())
-    check_call(check, call, (), known)
+    checked = check_call(check, call, (), known, check_size=large)
     check.raise_if_any()
-    return call["function"], call.get("args", [])  # pragma: no cover - caught above
+    assert checked is not None  # no problem added: a call
+    return checked
 
 
 def resolve_io(check: Checker, io: Any, base: Path) -> dict[str, Any]:

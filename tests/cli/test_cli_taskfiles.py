@@ -59,10 +59,10 @@ def test_wrong_types_name_the_field_the_value_and_the_line(tmp_path: Path) -> No
         task,
         "task.yaml: policy.max_attempts: expected a positive integer, got 'three' (line 6)",
         "task.yaml: policy.failure: expected fast_fail or continue, got 'keep_going' (line 7)",
-        "task.yaml: policy.call_budget_ms: expected a non-negative integer",
+        "task.yaml: policy.call_budget_ms: expected an integer from 0 to 86,400,000 (24 h)",
         "task.yaml: policy.debug: expected true or false, got 'maybe' (line 9)",
-        "task.yaml: policy.deadline_ms: expected a positive integer (ms, the whole task's "
-        "wall-clock limit), got 0 (line 10)",
+        "task.yaml: policy.deadline_ms: expected an integer from 1 to 86,400,000 (24 h) (ms, "
+        "the whole task's wall-clock limit), got 0 (line 10)",
         "task.yaml: audit: expected true or false, got 1 (line 11)",
         "task.yaml: instance: expected a non-empty string, got 7 (line 12)",
     )

@@ -150,6 +150,7 @@ def test_a_signal_cancels_the_task_and_stops_the_executors(
             "    source: |\n"
             "      import time\n"
             "      def _(i):\n"
+            f"          open({str(tmp_path / 'started')!r} + str(i), 'w').close()\n"
             "          time.sleep(0.25)\n"
             "          return {'i': i}\n"
             "calls:\n"
@@ -175,7 +176,13 @@ def test_a_signal_cancels_the_task_and_stops_the_executors(
         text=True,
         env=clean_env(),
     )
-    time.sleep(2.5)
+    # At most 4 calls run at once: once 6 have started, at least 2 have ended (however
+    # long the executors took to start), and 200 x 0.25 s cannot all be over.
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started*"))) < 6:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "the calls did not start"
+        time.sleep(0.02)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == status, err
@@ -188,7 +195,7 @@ def test_a_signal_cancels_the_task_and_stops_the_executors(
     assert_executors_gone(pids)
 
 
-def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:
+def test_a_closed_output_pipe_ends_the_run_with_one_line(tmp_path: Path) -> None:
     task = copy_example("streaming", tmp_path)
     proc = subprocess.Popen(
         [
@@ -214,3 +221,5 @@ def test_a_closed_output_pipe_ends_the_run_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert "blockx: stdout's reader went away after " in err
+    assert "(exit status 141)" in err

@@ -379,6 +379,7 @@ class CallRunner:
         self._finish(ctx, frame, completed=True)
 
     def _finish_failed(self, ctx: ExecContext, failure: Failure) -> None:
+        capture = ctx.debug_capture
         envelope = call_failed_envelope(
             ctx.call_id,
             ctx.task_id,
@@ -386,6 +387,7 @@ class CallRunner:
             self.executor_id,
             failure,
             budget_used_ms=round(ctx.budget_used_ms()),
+            debug_output=capture.getvalue() if capture is not None else None,
         )
         self._finish(ctx, envelope, completed=False)
 

@@ -23,6 +23,7 @@ are the ``RemoteCallError`` family, defined here and raised (and re-exported) by
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from blockx.wire import keys
@@ -53,6 +54,7 @@ __all__ = [
     "UserCodeError",
     "UserCodeSyntaxError",
     "WaitDeadlineExceededError",
+    "chain_subcall_error",
     "termination_exception",
 ]
 
@@ -306,6 +308,25 @@ class SubcallCycleDetectedError(RemoteCallError):
     """The worker refused the sub-call: its callKey is already in the ancestry."""
 
     error_kind_override = keys.ERR_SUBCALL_CYCLE_DETECTED
+
+
+#: A sub-call failure's message that already carries its chain of functions (made by
+#: :func:`chain_subcall_error` one level down): ``SubcallFailedError: b → a: user_error: ...``.
+_CHAINED_RE: Final = re.compile(r"Subcall\w*Error: ((?:\S+ → )+\S+): (.*)", re.DOTALL)
+
+
+def chain_subcall_error(exc: RemoteCallError, caller: str, callee: str) -> None:
+    """Give a sub-call error raised in ``caller`` (calling ``callee``) the chain of
+    functions instead of one more prefix per level: its text becomes
+    ``caller → callee → ...: <innermost kind>: <innermost message>`` (``kind`` and
+    ``retryable`` unchanged)."""
+    match = _CHAINED_RE.fullmatch(exc.message)
+    if match is not None:
+        chain, inner = f"{caller} → {match.group(1)}", match.group(2)
+    else:
+        chain, inner = f"{caller} → {callee}", f"{exc.kind}: {exc.message}"
+    exc.message = f"{chain}: {inner}"
+    exc.args = (exc.message,)
 
 
 class FunctionCodeFetchError(RemoteCallError):

@@ -159,24 +159,26 @@ def call_failed_envelope(
     failure: Failure,
     *,
     budget_used_ms: int = 0,
+    debug_output: str | None = None,
 ) -> dict[str, Any]:
     error_kind, retryable, message, stack, local_vars = failure
+    payload: dict[str, Any] = {
+        FP_TASK_ID: task_id,
+        FP_ATTEMPT_SEQ: attempt_seq,
+        FP_ERROR_KIND: error_kind,
+        FP_RETRYABLE: retryable,
+        FP_ERROR_MESSAGE: _truncate_head(message, MAX_ERROR_MESSAGE_CHARS),
+        FP_ERROR_STACK: (None if stack is None else _truncate_tail(stack, MAX_ERROR_STACK_CHARS)),
+        FP_LOCAL_VARS: local_vars,
+        FP_BUDGET_USED_MS: budget_used_ms,
+    }
+    if debug_output is not None:  # a debug call's captured stdout/stderr, as CallCompleted's
+        payload[FP_DEBUG_OUTPUT] = debug_output
     return {
         F_MESSAGE_TYPE: MT_CALL_FAILED,
         F_CALL_ID: call_id,
         F_EXECUTOR_ID: executor_id,
-        F_PAYLOAD: {
-            FP_TASK_ID: task_id,
-            FP_ATTEMPT_SEQ: attempt_seq,
-            FP_ERROR_KIND: error_kind,
-            FP_RETRYABLE: retryable,
-            FP_ERROR_MESSAGE: _truncate_head(message, MAX_ERROR_MESSAGE_CHARS),
-            FP_ERROR_STACK: (
-                None if stack is None else _truncate_tail(stack, MAX_ERROR_STACK_CHARS)
-            ),
-            FP_LOCAL_VARS: local_vars,
-            FP_BUDGET_USED_MS: budget_used_ms,
-        },
+        F_PAYLOAD: payload,
     }
 
 

@@ -108,6 +108,7 @@ from .errors import (
     SubcallDepthExceededError,
     SubcallFailedError,
     WaitDeadlineExceededError,
+    chain_subcall_error,
 )
 from .greenlet_pool import Marker
 
@@ -421,6 +422,9 @@ class SdkBridge:
             )
         except WaitDeadlineExceededError as exc:
             exc.waiting_on = f"sub-call {function_id}"
+            raise
+        except (SubcallFailedError, SubcallDepthExceededError, SubcallCycleDetectedError) as exc:
+            chain_subcall_error(exc, ctx.function_id, function_id)  # one prefix, the chain
             raise
 
     # --- code fetch --------------------------------------------------------------------

@@ -329,6 +329,7 @@ class CallFailed(Payload):
     error_stack: str | None = wire(keys.FP_ERROR_STACK, _optional(_is_str), None)
     local_vars: dict[str, Any] | None = wire(keys.FP_LOCAL_VARS, _optional(_is_object), None)
     budget_used_ms: int = wire(keys.FP_BUDGET_USED_MS, _is_int, 0)
+    debug_output: str | None = wire(keys.FP_DEBUG_OUTPUT, _optional(_is_str), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -213,6 +213,11 @@ class AttemptEvents:
         kind = payload.get(keys.FP_ERROR_KIND)
         message = payload.get(keys.FP_ERROR_MESSAGE)
         stack = payload.get(keys.FP_ERROR_STACK)
+        debug_output = payload.get(_FP_DEBUG_OUTPUT)
+        if isinstance(debug_output, str) and debug_output:  # policy.debug: the failure report's
+            run = self._tasks.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
+            if run is not None:
+                run.note_debug_output(event.call_id, debug_output)
         error = CallError(
             kind=kind if isinstance(kind, str) and kind else keys.ERR_INTERNAL_ERROR,
             message=message if isinstance(message, str) else "",

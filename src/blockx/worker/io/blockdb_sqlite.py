@@ -89,6 +89,7 @@ class SQLiteEngine:
         "batch_max",
         "batches",
         "busy_timeout_s",
+        "in_flight",
         "path",
         "shared_reads",
     )
@@ -108,6 +109,9 @@ class SQLiteEngine:
         self.batches = 0
         #: ``get_row`` reads served by a statement shared with others of a run.
         self.shared_reads = 0
+        #: Operations submitted and not answered yet (the loop's count): what a close that
+        #: gives up on the thread (a lock held elsewhere, see :meth:`close`) leaves undone.
+        self.in_flight = 0
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("running" if self._sqlite_thread else "idle")
@@ -123,8 +127,13 @@ class SQLiteEngine:
             return future
         if self._sqlite_thread is None:
             self._start()
+        self.in_flight += 1
+        future.add_done_callback(self._answered)
         self._queue.put((op, future, loop))
         return future
+
+    def _answered(self, _future: asyncio.Future[Reply]) -> None:
+        self.in_flight -= 1
 
     def _start(self) -> None:
         with self._lock:
@@ -136,7 +145,12 @@ class SQLiteEngine:
                 self._sqlite_thread = thread
 
     async def close(self) -> None:
-        """Finish what is queued, close the connection, stop the thread. Idempotent."""
+        """Finish what is queued, close the connection, stop the thread. Idempotent.
+
+        The thread may be waiting for another connection's lock (up to ``busy_timeout_s``,
+        which SQLite does not let anyone cut short): a caller that cannot wait that long
+        bounds this with ``asyncio.wait_for``; cancelled, it leaves the thread (a daemon)
+        to finish or die with the process, and :attr:`in_flight` says what is undone."""
         if self._closed:
             return
         self._closed = True

@@ -83,29 +83,41 @@ class IOConfigError(ValueError):
         super().__init__("\n".join(problems))
 
 
-def _int(value: Any, minimum: int) -> int:
+#: The longest time any IO knob may give (a timeout, a backoff, a batching window): 24 h.
+#: Larger values overflow the backends' own limits (SQLite's busy timeout is an int of ms).
+MAX_TIME_S: Final = 86_400
+MAX_TIME_MS: Final = MAX_TIME_S * 1000
+
+
+def _int(value: Any, minimum: int, maximum: int | None = None) -> int:
     expected = "a positive integer" if minimum == 1 else "a non-negative integer"
+    if maximum is not None:
+        expected += f" of at most {maximum:,} (24 h)" if maximum == MAX_TIME_MS else f" ≤ {maximum}"
     if isinstance(value, str):
         try:
             value = int(value.strip(), 10)
         except ValueError:
             raise ValueError(expected) from None
-    if type(value) is not int or value < minimum:
+    if type(value) is not int or value < minimum or (maximum is not None and value > maximum):
         raise ValueError(expected)
     return value
 
 
-def _float(value: Any, *, allow_zero: bool = False) -> float:
+def _float(value: Any, *, allow_zero: bool = False, maximum: float = MAX_TIME_S) -> float:
+    """A time (seconds, or ms where the knob says so): positive (or zero), at most
+    ``maximum`` (24 h)."""
+    expected = "a non-negative number" if allow_zero else "a positive number"
+    expected += f" of at most {maximum:,g} (24 h)"
     if isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
-            raise ValueError("a number") from None
+            raise ValueError(expected) from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("a number")
+        raise ValueError(expected)
     number = float(value)
-    if not (number >= 0 if allow_zero else number > 0) or number == float("inf"):
-        raise ValueError("a non-negative number" if allow_zero else "a positive number")
+    if not (number >= 0 if allow_zero else number > 0) or not number <= maximum:
+        raise ValueError(expected)
     return number
 
 
@@ -254,10 +266,10 @@ class RpcConfig:
                 "endpoints": parse_endpoints,
                 "timeout_s": _float,
                 "max_attempts": lambda v: _int(v, 1),
-                "backoff_base_ms": lambda v: _int(v, 0),
-                "backoff_max_ms": lambda v: _int(v, 0),
+                "backoff_base_ms": lambda v: _int(v, 0, MAX_TIME_MS),
+                "backoff_max_ms": lambda v: _int(v, 0, MAX_TIME_MS),
                 "max_batch": lambda v: _int(v, 1),
-                "batch_window_ms": lambda v: _float(v, allow_zero=True),
+                "batch_window_ms": lambda v: _float(v, allow_zero=True, maximum=MAX_TIME_MS),
                 "max_connections": lambda v: _int(v, 1),
             },
         )

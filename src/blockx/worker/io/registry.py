@@ -28,6 +28,7 @@ Every scope's statistics roll up into :attr:`IOSubsystem.stats`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -156,6 +157,18 @@ def default_registry() -> BackendRegistry:
     return registry
 
 
+def _abandoned_note(name: str, backend: Any, grace_s: float) -> str:
+    """What closing ``backend`` left undone, for the run's summary."""
+    engine = getattr(backend, "engine", None)
+    pending = getattr(engine, "in_flight", None)
+    what = (
+        f"{pending} operation{'s' if pending != 1 else ''} still running"
+        if isinstance(pending, int) and pending > 0
+        else "still busy"
+    )
+    return f"{name}: {what} {grace_s:g} s after the task ended: abandoned, not finished"
+
+
 class IOSubsystem:
     """Backends, task scopes and statistics of one worker (see the module docstring).
 
@@ -262,20 +275,36 @@ class IOSubsystem:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Close every backend that was built (engines, pools, HTTP sessions). Idempotent."""
+    async def close(self, *, grace_s: float | None = None) -> list[str]:
+        """Close every backend that was built (engines, pools, HTTP sessions). Idempotent.
+
+        ``grace_s``: the most the closes may take together. A backend still busy then (a
+        SQLite write waiting for a lock another process holds, a query that does not
+        end) is abandoned: its operations are left undone (the process exits without
+        them). Returns one line per abandoned backend, saying what was left (empty:
+        every backend closed)."""
         if self._closed:
-            return
+            return []
         self._closed = True
         for scope in self._scopes.values():
             scope.close()
         self._scopes.clear()
         backends, self._backends = self._backends, {}
+        loop = asyncio.get_running_loop()
+        deadline = None if grace_s is None else loop.time() + grace_s
+        abandoned: list[str] = []
         for name, backend in backends.items():
             try:
-                await backend.close()
+                if deadline is None:
+                    await backend.close()
+                else:
+                    await asyncio.wait_for(backend.close(), max(deadline - loop.time(), 0.01))
+            except TimeoutError:
+                abandoned.append(_abandoned_note(name, backend, grace_s or 0.0))
+                _log.warning("IO backend %s: %s", name, abandoned[-1])
             except Exception:
                 _log.exception("closing IO backend %s failed", name)
+        return abandoned
 
     async def __aenter__(self) -> IOSubsystem:
         return self
