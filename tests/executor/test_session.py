@@ -367,8 +367,10 @@ def test_a_busy_owner_does_not_hold_back_its_frames(pair: tuple[UDSSession, Peer
     session, peer = pair
     session.send_message(_envelope(keys.MT_CALL_WAITING, "early"))
     # The owner now runs a long call without reaching wait_for_message: the writer sends.
+    # The owner stays busy for up to 10 s; the frame must arrive long before that
+    # (how soon depends on the machine, so the bound is far from both ends).
     start = time.monotonic()
-    end = start + 1.0
+    end = start + 10.0
     got: list[Frame] = []
 
     def read() -> None:
@@ -380,7 +382,7 @@ def test_a_busy_owner_does_not_hold_back_its_frames(pair: tuple[UDSSession, Peer
         pass  # busy, holding the GIL between switch intervals
     reader.join()
     assert got and got[0].envelope[keys.F_CALL_ID] == "early"
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 5.0
 
 
 @pytest.mark.parametrize("owner_flush", [True, False])
