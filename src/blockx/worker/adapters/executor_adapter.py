@@ -33,17 +33,33 @@ An executor id is accepted only from the process the peer check allows
 or its descendant, by ``SO_PEERCRED``).
 
 An era ends — reservations taken, snapshot unhealthy, then
-``on_executor_lost(executor_id, lost_calls, reason)`` — when:
+``on_executor_lost(executor_id, lost_calls, reason, loss)`` — when:
 
 * the connection closes (EOF, reset, a failed write);
-* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`:
-  logged, connection closed);
+* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`, or a
+  call frame of the wrong shape: logged, counted in ``protocol_errors``,
+  connection closed);
 * no heartbeat arrived for ``heartbeat_timeout_ms`` (checked every
   ``heartbeat_check_interval_ms`` by the adapter's own timer — a round that
   fires late because the event loop stalled is skipped, so heartbeats queued
   meanwhile are read first — or by the orchestrator's tick through
   :meth:`ExecutorAdapter.check_heartbeat_timeouts`);
 * the same executor id attaches on a new connection.
+
+``loss`` (:class:`~blockx.worker.adapters.loss.ExecutorLoss`) says why, as far as
+the worker can tell. A connection that simply ended (EOF) usually ends before
+the pool has seen its process exit: with an exit source (the pool,
+:meth:`ExecutorAdapter.set_exit_source`) the report then waits — on the event
+loop, never blocking it — up to ``exit_wait_ms`` for the exit status and black
+box, and the cause comes from them (``executor_crashed``, ``memory_exceeded``,
+``executor_wedged`` for a process the pool killed on the worker's order,
+``shutdown``). A new attach of the same executor id sends a waiting report out
+first, so an era's report always precedes the next era's attach.
+
+Unattached connections: at most ``max_unattached`` at a time (the oldest is
+dropped for a new one), and each is dropped unless it sends a valid Heartbeat
+within ``attach_timeout_ms`` of connecting (code inside an executor can reach
+the socket; it must not be able to spend the worker's descriptors).
 
 Threading: every method runs on the event loop thread that called
 :meth:`ExecutorAdapter.start`. Nothing here blocks.
@@ -82,13 +98,18 @@ from .errors import (
 )
 from .executor_state import ExecutorState, build_snapshot
 from .handlers import InboundHandlers
+from .loss import ExecutorLoss, LossCause, ProcessExit, ProcessExitSource, loss_from_exit
 from .mypyc_markers import mypyc_attr
 from .outbound import OutboundSends
+from .reservations import LostCall
 from .snapshot import ExecutorSnapshot
 
 __all__ = [
+    "DEFAULT_ATTACH_TIMEOUT_MS",
+    "DEFAULT_EXIT_WAIT_MS",
     "DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS",
     "DEFAULT_HEARTBEAT_TIMEOUT_MS",
+    "DEFAULT_MAX_UNATTACHED",
     "SOCKET_NAME",
     "ExecutorAdapter",
 ]
@@ -100,6 +121,12 @@ _log = logging.getLogger("blockx.worker.adapter")
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 10_000
 #: How often the adapter's own timer checks heartbeat ages.
 DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS: Final = 500
+#: Unattached connections held at once (the oldest is dropped for a new one).
+DEFAULT_MAX_UNATTACHED: Final = 8
+#: A connection that sent no valid Heartbeat this long after connecting is dropped.
+DEFAULT_ATTACH_TIMEOUT_MS: Final = 2000
+#: How long a lost era's report waits for its process's exit status.
+DEFAULT_EXIT_WAIT_MS: Final = 1500
 #: The listening socket's file name inside the adapter's private directory.
 SOCKET_NAME: Final = "worker.sock"
 #: ``sun_path`` holds 108 bytes including the terminating NUL.
@@ -126,14 +153,24 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         frames_per_write: int = DEFAULT_FRAMES_PER_WRITE,
         write_buffer_high_water: int | None = None,
         socket_dir: str | os.PathLike[str] | None = None,
+        max_unattached: int = DEFAULT_MAX_UNATTACHED,
+        attach_timeout_ms: int = DEFAULT_ATTACH_TIMEOUT_MS,
+        exit_wait_ms: int = DEFAULT_EXIT_WAIT_MS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``heartbeat_check_interval_ms=None`` disables the adapter's own timer (the
         orchestrator then calls :meth:`check_heartbeat_timeouts` on its tick).
         ``socket_dir`` is where the private socket directory is created
-        (default: the system temp dir). ``clock`` returns monotonic seconds."""
+        (default: the system temp dir). ``max_unattached`` / ``attach_timeout_ms``
+        bound connections that have not attached; ``exit_wait_ms`` is how long a lost
+        era's report waits for the exit status (module docstring). ``clock`` returns
+        monotonic seconds."""
         if heartbeat_timeout_ms <= 0:
             raise ValueError(f"heartbeat_timeout_ms must be positive, got {heartbeat_timeout_ms}")
+        if max_unattached < 1 or attach_timeout_ms <= 0 or exit_wait_ms < 0:
+            raise ValueError(
+                "max_unattached and attach_timeout_ms must be positive, exit_wait_ms >= 0"
+            )
         if heartbeat_check_interval_ms is not None and heartbeat_check_interval_ms <= 0:
             raise ValueError("heartbeat_check_interval_ms must be positive or None")
         if outbox_depth < 1 or frames_per_write < 1:
@@ -150,6 +187,15 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._write_buffer_high_water = write_buffer_high_water
         self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
         self._clock = clock
+        self._max_unattached = max_unattached
+        self._attach_timeout_s = attach_timeout_ms / 1000.0
+        self._exit_wait_s = exit_wait_ms / 1000.0
+        #: Where exit statuses come from (:meth:`set_exit_source`).
+        self._exit_source: ProcessExitSource | None = None
+        #: Lost eras whose report waits for their process's exit, by executor id.
+        self._pending_losses: dict[str, _PendingLoss] = {}
+        #: Connections not attached yet, oldest first, with their attach deadline timer.
+        self._unattached: dict[ExecutorConnection, asyncio.TimerHandle | None] = {}
         self._executors: dict[str, ExecutorState] = {}
         self._connections: set[ExecutorConnection] = set()
         self._next_connection_id = 1
@@ -172,6 +218,8 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self.stale_terminal_frames = 0
         self.function_code_answered = 0
         self.eras_ended = 0
+        #: Unattached connections dropped: over ``max_unattached``, or no Heartbeat in time.
+        self.dropped_unattached = 0
 
     def __repr__(self) -> str:
         attached = sum(1 for s in self._executors.values() if s.connection is not None)
@@ -250,6 +298,15 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         """
         self._peer_check = check
 
+    def set_exit_source(self, source: ProcessExitSource | None) -> None:
+        """Where lost eras learn how their process ended (the worker passes its pool).
+
+        With none, a connection that ends is reported at once as ``transport_lost``.
+        """
+        self._exit_source = source
+        if source is not None:
+            source.add_exit_listener(self._on_process_exit)
+
     def expect_disconnects(self) -> None:
         """The worker is stopping its executors: their connections ending is expected.
 
@@ -276,6 +333,14 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         for state in self._executors.values():
             if state.connection is not None:
                 self._end_era(state, "worker adapter closed")
+        for pending in self._pending_losses.values():
+            if pending.timer is not None:
+                pending.timer.cancel()
+        self._pending_losses.clear()
+        for timer in self._unattached.values():
+            if timer is not None:
+                timer.cancel()
+        self._unattached.clear()
         for conn in list(self._connections):
             conn.abort("worker adapter closed")
         if server is not None:
@@ -388,12 +453,19 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         del self._executors[executor_id]
         return True
 
-    def disconnect(self, executor_id: str, reason: str = "disconnected by the worker") -> bool:
-        """End the executor's current era now (closes the connection; lost path runs)."""
+    def disconnect(
+        self,
+        executor_id: str,
+        reason: str = "disconnected by the worker",
+        *,
+        cause: LossCause = "transport_lost",
+    ) -> bool:
+        """End the executor's current era now (closes the connection; lost path runs,
+        reported at once with ``cause``)."""
         state = self._executors.get(executor_id)
         if state is None or state.connection is None:
             return False
-        self._end_era(state, reason)
+        self._end_era(state, reason, cause)
         return True
 
     def check_heartbeat_timeouts(self, now: float | None = None) -> list[str]:
@@ -414,16 +486,13 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
                     state,
                     f"heartbeat timeout: none for {silent_ms} ms "
                     f"(limit {self._heartbeat_timeout_ms} ms)",
+                    "transport_lost",
                 )
                 lost.append(state.executor_id)
-        for conn in list(self._connections):
-            if conn.state is None and not conn.closed and now - conn.opened_at > timeout:
-                _log.warning(
-                    "closing %r: no heartbeat within %d ms of connecting",
-                    conn,
-                    self._heartbeat_timeout_ms,
-                )
-                conn.abort("no heartbeat after connecting")
+        attach_timeout = self._attach_timeout_s
+        for conn in list(self._unattached):
+            if conn.state is None and not conn.closed and now - conn.opened_at > attach_timeout:
+                self._drop_unattached(conn, "no heartbeat after connecting")
         return lost
 
     # --- internals: connections --------------------------------------------------------------
@@ -482,8 +551,13 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
         return build_snapshot(state, now, self._heartbeat_timeout_ms)
 
-    def _end_era(self, state: ExecutorState, reason: str) -> None:
-        """The transport-lost path: detach, take the reservations, close, then report."""
+    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
+        """The transport-lost path: detach, take the reservations, close, then report.
+
+        ``cause`` None: the connection just ended; the report waits for the process's
+        exit when there is an exit source (the module docstring), else it is
+        ``transport_lost`` (``shutdown`` while the worker stops its executors).
+        """
         conn = state.connection
         if conn is None:
             return
@@ -503,25 +577,103 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
             )
         # Pending control frames fail first (on_control_failed), then the era ends.
         conn.abort(reason)
-        if not self._closing:
-            try:
-                self._callbacks.on_executor_lost(state.executor_id, lost, reason)
-            except Exception:
-                _log.exception("on_executor_lost callback failed for %s", state.executor_id)
+        if self._closing:
+            return
+        heartbeat = state.heartbeat
+        pending = _PendingLoss(
+            executor_id=state.executor_id,
+            era=state.era,
+            generation=state.generation,
+            lost=lost,
+            reason=reason,
+            started=frozenset(c.call_id for c in lost if c.started),
+            running_call_id=None if heartbeat is None else heartbeat.running_call_id,
+            running_for_ms=0 if heartbeat is None else heartbeat.running_for_ms,
+            running_call_budget_ms=0 if heartbeat is None else heartbeat.running_call_budget_ms,
+        )
+        if cause is None and self._stopping:
+            cause = "shutdown"
+        source = self._exit_source
+        if cause is not None or source is None or state.generation is None:
+            self._report_loss(pending, pending.link_loss(cause or "transport_lost", reason))
+            return
+        exit_ = source.exit_of(state.executor_id, state.generation)
+        if exit_ is not None:
+            self._report_loss(pending, pending.exit_loss(exit_))
+            return
+        # The connection ended before the pool saw the process exit: wait a little.
+        earlier = self._pending_losses.pop(state.executor_id, None)
+        if earlier is not None:  # cannot happen: an attach flushes it
+            self._flush_pending(earlier, "superseded")
+        assert self._loop is not None
+        pending.timer = self._loop.call_later(
+            self._exit_wait_s, self._exit_wait_expired, state.executor_id, pending
+        )
+        self._pending_losses[state.executor_id] = pending
+
+    def _report_loss(self, pending: _PendingLoss, loss: ExecutorLoss) -> None:
+        executor_id = pending.executor_id
+        quiet = self._stopping or loss.cause == "shutdown"
+        _log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "executor %s era %d ended: %s: %s (running %s%s; %d call(s) lost, %d started)",
+            executor_id,
+            pending.era,
+            loss.cause,
+            loss.message,
+            loss.running_call_id,
+            "" if loss.running_call_known else "?",
+            len(pending.lost),
+            len(loss.started_call_ids),
+            extra={"executorId": executor_id, "lossCause": loss.cause},
+        )
+        try:
+            self._callbacks.on_executor_lost(executor_id, pending.lost, pending.reason, loss)
+        except Exception:
+            _log.exception("on_executor_lost callback failed for %s", executor_id)
+
+    def _on_process_exit(self, exit_: ProcessExit) -> None:
+        """The exit source saw a process exit: a report waiting for it goes out."""
+        pending = self._pending_losses.get(exit_.executor_id)
+        if pending is None or pending.generation != exit_.generation or self._closing:
+            return
+        del self._pending_losses[exit_.executor_id]
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._report_loss(pending, pending.exit_loss(exit_))
+
+    def _exit_wait_expired(self, executor_id: str, pending: _PendingLoss) -> None:
+        if self._pending_losses.get(executor_id) is not pending or self._closing:
+            return
+        del self._pending_losses[executor_id]
+        self._flush_pending(pending, f"its process had not exited {self._exit_wait_s:.1f} s later")
+
+    def _flush_pending(self, pending: _PendingLoss, why: str) -> None:
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._report_loss(pending, pending.link_loss("transport_lost", f"{pending.reason}; {why}"))
+
+    def _flush_pending_loss(self, executor_id: str) -> None:
+        """Report a waiting era now (its executor id attaches again)."""
+        pending = self._pending_losses.pop(executor_id, None)
+        if pending is not None:
+            self._flush_pending(pending, "a new connection attached before its exit was seen")
 
     def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
         self.protocol_errors += 1
         reason = f"protocol error: {error}"
+        state = conn.state
+        executor_id = state.executor_id if state is not None else None
         _log.error(
             "%r: %s; closing the connection",
             conn,
             reason,
-            extra={"errorType": type(error).__name__},
+            extra={"errorType": type(error).__name__, "executorId": executor_id},
         )
-        state = conn.state
         if state is not None and state.connection is conn:
-            self._end_era(state, reason)
+            self._end_era(state, reason, "protocol_error")
         else:
+            self._forget_unattached(conn)
             conn.abort(reason)
 
     # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
@@ -530,6 +682,14 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if self._closing:
             conn.abort("worker adapter closed")
             return
+        unattached = self._unattached
+        while len(unattached) >= self._max_unattached:
+            oldest = next(iter(unattached))
+            self._drop_unattached(oldest, "too many connections waiting to attach")
+        assert self._loop is not None
+        unattached[conn] = self._loop.call_later(
+            self._attach_timeout_s, self._attach_deadline, conn
+        )
         self._connections.add(conn)
         transport = conn._transport
         if self._write_buffer_high_water is not None and transport is not None:
@@ -538,12 +698,45 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
         self._connections.discard(conn)
+        self._forget_unattached(conn)
         state = conn.state
         if state is not None and state.connection is conn:
             self._end_era(state, conn.close_reason or "connection lost")
 
     def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
         self._protocol_error(conn, error)
+
+    def on_attached(self, conn: ExecutorConnection) -> None:
+        """The connection attached (handlers): it no longer counts as unattached."""
+        self._forget_unattached(conn)
+
+    # --- internals: unattached connections ---------------------------------------------------
+
+    def _attach_deadline(self, conn: ExecutorConnection) -> None:
+        if conn in self._unattached:
+            self._unattached[conn] = None
+            if conn.state is None and not conn.closed:
+                self._drop_unattached(conn, "no heartbeat after connecting")
+
+    def _forget_unattached(self, conn: ExecutorConnection) -> None:
+        timer = self._unattached.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _drop_unattached(self, conn: ExecutorConnection, why: str) -> None:
+        self._forget_unattached(conn)
+        if conn.closed:
+            return
+        self.dropped_unattached += 1
+        log = _log.warning if self.dropped_unattached <= 10 else _log.debug
+        log(
+            "dropping %r (process %s): %s within %.1f s",
+            conn,
+            conn.peer_pid,
+            why,
+            self._attach_timeout_s,
+        )
+        conn.abort(why)
 
     def on_controls_flushed(self, notes: list[ControlSend]) -> None:
         callbacks = self._callbacks
@@ -560,3 +753,71 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
         if not self._closing:
             self._callbacks.on_control_failed(note, error)
+
+
+class _PendingLoss:
+    """A lost era's report, until its process's exit status is known (or not)."""
+
+    __slots__ = (
+        "era",
+        "executor_id",
+        "generation",
+        "lost",
+        "reason",
+        "running_call_budget_ms",
+        "running_call_id",
+        "running_for_ms",
+        "started",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        *,
+        executor_id: str,
+        era: int,
+        generation: int | None,
+        lost: tuple[LostCall, ...],
+        reason: str,
+        started: frozenset[str],
+        running_call_id: str | None,
+        running_for_ms: int,
+        running_call_budget_ms: int,
+    ) -> None:
+        self.executor_id = executor_id
+        self.era = era
+        self.generation = generation
+        self.lost = lost
+        self.reason = reason
+        self.started = started
+        self.running_call_id = running_call_id
+        self.running_for_ms = running_for_ms
+        self.running_call_budget_ms = running_call_budget_ms
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"_PendingLoss({self.executor_id!r}, era={self.era}, gen={self.generation}, "
+            f"lost={len(self.lost)}, {self.reason!r})"
+        )
+
+    def link_loss(self, cause: LossCause, message: str) -> ExecutorLoss:
+        """The loss as the link alone knows it (running call: the last heartbeat's)."""
+        return ExecutorLoss(
+            cause=cause,
+            message=message,
+            running_call_id=self.running_call_id,
+            running_call_known=False,
+            started_call_ids=self.started,
+            running_for_ms=self.running_for_ms,
+            running_call_budget_ms=self.running_call_budget_ms,
+        )
+
+    def exit_loss(self, exit_: ProcessExit) -> ExecutorLoss:
+        return loss_from_exit(
+            exit_,
+            started_call_ids=self.started,
+            heartbeat_running_call_id=self.running_call_id,
+            running_for_ms=self.running_for_ms,
+            running_call_budget_ms=self.running_call_budget_ms,
+        )
