@@ -26,7 +26,6 @@ from blockx.worker.adapters.errors import (
     CallNotBoundError,
     ExecutorCapacityError,
     ExecutorUnavailableError,
-    OutboxFullError,
     ParentNotResidentError,
 )
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
@@ -196,7 +195,9 @@ def test_unknown_message_types_are_dropped_before_and_after_attach(run, caplog) 
 
 def test_connection_without_heartbeat_is_closed_after_the_attach_timeout(run) -> None:
     async def scenario() -> None:
-        async with ExecutorAdapter(attach_timeout_ms=100, heartbeat_check_interval_ms=None) as adapter:
+        async with ExecutorAdapter(
+            attach_timeout_ms=100, heartbeat_check_interval_ms=None
+        ) as adapter:
             peer = await ExecutorPeer.connect(adapter.socket_path)
             await peer.wait_closed(timeout=5)
             assert adapter.dropped_unattached == 1
