@@ -59,7 +59,9 @@ first, so an era's report always precedes the next era's attach.
 Unattached connections: at most ``max_unattached`` at a time (the oldest is
 dropped for a new one), and each is dropped unless it sends a valid Heartbeat
 within ``attach_timeout_ms`` of connecting (code inside an executor can reach
-the socket; it must not be able to spend the worker's descriptors).
+the socket; it must not be able to spend the worker's descriptors). The listen
+backlog (``max(16, 2 * max_unattached)``) bounds what one loop iteration
+accepts before that rule runs; an executor that finds it full retries.
 
 Threading: every method runs on the event loop thread that called
 :meth:`ExecutorAdapter.start`. Nothing here blocks.
@@ -279,7 +281,12 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._socket_dir = socket_dir
         self._socket_path = path
         try:
-            self._server = await self._loop.create_unix_server(self._new_connection, path)
+            # The backlog also caps how many connections asyncio accepts in one loop
+            # iteration (before on_connection_made can drop any): a flood holds at most
+            # about max_unattached + 2 x backlog of the worker's descriptors at once.
+            self._server = await self._loop.create_unix_server(
+                self._new_connection, path, backlog=max(16, 2 * self._max_unattached)
+            )
         except BaseException:
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
