@@ -134,6 +134,25 @@ def test_stopping_the_pool_kills_what_its_executors_started(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
+def test_pools_of_one_process_leave_each_others_processes_alone(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        rec_a, rec_b = Recorder(), Recorder()
+        async with linked_pool(rec_b) as (adapter_b, pool_b):
+            child = await start_child(adapter_b, tmp_path / "pid")
+            executor_b = pool_b.pid("exec-0")
+            assert executor_b is not None
+            async with linked_pool(rec_a) as (_adapter_a, pool_a):
+                # Same slot name, same generation: its exit must not touch pool B's.
+                assert pool_a.kill_executor("exec-0")
+                await rec_a.wait("attached", 2, timeout=60)
+            await asyncio.sleep(0.3)  # pool A stopped and swept its marks
+            assert not process_is_gone(executor_b) and not process_is_gone(child)
+            assert rec_b.named("lost") == []
+        assert await gone(child)
+
+    asyncio.run(scenario())
+
+
 #: A worker's link and pool in a process of its own: runs the starter call, then waits to be
 #: killed.
 WORKER = r"""
@@ -183,7 +202,7 @@ def test_what_a_worker_killed_with_sigkill_left_is_killed_at_the_next_pool_start
 
 def test_kill_orphans_spares_processes_of_live_workers(tmp_path: Path) -> None:
     live_mark = process_tree.mark_of(process_tree.worker_mark_prefix(), "exec-9", 1)
-    dead_mark = "999999999:1:exec-9:1"
+    dead_mark = "999999999:1:abcd:exec-9:1"
     env = dict(os.environ)
     sleepers = {}
     for name, mark in (("live", live_mark), ("dead", dead_mark)):

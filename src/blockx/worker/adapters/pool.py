@@ -811,7 +811,7 @@ class PoolManager:
             _log.warning(
                 "killed %d process(es) left behind by executor %s: %s",
                 len(victims),
-                mark.split(":")[2],
+                mark.split(":")[3],
                 ", ".join(map(str, victims[:20])),
             )
 

@@ -11,7 +11,8 @@ executor's PID namespace dies with it):
   recursively while the executor lives; the pool SIGKILLs the whole tree before
   the executor itself (``kill_executor``, ``stop``);
 * **the mark** -- every executor runs with ``BLOCKX_EXECUTOR_OF=<worker pid>:
-  <worker start time>:<executor id>:<generation>`` in its environment, which its
+  <worker start time>:<pool token>:<executor id>:<generation>`` in its
+  environment (the token tells apart pools of one worker process), which its
   children inherit. After an executor exited, :func:`kill_marked` finds every
   process still carrying its mark (``/proc/*/environ``), wherever it was
   reparented, and kills it. At the next pool start, :func:`kill_orphans` kills
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 from collections.abc import Iterable
 from typing import Final
@@ -62,11 +64,14 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def worker_mark_prefix(pid: int | None = None) -> str:
-    """``<pid>:<start time>:`` of a worker process (default: this one)."""
+def worker_mark_prefix(pid: int | None = None, token: str | None = None) -> str:
+    """``<pid>:<start time>:<token>:`` of a pool in a worker process (default: this
+    process, a fresh random token)."""
     if pid is None:
         pid = os.getpid()
-    return f"{pid}:{process_start_time(pid) or 0}:"
+    if token is None:
+        token = secrets.token_hex(4)
+    return f"{pid}:{process_start_time(pid) or 0}:{token}:"
 
 
 def mark_of(prefix: str, executor_id: str, generation: int) -> str:
