@@ -347,3 +347,46 @@ def test_every_call_ends_once_and_an_innocent_call_never_loses_an_attempt(
         else:
             assert not ended_ok  # a culprit kills every executor it runs on
             assert failed[call_id].error.kind == culprits[call_id]
+
+
+def test_a_culprit_nobody_can_name_is_caught_by_the_safety_net() -> None:
+    """No black box and no frame sent: the losses name nobody. A call bound through two
+    such losses becomes a suspect; alone, with nothing to clear it, it is convicted."""
+    rt = make_runtime(executors=1)
+    ids = rt.register("t1", specs(3), policy=CallRetryPolicy(max_attempts=2))
+    culprit = ids[0]
+    unknown = ExecutorLossReport(
+        cause="executor_crashed", message="exited with status 1", started_call_ids=frozenset()
+    )
+    for _ in range(30):
+        rt.pump()
+        rt.fire_all_retries()
+        rt.pump()
+        if culprit not in rt.running:
+            break
+        for call_id in rt.calls_on("exec-0"):
+            if call_id != culprit:
+                rt.complete(call_id)
+        if culprit in rt.running:
+            rt.lose_executor("exec-0", unknown)
+            rt.restore_executor("exec-0")
+        rt.core.check_invariants()
+    rt.settle()
+    done = rt.converged["t1"]
+    assert done.failure is not None and done.failure.call_id == culprit
+    assert done.failure.error is not None and done.failure.error.kind == "executor_crashed"
+    assert done.succeeded_count == 2
+
+
+def test_the_black_box_clears_a_suspect_that_was_not_running_when_its_executor_died() -> None:
+    rt = make_runtime(executors=1)
+    rt.register("t1", specs(1))
+    rt.pump()
+    rt.lose_executor("exec-0", crash("t1/c0", ["t1/c0"]))
+    rt.restore_executor("exec-0")
+    rt.pump()
+    assert rt.calls_on("exec-0") == ["t1/c0"]  # alone now
+    rt.lose_executor("exec-0", crash(None, ["t1/c0"]))  # killed from outside while idle
+    ctx = rt.core.call_context("t1/c0")
+    assert ctx is not None and ctx.attempt_count == 0 and ctx.suspect
+    assert rt.core.stats.calls_blamed == 0

@@ -13,7 +13,9 @@ and :func:`take_back_calls` sorts the root calls bound there:
   started call. ``shutdown`` makes no suspect. A sub-call's suspicion falls on
   its root call.
 * A suspect that was **running alone** there (the executor hosted it in
-  isolation, :mod:`.isolation`) is **guilty**: with ``executor_wedged`` it fails
+  isolation, :mod:`.isolation`) is **guilty** -- unless the black box clears it
+  (it names another call as running, or none, and the cause is not
+  ``memory_exceeded``): with ``executor_wedged`` it fails
   at once (the same code would wedge again); with any other cause it spends an
   attempt and is retried, alone again, while attempts remain, and then fails
   with the cause as its error kind and the loss's message (exit status or
@@ -24,6 +26,12 @@ and :func:`take_back_calls` sorts the root calls bound there:
 * Every other call (it had not started, or was not suspected) gets its attempt
   back and goes to the head of its task's queue: an innocent call never loses
   an attempt to a neighbour's crash.
+* A safety net for losses nobody can attribute (no black box, and the culprit
+  sent no frame before it killed the process, so it is not among the started
+  calls): a call bound through :data:`UNATTRIBUTED_LOSSES_TO_SUSPECT` such losses
+  becomes a suspect -- otherwise such a culprit would take its executor down
+  again and again without ever being blamed. It costs an innocent call only a
+  run in isolation, never an attempt.
 
 So every loss either spends an attempt of exactly the call it proves guilty,
 or spends none: a call ends once (success, its own failure, or cancellation)
@@ -62,7 +70,11 @@ from .types import (
     ExecutorLossReport,
 )
 
-__all__ = ["suspect_ids", "take_back_calls"]
+__all__ = ["UNATTRIBUTED_LOSSES_TO_SUSPECT", "suspect_ids", "take_back_calls"]
+
+#: Losses that named no certain running call (a blaming cause) a call may be bound
+#: through unsuspected; the next one makes it a suspect.
+UNATTRIBUTED_LOSSES_TO_SUSPECT: Final = 2
 
 _READY: Final = CallState.READY
 _RUNNING: Final = CallState.RUNNING
@@ -90,6 +102,21 @@ def _root_of(ctx: DispatchCallContext) -> DispatchCallContext:
     return ctx
 
 
+def _host_guilty(
+    report: ExecutorLossReport,
+    host: DispatchCallContext,
+    calls: dict[str, DispatchCallContext],
+) -> bool:
+    """Whether the suspect running alone on the lost executor caused the loss: yes,
+    unless the black box names another call (or none) as running -- which does not
+    clear it of holding memory."""
+    if report.cause == ERR_MEMORY_EXCEEDED or not report.running_call_known:
+        return True
+    running = report.running_call_id
+    ctx = None if running is None else calls.get(running)
+    return ctx is not None and _root_of(ctx) is host
+
+
 def take_back_calls(
     core: CoreState,
     ex: ExecutorState,
@@ -108,6 +135,9 @@ def take_back_calls(
         ctx = calls.get(call_id)
         if ctx is not None:
             suspects.add(_root_of(ctx))
+    blaming = report.cause in LOSS_CAUSES_BLAMING
+    unattributed = blaming and not report.running_call_known
+    host_guilty = host is not None and blaming and _host_guilty(report, host, calls)
     what = report.message or f"executor {ex.executor_id} lost"
     lost = CallError(
         kind=ERR_TRANSPORT_LOST,
@@ -122,12 +152,20 @@ def take_back_calls(
             unbind_attempt(core, ctx, now_ms, out)
         elif ctx.is_subcall:
             fail_attempt(core, ctx, lost, now_ms, out, executor_lost=True)
-        elif ctx not in suspects:
-            _give_back(core, ctx, lost, out)
-            innocents.append(ctx)
-        elif ctx is host:
+        elif ctx is host and host_guilty:
             stats.calls_blamed += 1
             _convict(core, ctx, ex, report, what, now_ms, out)
+        elif ctx.suspect or (
+            ctx not in suspects
+            and not (unattributed and ctx.unattributed_losses + 1 >= UNATTRIBUTED_LOSSES_TO_SUSPECT)
+        ):
+            if unattributed:
+                ctx.unattributed_losses += 1
+            _give_back(core, ctx, lost, out)
+            if ctx.suspect:
+                requeue_front(core, ctx)  # to the isolation queue
+            else:
+                innocents.append(ctx)
         else:
             stats.suspects += 1
             ctx.suspect = True

@@ -112,6 +112,7 @@ class DispatchCallContext:
         "state",
         "suspect",
         "task",
+        "unattributed_losses",
         "wait_handle",
     )
 
@@ -168,6 +169,9 @@ class DispatchCallContext:
         self.suspect = False
         #: READY suspect in the core's isolation queue (not in the task's ready queue).
         self.awaiting_isolation = False
+        #: Executor losses this call was bound through that named no certain culprit
+        #: (:data:`~.blame.UNATTRIBUTED_LOSSES_TO_SUSPECT` of them make it a suspect).
+        self.unattributed_losses = 0
         #: Leader only: calls waiting for this call's result.
         self.sf_waiters: list[DispatchCallContext] | None = None
         #: READY and waiting on a singleflight leader.
