@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
@@ -159,8 +158,9 @@ WEDGE_KNOBS: dict[str, Any] = {
 
 async def wedge_is_killed(worker: Any, sleepers: int) -> None:
     """Run one wedging call among ``sleepers`` short ones (``WEDGE_KNOBS`` config): the
-    wedged executor is killed once, the wedging call fails ``executor_wedged`` (not
-    retried), every other call succeeds."""
+    wedged executor is killed, the wedging call becomes a suspect and runs alone, wedges
+    again and fails ``executor_wedged`` at once; every other call succeeds, unblamed
+    (docs/security.md, "Blame")."""
     calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(sleepers)]
     task = Task(
         functions={"wedge": WEDGE, "sleeper": SLEEPER},
@@ -176,8 +176,7 @@ async def wedge_is_killed(worker: Any, sleepers: int) -> None:
     assert not error.retryable and error.attempts == 1
     assert "killed" in error.message
     assert result.outputs == [{"i": i} for i in range(sleepers)]
-    assert worker.orchestrator.stats.wedged_calls == 1
-    assert worker.orchestrator.stats.executors_killed == 1
-    assert 1.5 <= elapsed < 10
-    killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
-    assert len(killed) == 1
+    assert result.stats.retries == 0
+    assert worker.orchestrator.stats.wedged_calls == 2  # once among others, once alone
+    assert worker.orchestrator.stats.executors_killed == 2
+    assert 3.0 <= elapsed < 40
