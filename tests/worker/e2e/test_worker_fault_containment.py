@@ -19,7 +19,7 @@ import random
 import signal
 
 import pytest
-from e2e_support import WorkerSession, e2e_config
+from e2e_support import SLEEPER, WorkerSession, e2e_config, eventually
 
 from blockx.worker.api import Call, Task, TaskPolicy
 
@@ -102,6 +102,45 @@ def test_the_first_calls_of_a_fresh_worker_spread_over_every_executor() -> None:
             result = await session.worker.run_task(Task(functions={"cpu": CPU}, calls=calls))
             assert result.success, result.errors[:3]
             assert len({row["pid"] for row in result.outputs}) >= 3
+
+        session.run(scenario(), timeout=120)
+    finally:
+        session.close()
+
+
+@pytest.mark.slow
+def test_concurrent_sleeping_calls_spread_and_unlimited_inflight_fails_none() -> None:
+    """2,000 calls sleeping at once with ``executor_max_inflight=0`` (unlimited) and one
+    attempt each: they spread over both executors, and none fails."""
+    config = e2e_config(**{"pool.executor_count": 2, "dispatcher.executor_max_inflight": 0})
+    session = WorkerSession(config).start(wait_ready=False)  # as `blockx run` does
+    try:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("sleeper", {"i": i, "s": 1.0}) for i in range(2000)]
+            handle = worker.submit(
+                Task(
+                    functions={"sleeper": SLEEPER},
+                    calls=calls,
+                    policy=TaskPolicy(max_attempts=1, call_budget_ms=60_000),
+                )
+            )
+            most = {"exec-0": 0, "exec-1": 0}
+
+            def spread() -> bool:
+                for executor_id in most:
+                    held = len(worker.adapter.reserved_calls(executor_id))
+                    most[executor_id] = max(most[executor_id], held)
+                return min(most.values()) >= 400
+
+            try:
+                await eventually(spread, timeout=60)
+            except TimeoutError:
+                raise AssertionError(most) from None
+            result = await handle.result()
+            assert result.success and result.stats.failed == 0, result.errors[:3]
+            assert [row["i"] for row in result.outputs] == list(range(2000))
 
         session.run(scenario(), timeout=120)
     finally:
