@@ -273,6 +273,43 @@ def test_a_wedge_in_c_code_fails_as_wedged_and_its_neighbours_succeed() -> None:
 
 
 @pytest.mark.slow
+def test_an_executor_paused_for_10_s_then_resumed_fails_no_call() -> None:
+    """SIGSTOP for 10 s in the middle of a CPU-bound call (shorter than the heartbeat
+    timeout), then SIGCONT: silence is never extrapolated into a wedge, and no call
+    fails or is retried."""
+    config = e2e_config(**{"pool.executor_count": 1})
+    with WorkerSession(config) as session:
+
+        async def scenario() -> None:
+            worker = session.worker
+            calls = [Call("cpu", {"i": 0, "ms": 3_000})]
+            calls += [Call("sleeper", {"i": i, "s": 0.5}) for i in range(1, 100)]
+            handle = worker.submit(
+                Task(
+                    functions={"sleeper": SLEEPER, "cpu": CPU},
+                    calls=calls,
+                    policy=TaskPolicy(max_attempts=1, call_budget_ms=60_000),
+                )
+            )
+            await eventually(lambda: len(worker.adapter.reserved_calls("exec-0")) >= 50)
+            await asyncio.sleep(0.5)  # the CPU-bound call holds the thread now
+            pid = worker.pool.pid("exec-0")
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(10)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            result = await handle.result()
+            assert result.success, result.errors[:3]
+            assert result.stats.failed == 0 and result.stats.retries == 0
+            assert worker.pool.pid("exec-0") == pid  # never killed
+            assert worker.orchestrator.stats.wedged_calls == 0
+
+        session.run(scenario(), timeout=120)
+
+
+@pytest.mark.slow
 def test_chaos_kill_9_every_half_second_through_20000_calls_every_row_exactly_once() -> None:
     config = e2e_config(**{"pool.executor_count": 2, "dispatcher.default_max_attempts": 50})
     with WorkerSession(config) as session:
