@@ -105,7 +105,6 @@ def test_an_executor_that_keeps_crashing_backs_off_while_the_others_serve() -> N
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs the executor's heartbeat runningForMs (merging)")
 def test_a_wedged_executor_is_killed_and_its_call_fails_clearly() -> None:
     with WorkerSession(e2e_config(**WEDGE_KNOBS)) as session:
         session.run(wedge_is_killed(session.worker, sleepers=50))
