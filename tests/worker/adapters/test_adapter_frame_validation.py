@@ -172,6 +172,8 @@ def test_started_calls_are_those_that_sent_a_frame(run: Run) -> None:
                 adapter.send_execute_call("exec-0", call_id, execute_payload())
             peer.send(waiting())  # c1 waits on IO: it ran user code
             await rec.wait("waiting")
+            snapshot = adapter.snapshot("exec-0")
+            assert snapshot is not None and snapshot.running_for_ms == 1234
             peer.close()
             [(_, lost_calls, _)] = await rec.wait("lost")
             assert {c.call_id: c.started for c in lost_calls} == {

@@ -120,4 +120,6 @@ def build_snapshot(state: ExecutorState, now: float, heartbeat_timeout_ms: int) 
         inflight_count=heartbeat.inflight_count,
         heartbeat_age_ms=age_ms,
         era=state.era,
+        running_for_ms=heartbeat.running_for_ms,
+        running_call_budget_ms=heartbeat.running_call_budget_ms,
     )
