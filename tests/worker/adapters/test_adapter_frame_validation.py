@@ -82,6 +82,7 @@ MALFORMED = {
     "call-id-int": completed(call_id=123),
     "call-id-empty": completed(call_id=""),
     "budget-string": completed(budgetUsedMs="5"),
+    "budget-negative": completed(budgetUsedMs=-1),
     "failed-attempt-string": failed(attemptSeq="1"),
     "failed-no-kind": failed(errorKind=None),
     "failed-kind-int": failed(errorKind=7),

@@ -104,7 +104,11 @@ def _acceptable(frame: CompletedFrame | WaitingFrame) -> bool:
         return False
     if type(frame) is CompletedFrame:
         payload = frame.payload
-        return payload.attemptSeq >= 1 and payload.output is not _MISSING_OUTPUT
+        return (
+            payload.attemptSeq >= 1
+            and payload.budgetUsedMs >= 0
+            and payload.output is not _MISSING_OUTPUT
+        )
     return True
 
 
