@@ -1,4 +1,4 @@
-"""Blame: what a lost executor's calls become (docs/security.md, "Blame only the guilty").
+"""Blame: what a lost executor's calls become (docs/security.md, "Blame: a bad call fails alone").
 
 Theory of operation
 -------------------
