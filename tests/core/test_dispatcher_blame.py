@@ -329,6 +329,10 @@ def test_every_call_ends_once_and_an_innocent_call_never_loses_an_attempt(
         else:
             note(rt.complete(call_id))
         rt.core.check_invariants()
+        for innocent in ids:
+            ctx = rt.core.call_context(innocent)
+            if innocent not in culprits and ctx is not None:
+                assert ctx.attempt_count <= 1, ctx  # only its live attempt, if any
     # Let everything finish: culprits keep killing their executors.
     run_to_end(
         rt,
