@@ -61,9 +61,6 @@ def _completed(peer: object, call_id: str, attempt: int) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False, reason="needs runningForMs in the adapter's snapshot (the link's change, merging)"
-)
 def test_a_call_past_its_own_budget_is_a_suspect_then_fails_alone_as_wedged(run) -> None:
     """Two heartbeats show t1/c0 running 60 s on a 1 s budget: the executor is killed,
     c0 runs again alone (its neighbour elsewhere, unblamed); wedging again alone, it
@@ -205,9 +202,6 @@ def test_late_ticks_defer_the_heartbeat_check_only_once_in_a_row(run) -> None:
     run(scenario())
 
 
-@pytest.mark.xfail(
-    strict=False, reason="runningForMs / runningCallBudgetMs into the adapter snapshot (merging)"
-)
 def test_the_adapter_snapshot_carries_every_field_of_the_cores() -> None:
     """snapshot.py's promise: the core's ExecutorSnapshot is a subset, same names. The
     wedge backstop reads running_for_ms and running_call_budget_ms from it."""

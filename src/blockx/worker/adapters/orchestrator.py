@@ -218,8 +218,8 @@ def core_snapshot(snap: Any) -> ExecutorSnapshot:
         running_call_id=snap.running_call_id,
         last_scheduler_active_at_ms=snap.last_scheduler_active_at_ms,
         memory_bytes=snap.memory_bytes,
-        running_for_ms=getattr(snap, "running_for_ms", 0),
-        running_call_budget_ms=getattr(snap, "running_call_budget_ms", 0),
+        running_for_ms=snap.running_for_ms,
+        running_call_budget_ms=snap.running_call_budget_ms,
     )
 
 

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from blockx.worker.core import DispatchCommand, DispatcherCore
 
     from .executor_adapter import ExecutorAdapter
+    from .loss import ExecutorLoss
     from .orchestrator import OrchestratorStats
     from .pool import PoolManager
 
@@ -156,8 +157,8 @@ class TickChecks:
         for snap in snaps:
             executor_id = snap.executor_id
             running = snap.running_call_id
-            running_for = getattr(snap, "running_for_ms", 0)
-            threshold = self._threshold_ms(getattr(snap, "running_call_budget_ms", 0))
+            running_for = snap.running_for_ms
+            threshold = self._threshold_ms(snap.running_call_budget_ms)
             if not snap.healthy or running is None or threshold is None or running_for <= threshold:
                 sightings.pop(executor_id, None)
                 continue
@@ -184,8 +185,8 @@ class TickChecks:
             era=snap.era,
             silent_ms=snap.heartbeat_age_ms,
             running_call_id=snap.running_call_id,
-            running_for_ms=getattr(snap, "running_for_ms", 0),
-            running_call_budget_ms=getattr(snap, "running_call_budget_ms", 0),
+            running_for_ms=snap.running_for_ms,
+            running_call_budget_ms=snap.running_call_budget_ms,
         )
 
     def _convict_wedge(self, executor_id: str, era: int, call_id: str, message: str) -> None:
@@ -259,7 +260,7 @@ class TickChecks:
         )
 
     def _silence_verdict(
-        self, executor_id: str, silence: _Silence, loss: Any
+        self, executor_id: str, silence: _Silence, loss: ExecutorLoss | None
     ) -> _WedgeVerdict | None:
         """A wedge if the silent executor's running call, counting the silence, is past
         its stall threshold (the C-code case); None: a plain transport loss."""
@@ -268,8 +269,8 @@ class TickChecks:
         budget = silence.running_call_budget_ms
         if loss is not None:
             running = running or loss.running_call_id
-            running_for = max(running_for, getattr(loss, "running_for_ms", 0))
-            budget = budget or getattr(loss, "running_call_budget_ms", 0)
+            running_for = max(running_for, loss.running_for_ms)
+            budget = budget or loss.running_call_budget_ms
         threshold = self._threshold_ms(budget)
         if running is None or threshold is None:
             return None
