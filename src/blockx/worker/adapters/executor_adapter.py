@@ -100,11 +100,11 @@ from .errors import (
 )
 from .executor_state import ExecutorState, build_snapshot
 from .handlers import InboundHandlers
-from .loss import ExecutorLoss, LossCause, ProcessExit, ProcessExitSource, loss_from_exit
+from .loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
 from .mypyc_markers import mypyc_attr
 from .outbound import OutboundSends
-from .reservations import LostCall
 from .snapshot import ExecutorSnapshot
+from .unattached import UnattachedConnections
 
 __all__ = [
     "DEFAULT_ATTACH_TIMEOUT_MS",
@@ -189,15 +189,14 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._write_buffer_high_water = write_buffer_high_water
         self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
         self._clock = clock
-        self._max_unattached = max_unattached
-        self._attach_timeout_s = attach_timeout_ms / 1000.0
+        self._backlog = max(16, 2 * max_unattached)
         self._exit_wait_s = exit_wait_ms / 1000.0
         #: Where exit statuses come from (:meth:`set_exit_source`).
         self._exit_source: ProcessExitSource | None = None
         #: Lost eras whose report waits for their process's exit, by executor id.
-        self._pending_losses: dict[str, _PendingLoss] = {}
-        #: Connections not attached yet, oldest first, with their attach deadline timer.
-        self._unattached: dict[ExecutorConnection, asyncio.TimerHandle | None] = {}
+        self._pending_losses: dict[str, tuple[EraEnd, asyncio.TimerHandle]] = {}
+        #: Connections not attached yet (at most max_unattached, each for a while).
+        self._unattached = UnattachedConnections(max_unattached, attach_timeout_ms / 1000.0)
         self._executors: dict[str, ExecutorState] = {}
         self._connections: set[ExecutorConnection] = set()
         self._next_connection_id = 1
@@ -220,8 +219,6 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self.stale_terminal_frames = 0
         self.function_code_answered = 0
         self.eras_ended = 0
-        #: Unattached connections dropped: over ``max_unattached``, or no Heartbeat in time.
-        self.dropped_unattached = 0
 
     def __repr__(self) -> str:
         attached = sum(1 for s in self._executors.values() if s.connection is not None)
@@ -239,6 +236,11 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def set_function_code_resolver(self, resolver: FunctionCodeResolver | None) -> None:
         self._resolver = resolver
+
+    @property
+    def dropped_unattached(self) -> int:
+        """Connections dropped before attaching: over the limit, or no Heartbeat in time."""
+        return self._unattached.dropped
 
     @property
     def heartbeat_timeout_ms(self) -> int:
@@ -285,7 +287,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
             # iteration (before on_connection_made can drop any): a flood holds at most
             # about max_unattached + 2 x backlog of the worker's descriptors at once.
             self._server = await self._loop.create_unix_server(
-                self._new_connection, path, backlog=max(16, 2 * self._max_unattached)
+                self._new_connection, path, backlog=self._backlog
             )
         except BaseException:
             shutil.rmtree(socket_dir, ignore_errors=True)
@@ -340,14 +342,10 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         for state in self._executors.values():
             if state.connection is not None:
                 self._end_era(state, "worker adapter closed")
-        for pending in self._pending_losses.values():
-            if pending.timer is not None:
-                pending.timer.cancel()
+        for _era, exit_timer in self._pending_losses.values():
+            exit_timer.cancel()
         self._pending_losses.clear()
-        for timer in self._unattached.values():
-            if timer is not None:
-                timer.cancel()
-        self._unattached.clear()
+        self._unattached.close()
         for conn in list(self._connections):
             conn.abort("worker adapter closed")
         if server is not None:
@@ -496,10 +494,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
                     "transport_lost",
                 )
                 lost.append(state.executor_id)
-        attach_timeout = self._attach_timeout_s
-        for conn in list(self._unattached):
-            if conn.state is None and not conn.closed and now - conn.opened_at > attach_timeout:
-                self._drop_unattached(conn, "no heartbeat after connecting")
+        self._unattached.expire(now)
         return lost
 
     # --- internals: connections --------------------------------------------------------------
@@ -587,7 +582,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if self._closing:
             return
         heartbeat = state.heartbeat
-        pending = _PendingLoss(
+        era = EraEnd(
             executor_id=state.executor_id,
             era=state.era,
             generation=state.generation,
@@ -602,69 +597,65 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
             cause = "shutdown"
         source = self._exit_source
         if cause is not None or source is None or state.generation is None:
-            self._report_loss(pending, pending.link_loss(cause or "transport_lost", reason))
+            self._report_loss(era, era.link_loss(cause or "transport_lost", reason))
             return
         exit_ = source.exit_of(state.executor_id, state.generation)
         if exit_ is not None:
-            self._report_loss(pending, pending.exit_loss(exit_))
+            self._report_loss(era, era.exit_loss(exit_))
             return
         # The connection ended before the pool saw the process exit: wait a little.
-        earlier = self._pending_losses.pop(state.executor_id, None)
-        if earlier is not None:  # cannot happen: an attach flushes it
-            self._flush_pending(earlier, "superseded")
+        self._flush_pending_loss(state.executor_id)  # (none: an attach flushes it)
         assert self._loop is not None
-        pending.timer = self._loop.call_later(
-            self._exit_wait_s, self._exit_wait_expired, state.executor_id, pending
-        )
-        self._pending_losses[state.executor_id] = pending
+        timer = self._loop.call_later(self._exit_wait_s, self._exit_wait_expired, era)
+        self._pending_losses[state.executor_id] = (era, timer)
 
-    def _report_loss(self, pending: _PendingLoss, loss: ExecutorLoss) -> None:
-        executor_id = pending.executor_id
+    def _report_loss(self, era: EraEnd, loss: ExecutorLoss) -> None:
+        executor_id = era.executor_id
         quiet = self._stopping or loss.cause == "shutdown"
         _log.log(
             logging.DEBUG if quiet else logging.WARNING,
             "executor %s era %d ended: %s: %s (running %s%s; %d call(s) lost, %d started)",
             executor_id,
-            pending.era,
+            era.era,
             loss.cause,
             loss.message,
             loss.running_call_id,
             "" if loss.running_call_known else "?",
-            len(pending.lost),
+            len(era.lost),
             len(loss.started_call_ids),
             extra={"executorId": executor_id, "lossCause": loss.cause},
         )
         try:
-            self._callbacks.on_executor_lost(executor_id, pending.lost, pending.reason, loss)
+            self._callbacks.on_executor_lost(executor_id, era.lost, era.reason, loss)
         except Exception:
             _log.exception("on_executor_lost callback failed for %s", executor_id)
 
     def _on_process_exit(self, exit_: ProcessExit) -> None:
         """The exit source saw a process exit: a report waiting for it goes out."""
-        pending = self._pending_losses.get(exit_.executor_id)
-        if pending is None or pending.generation != exit_.generation or self._closing:
+        waiting = self._pending_losses.get(exit_.executor_id)
+        if waiting is None or waiting[0].generation != exit_.generation or self._closing:
             return
         del self._pending_losses[exit_.executor_id]
-        if pending.timer is not None:
-            pending.timer.cancel()
-        self._report_loss(pending, pending.exit_loss(exit_))
+        era, timer = waiting
+        timer.cancel()
+        self._report_loss(era, era.exit_loss(exit_))
 
-    def _exit_wait_expired(self, executor_id: str, pending: _PendingLoss) -> None:
-        if self._pending_losses.get(executor_id) is not pending or self._closing:
+    def _exit_wait_expired(self, era: EraEnd) -> None:
+        waiting = self._pending_losses.get(era.executor_id)
+        if waiting is None or waiting[0] is not era or self._closing:
             return
-        del self._pending_losses[executor_id]
-        self._flush_pending(pending, f"its process had not exited {self._exit_wait_s:.1f} s later")
-
-    def _flush_pending(self, pending: _PendingLoss, why: str) -> None:
-        if pending.timer is not None:
-            pending.timer.cancel()
-        self._report_loss(pending, pending.link_loss("transport_lost", f"{pending.reason}; {why}"))
+        del self._pending_losses[era.executor_id]
+        why = f"its process had not exited {self._exit_wait_s:.1f} s later"
+        self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
 
     def _flush_pending_loss(self, executor_id: str) -> None:
         """Report a waiting era now (its executor id attaches again)."""
-        pending = self._pending_losses.pop(executor_id, None)
-        if pending is not None:
-            self._flush_pending(pending, "a new connection attached before its exit was seen")
+        waiting = self._pending_losses.pop(executor_id, None)
+        if waiting is not None:
+            era, timer = waiting
+            timer.cancel()
+            why = "a new connection attached before its exit was seen"
+            self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
 
     def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
         self.protocol_errors += 1
@@ -680,7 +671,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if state is not None and state.connection is conn:
             self._end_era(state, reason, "protocol_error")
         else:
-            self._forget_unattached(conn)
+            self._unattached.forget(conn)
             conn.abort(reason)
 
     # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
@@ -689,14 +680,8 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if self._closing:
             conn.abort("worker adapter closed")
             return
-        unattached = self._unattached
-        while len(unattached) >= self._max_unattached:
-            oldest = next(iter(unattached))
-            self._drop_unattached(oldest, "too many connections waiting to attach")
         assert self._loop is not None
-        unattached[conn] = self._loop.call_later(
-            self._attach_timeout_s, self._attach_deadline, conn
-        )
+        self._unattached.admit(conn, self._loop)
         self._connections.add(conn)
         transport = conn._transport
         if self._write_buffer_high_water is not None and transport is not None:
@@ -705,7 +690,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
         self._connections.discard(conn)
-        self._forget_unattached(conn)
+        self._unattached.forget(conn)
         state = conn.state
         if state is not None and state.connection is conn:
             self._end_era(state, conn.close_reason or "connection lost")
@@ -715,35 +700,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def on_attached(self, conn: ExecutorConnection) -> None:
         """The connection attached (handlers): it no longer counts as unattached."""
-        self._forget_unattached(conn)
-
-    # --- internals: unattached connections ---------------------------------------------------
-
-    def _attach_deadline(self, conn: ExecutorConnection) -> None:
-        if conn in self._unattached:
-            self._unattached[conn] = None
-            if conn.state is None and not conn.closed:
-                self._drop_unattached(conn, "no heartbeat after connecting")
-
-    def _forget_unattached(self, conn: ExecutorConnection) -> None:
-        timer = self._unattached.pop(conn, None)
-        if timer is not None:
-            timer.cancel()
-
-    def _drop_unattached(self, conn: ExecutorConnection, why: str) -> None:
-        self._forget_unattached(conn)
-        if conn.closed:
-            return
-        self.dropped_unattached += 1
-        log = _log.warning if self.dropped_unattached <= 10 else _log.debug
-        log(
-            "dropping %r (process %s): %s within %.1f s",
-            conn,
-            conn.peer_pid,
-            why,
-            self._attach_timeout_s,
-        )
-        conn.abort(why)
+        self._unattached.forget(conn)
 
     def on_controls_flushed(self, notes: list[ControlSend]) -> None:
         callbacks = self._callbacks
@@ -760,71 +717,3 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
         if not self._closing:
             self._callbacks.on_control_failed(note, error)
-
-
-class _PendingLoss:
-    """A lost era's report, until its process's exit status is known (or not)."""
-
-    __slots__ = (
-        "era",
-        "executor_id",
-        "generation",
-        "lost",
-        "reason",
-        "running_call_budget_ms",
-        "running_call_id",
-        "running_for_ms",
-        "started",
-        "timer",
-    )
-
-    def __init__(
-        self,
-        *,
-        executor_id: str,
-        era: int,
-        generation: int | None,
-        lost: tuple[LostCall, ...],
-        reason: str,
-        started: frozenset[str],
-        running_call_id: str | None,
-        running_for_ms: int,
-        running_call_budget_ms: int,
-    ) -> None:
-        self.executor_id = executor_id
-        self.era = era
-        self.generation = generation
-        self.lost = lost
-        self.reason = reason
-        self.started = started
-        self.running_call_id = running_call_id
-        self.running_for_ms = running_for_ms
-        self.running_call_budget_ms = running_call_budget_ms
-        self.timer: asyncio.TimerHandle | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"_PendingLoss({self.executor_id!r}, era={self.era}, gen={self.generation}, "
-            f"lost={len(self.lost)}, {self.reason!r})"
-        )
-
-    def link_loss(self, cause: LossCause, message: str) -> ExecutorLoss:
-        """The loss as the link alone knows it (running call: the last heartbeat's)."""
-        return ExecutorLoss(
-            cause=cause,
-            message=message,
-            running_call_id=self.running_call_id,
-            running_call_known=False,
-            started_call_ids=self.started,
-            running_for_ms=self.running_for_ms,
-            running_call_budget_ms=self.running_call_budget_ms,
-        )
-
-    def exit_loss(self, exit_: ProcessExit) -> ExecutorLoss:
-        return loss_from_exit(
-            exit_,
-            started_call_ids=self.started,
-            heartbeat_running_call_id=self.running_call_id,
-            running_for_ms=self.running_for_ms,
-            running_call_budget_ms=self.running_call_budget_ms,
-        )

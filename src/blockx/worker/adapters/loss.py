@@ -32,7 +32,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from blockx.wire.blackbox import (
     CAUSE_DESCRIPTORS_EXHAUSTED,
@@ -42,8 +42,12 @@ from blockx.wire.blackbox import (
     BlackboxRecord,
 )
 
+if TYPE_CHECKING:
+    from .reservations import LostCall
+
 __all__ = [
     "LOSS_CAUSES",
+    "EraEnd",
     "ExecutorLoss",
     "LossCause",
     "ProcessExit",
@@ -195,3 +199,49 @@ def loss_from_exit(
         running_call_budget_ms=running_call_budget_ms,
         returncode=returncode,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EraEnd:
+    """What the link knew when an era ended: its report is built from this and, when the
+    process's exit is known, the pool's :class:`ProcessExit`."""
+
+    executor_id: str
+    era: int
+    #: The pool's generation of the process that attached the era (None: no pool).
+    generation: int | None
+    lost: tuple[LostCall, ...]
+    reason: str
+    started: frozenset[str]
+    #: From the era's last heartbeat.
+    running_call_id: str | None
+    running_for_ms: int
+    running_call_budget_ms: int
+
+    def __repr__(self) -> str:
+        return (
+            f"EraEnd({self.executor_id!r}, era={self.era}, gen={self.generation}, "
+            f"lost={len(self.lost)}, {self.reason!r})"
+        )
+
+    def link_loss(self, cause: LossCause, message: str) -> ExecutorLoss:
+        """The loss as the link alone knows it (the running call: the last heartbeat's)."""
+        return ExecutorLoss(
+            cause=cause,
+            message=message,
+            running_call_id=self.running_call_id,
+            running_call_known=False,
+            started_call_ids=self.started,
+            running_for_ms=self.running_for_ms,
+            running_call_budget_ms=self.running_call_budget_ms,
+        )
+
+    def exit_loss(self, exit_: ProcessExit) -> ExecutorLoss:
+        """The loss once the process's exit is known (:func:`loss_from_exit`)."""
+        return loss_from_exit(
+            exit_,
+            started_call_ids=self.started,
+            heartbeat_running_call_id=self.running_call_id,
+            running_for_ms=self.running_for_ms,
+            running_call_budget_ms=self.running_call_budget_ms,
+        )
