@@ -65,25 +65,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
 import functools
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
-
-import orjson
 
 from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
 
 from . import process_tree
 from .errors import AdapterUsageError, SpawnError
 from .loss import LossCause, ProcessExit, describe_returncode
+from .pool_output import OutputReader
+from .pool_slots import SlotInfo, SlotState, _Slot
 from .spawner import ExecutorLaunchSpec, ExecutorSpawner, ProcessSpawner
 
 if TYPE_CHECKING:
@@ -92,180 +89,9 @@ if TYPE_CHECKING:
 __all__ = ["PoolManager", "SlotInfo", "SlotState"]
 
 _log = logging.getLogger("blockx.worker.pool")
-_output_log = logging.getLogger("blockx.worker.executor")
 
 #: Poll interval when pidfds are unavailable.
 _POLL_INTERVAL_S: Final = 0.1
-#: Longest forwarded output line; the rest is cut.
-_MAX_LINE: Final = 64 * 1024
-_LEVELS: Final = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
-#: Fields of the executor's JSON log lines kept on the forwarded record.
-_FORWARDED_FIELDS: Final = ("callId", "taskId", "attemptSeq", "functionId")
-
-
-class SlotState(enum.Enum):
-    """Where one executor slot is in its life."""
-
-    #: A process is running (it may not have attached to the adapter yet).
-    RUNNING = "RUNNING"
-    #: The process exited; a restart is due after ``restart_delay_ms``.
-    WAITING = "WAITING"
-    #: Restarted too often; the next start is after ``backoff_ms``.
-    BACKOFF = "BACKOFF"
-    #: Not started, or the pool stopped.
-    STOPPED = "STOPPED"
-
-
-@dataclass(frozen=True, slots=True)
-class SlotInfo:
-    """A slot at one instant (for status pages, logs and tests)."""
-
-    executor_id: str
-    state: SlotState
-    pid: int | None
-    #: Restarts counted in the current restart window.
-    restarts_in_window: int
-    restarts_total: int
-    exits_total: int
-    #: Exit status of the last process (negative: killed by that signal).
-    last_returncode: int | None
-    last_exit_reason: str | None
-
-
-class _OutputReader:
-    """Forwards one child pipe to the log, line by line, from the event loop."""
-
-    __slots__ = ("_buffer", "_fd", "_loop", "_stream", "executor_id")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, fd: int, executor_id: str, stream: str
-    ) -> None:
-        self._loop = loop
-        self._fd = fd
-        self._stream = stream
-        self._buffer = bytearray()
-        self.executor_id = executor_id
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._readable)
-
-    def _readable(self) -> None:
-        try:
-            data = os.read(self._fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            self._emit(bytes(buffer[start:end]))
-            start = end + 1
-        del buffer[:start]
-        if len(buffer) > _MAX_LINE:
-            self._emit(bytes(buffer[:_MAX_LINE]) + b" [cut]")
-            buffer.clear()
-
-    def close(self) -> None:
-        """Stop reading (EOF or pool shutdown); the rest of the buffer is logged."""
-        if self._fd < 0:
-            return
-        self._loop.remove_reader(self._fd)
-        os.close(self._fd)
-        self._fd = -1
-        if self._buffer:
-            self._emit(bytes(self._buffer))
-            self._buffer.clear()
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
-    def _emit(self, line: bytes) -> None:
-        text = line.decode("utf-8", "replace").rstrip("\r")
-        if not text:
-            return
-        executor_id = self.executor_id
-        level = logging.WARNING if self._stream == "stderr" else logging.INFO
-        extra: dict[str, Any] = {"executorId": executor_id, "executorStream": self._stream}
-        if text.startswith("{"):
-            try:
-                record = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and "msg" in record:
-                level = _LEVELS.get(str(record.get("level", "")).lower(), level)
-                text = str(record["msg"])
-                if record.get("exc"):
-                    text += "\n" + str(record["exc"])
-                for key in _FORWARDED_FIELDS:
-                    if key in record:
-                        extra[key] = record[key]
-                if "logger" in record:
-                    extra["executorLogger"] = record["logger"]
-        if _output_log.isEnabledFor(level):
-            _output_log.log(level, "[%s] %s", executor_id, text, extra=extra)
-
-
-class _Slot:
-    __slots__ = (
-        "blackbox_path",
-        "executor_id",
-        "exits",
-        "exits_total",
-        "generation",
-        "killed",
-        "last_exit_reason",
-        "last_returncode",
-        "outputs",
-        "pidfd",
-        "process",
-        "restart_times",
-        "restarts_total",
-        "spawning",
-        "started_at",
-        "state",
-        "timer",
-    )
-
-    def __init__(self, executor_id: str) -> None:
-        self.executor_id = executor_id
-        self.state = SlotState.STOPPED
-        self.process: subprocess.Popen[bytes] | None = None
-        self.pidfd = -1
-        self.timer: asyncio.TimerHandle | None = None
-        self.restart_times: deque[float] = deque()
-        self.restarts_total = 0
-        self.exits_total = 0
-        self.last_returncode: int | None = None
-        self.last_exit_reason: str | None = None
-        self.started_at = 0.0
-        self.outputs: list[_OutputReader] = []
-        #: The spawn in flight on the spawner thread, if any.
-        self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
-        #: Spawns so far; the running process's is its generation.
-        self.generation = 0
-        #: The last few exits, by generation (the adapter asks for its era's).
-        self.exits: dict[int, ProcessExit] = {}
-        #: Why the pool killed the running process on the worker's order, and the cause.
-        self.killed: tuple[str, LossCause] | None = None
-        self.blackbox_path: str | None = None
-
-    def __repr__(self) -> str:
-        pid = self.process.pid if self.process is not None else None
-        return f"_Slot({self.executor_id!r}, {self.state.name}, pid={pid})"
 
 
 _describe_exit = describe_returncode
@@ -699,7 +525,7 @@ class PoolManager:
                 # The reader owns the fd from here; detach it from the file object.
                 fd = os.dup(pipe.fileno())
                 pipe.close()
-                slot.outputs.append(_OutputReader(loop, fd, slot.executor_id, stream))
+                slot.outputs.append(OutputReader(loop, fd, slot.executor_id, stream))
         try:
             slot.pidfd = os.pidfd_open(process.pid)
         except (AttributeError, OSError):
@@ -894,40 +720,6 @@ class PoolManager:
             _signal_process_group(process, signum)
 
 
-def _signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
-    """Signal the process's group when it leads one (our spawners make it so), else the
-    process alone. A process that is gone already is not an error."""
-    pid = process.pid
-    try:
-        leads_group = os.getpgid(pid) == pid
-        if leads_group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-#: How many parents up :func:`_descends_from` looks (bubblewrap: executor, its init, bwrap).
-_MAX_SPAWN_DEPTH: Final = 4
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is ``ancestor`` or one of its first few generations of children."""
-    for _ in range(_MAX_SPAWN_DEPTH + 1):
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return False
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        try:
-            pid = int(fields[1])
-        except (IndexError, ValueError):
-            return False
-        if pid <= 1:
-            return False
-    return False
+# Kept under their old names for callers and tests.
+_signal_process_group = process_tree.signal_process_group
+_descends_from = process_tree.descends_from

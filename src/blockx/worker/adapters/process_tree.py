@@ -31,17 +31,20 @@ import contextlib
 import os
 import secrets
 import signal
+import subprocess
 from collections.abc import Iterable
 from typing import Final
 
 __all__ = [
     "MARK_ENV",
     "descendants",
+    "descends_from",
     "kill_marked",
     "kill_orphans",
     "kill_pids",
     "mark_of",
     "process_start_time",
+    "signal_process_group",
     "worker_mark_prefix",
 ]
 
@@ -176,3 +179,42 @@ def kill_orphans() -> list[int]:
     with contextlib.suppress(Exception):
         kill_pids(victims)
     return victims
+
+
+def signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
+    """Signal the process's group when it leads one (our spawners make it so), else the
+    process alone. A process that is gone already is not an error."""
+    pid = process.pid
+    try:
+        leads_group = os.getpgid(pid) == pid
+        if leads_group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+#: How many parents up :func:`_descends_from` looks (bubblewrap: executor, its init, bwrap).
+MAX_SPAWN_DEPTH: Final = 4
+
+
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor`` or one of its first few generations of children."""
+    for _ in range(MAX_SPAWN_DEPTH + 1):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        try:
+            pid = int(fields[1])
+        except (IndexError, ValueError):
+            return False
+        if pid <= 1:
+            return False
+    return False
