@@ -92,7 +92,7 @@ class AdapterCallbacks:
     #: ``(executor_id, lost_calls, reason, loss)`` — the connection era ended
     #: (disconnect, heartbeat timeout, protocol error, reconnect, the process
     #: died). Every call that held a reservation there is in ``lost_calls``
-    #: (``LostCall.started``: it had sent a frame). ``loss`` says why, as far as
+    #: (``LostCall.started``: it had sent an io / sub-call wait). ``loss`` says why, as far as
     #: the worker can tell (:class:`~blockx.worker.adapters.loss.ExecutorLoss`:
     #: cause, message, the call running when it died, the started calls): the
     #: blame rules of docs/security.md take it from there. May come up to the

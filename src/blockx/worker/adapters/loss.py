@@ -80,7 +80,10 @@ class ExecutorLoss:
     running_call_id: str | None = None
     #: Whether ``running_call_id`` is certain (from the black box) rather than a guess.
     running_call_known: bool = False
-    #: Calls of the era that had sent at least one frame (they ran user code).
+    #: Calls of the era that had sent at least one frame from user code (an io or
+    #: sub-call ``CallWaiting``; a ``function_code`` wait comes before user code runs, a
+    #: terminal frame ends the call). A call that only computed or slept locally sent
+    #: none: the black box's ``running_call_id`` is the one that held the thread.
     started_call_ids: frozenset[str] = frozenset()
     #: From the era's last heartbeat: how long its running call had run since it was
     #: last switched into, and that call's budget then (0: none runs / unlimited). With

@@ -13,7 +13,7 @@ a *reservation* on that executor's current connection until one of:
 * the connection's era ends (reconnect, heartbeat timeout, protocol error):
   :meth:`Reservations.take_all` hands every call to the lost path.
 
-A reserved call that sent a frame (a ``CallWaiting``) has *started*: it ran user
+A reserved call that sent an io or sub-call ``CallWaiting`` has *started*: it ran user
 code on that executor. :attr:`Reservations.started` holds them until their
 reservation goes; :meth:`Reservations.take_all` says which lost calls had
 (the blame rules of docs/security.md retry the others without spending an attempt).
@@ -54,7 +54,7 @@ class LostCall(NamedTuple):
     parent_call_id: str | None
     #: The reservation was draining (cancelled) when the era ended.
     draining: bool
-    #: The call had sent at least one frame on that connection (it ran user code).
+    #: The call had sent an io / sub-call wait on that connection (it ran user code).
     started: bool = False
 
 
