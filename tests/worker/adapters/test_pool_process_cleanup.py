@@ -32,10 +32,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 #: Starts ``sleep`` in a new session, writes its pid to ``p['path']``, then sleeps or exits.
 STARTER = """
-import os, subprocess, time
+import os, shutil, subprocess, time
 
 def _(p):
-    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    env = {} if p.get("clean_env") else None  # {}: no mark either
+    child = subprocess.Popen([shutil.which("sleep"), "300"], start_new_session=True, env=env)
     with open(p["path"] + ".tmp", "w") as f:
         f.write(str(child.pid))
     os.rename(p["path"] + ".tmp", p["path"])
@@ -148,6 +149,21 @@ def test_pools_of_one_process_leave_each_others_processes_alone(tmp_path: Path) 
             await asyncio.sleep(0.3)  # pool A stopped and swept its marks
             assert not process_is_gone(executor_b) and not process_is_gone(child)
             assert rec_b.named("lost") == []
+        assert await gone(child)
+
+    asyncio.run(scenario())
+
+
+def test_stopping_the_pool_kills_a_child_without_the_mark(tmp_path: Path) -> None:
+    """A child that left the group and cleared its environment: the tree seen before the
+    executors were told to stop still names it."""
+
+    async def scenario() -> None:
+        rec = Recorder()
+        async with linked_pool(rec) as (adapter, _pool):
+            child = await start_child(adapter, tmp_path / "pid", clean_env=True)
+            with open(f"/proc/{child}/environ", "rb") as f:
+                assert process_tree.MARK_ENV.encode() not in f.read()
         assert await gone(child)
 
     asyncio.run(scenario())

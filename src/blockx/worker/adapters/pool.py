@@ -338,11 +338,19 @@ class PoolManager:
             if slot.process is None:
                 self._set_state(slot, SlotState.STOPPED)
         running = [s for s in self._slots.values() if s.process is not None]
+        # What the executors started, seen while they live (once they exit their children
+        # are reparented away): killed below unless gone (the start time guards against a
+        # reused pid).
+        started: list[tuple[int, int | None]] = []
+        for slot in running:
+            assert slot.process is not None
+            for pid in process_tree.descendants(slot.process.pid):
+                started.append((pid, process_tree.process_start_time(pid)))
         if running:
             self._all_exited = loop.create_future()
             for slot in running:
                 # The executor kills what it started when it exits; anything that escapes
-                # is killed by its mark once it has (_reaped).
+                # is killed by its mark or by the list above once it has.
                 self._signal(slot, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(self._all_exited), self._stop_grace_s)
@@ -367,6 +375,9 @@ class PoolManager:
             for reader in slot.outputs:
                 reader.close()
             slot.outputs.clear()
+        process_tree.kill_pids(
+            pid for pid, start in started if process_tree.process_start_time(pid) == start
+        )
         if self._spawn_thread is not None:
             if self._mark_prefix is not None:
                 # Whatever any of this pool's executors started and is still running.
