@@ -210,13 +210,15 @@ class ExecutorConnection(asyncio.Protocol):
             self.batches_received += 1
             try:
                 self._owner.on_frames(self, frames)
-            except (RecursionError, ProtocolError, TypeError, ValueError, KeyError) as exc:
+            except (RecursionError, ProtocolError, TypeError, ValueError, KeyError) as unhandled:
                 # A frame of a shape the handlers did not expect: a protocol error of
-                # this connection, logged with what it was.
+                # this connection, logged with what it was. (Its own name: mypyc types a
+                # name once per function.)
                 _log.exception("%r: handling a frame failed", self)
                 if not self._closed:
+                    what = f"{type(unhandled).__name__}: {unhandled}"
                     self._owner.on_protocol_error(
-                        self, ProtocolError(f"unhandled frame shape: {type(exc).__name__}: {exc}")
+                        self, ProtocolError(f"unhandled frame shape: {what}")
                     )
 
     def eof_received(self) -> bool:
