@@ -52,11 +52,13 @@ STAMP = Path("blockx") / "_native_build.json"
 #: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
+    "blockx/worker/core/blame.py",
     "blockx/worker/core/commands.py",
     "blockx/worker/core/convergence.py",
     "blockx/worker/core/dispatcher.py",
     "blockx/worker/core/fairness.py",
     "blockx/worker/core/invariants.py",
+    "blockx/worker/core/isolation.py",
     "blockx/worker/core/keys.py",
     "blockx/worker/core/lifecycle.py",
     "blockx/worker/core/records.py",

@@ -34,6 +34,7 @@ from blockx.worker.core import (
     DispatchCommand,
     DispatcherConfig,
     DispatcherCore,
+    ExecutorLossReport,
     ExecutorSnapshot,
     ReleaseWait,
     ResumeParentCall,
@@ -235,16 +236,28 @@ class Runtime:
         self.snapshots = {snap.executor_id: snap for snap in snaps}
         return self.run(self.core.handle_executor_snapshot_updated(list(snaps)))
 
-    def lose_executor(self, executor_id: str) -> list[DispatchCommand]:
-        """Transport lost: refresh the snapshot without it, then report the loss."""
+    def lose_executor(
+        self, executor_id: str, report: ExecutorLossReport | None = None
+    ) -> list[DispatchCommand]:
+        """The era ended: refresh the snapshot without it, then report the loss."""
         remaining = [s for s in self.snapshots.values() if s.executor_id != executor_id]
         out = self.set_executors(*remaining)
         self.lost.add(executor_id)
         for call_id, cmd in list(self.running.items()):
             if cmd.executor_id == executor_id:
                 del self.running[call_id]
-        out += self.run(self.core.handle_executor_lost(executor_id, self.now))
+        out += self.run(self.core.handle_executor_lost(executor_id, self.now, report))
         return out
+
+    def restore_executor(self, executor_id: str, **kw: object) -> list[DispatchCommand]:
+        """The pool restarted it: a snapshot shows it again (a new era)."""
+        snaps = dict(self.snapshots)
+        snaps[executor_id] = snapshot(executor_id, **kw)
+        return self.set_executors(*snaps.values())
+
+    def calls_on(self, executor_id: str) -> list[str]:
+        """Call ids whose live attempt runs on ``executor_id`` (sent, not ended)."""
+        return sorted(c for c, cmd in self.running.items() if cmd.executor_id == executor_id)
 
     def register(self, task_id: str, calls: Sequence[CallSpec], **kw: object) -> list[str]:
         prepared = self.core.prepare_call_phase_with_digests(

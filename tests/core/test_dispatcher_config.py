@@ -77,3 +77,14 @@ def test_core_error_kinds_match_the_wire_vocabulary() -> None:
     assert core_types.ERR_RESUME_SEND_FAILED == wire_keys.ERR_RESUME_SEND_FAILED
     assert core_types.ERR_SUBCALL_DEPTH_EXCEEDED == wire_keys.ERR_SUBCALL_DEPTH_EXCEEDED
     assert core_types.ERR_SUBCALL_CYCLE_DETECTED == wire_keys.ERR_SUBCALL_CYCLE_DETECTED
+    assert core_types.ERR_EXECUTOR_CRASHED == wire_keys.ERR_EXECUTOR_CRASHED
+    assert core_types.ERR_EXECUTOR_WEDGED == wire_keys.ERR_EXECUTOR_WEDGED
+    assert core_types.ERR_MEMORY_EXCEEDED == wire_keys.ERR_MEMORY_EXCEEDED
+    assert core_types.ERR_PROTOCOL_ERROR == wire_keys.ERR_PROTOCOL_ERROR
+
+
+def test_the_loss_causes_the_core_knows_are_the_links() -> None:
+    """Every cause but ``shutdown`` makes suspects (blockx.worker.adapters.loss)."""
+    from blockx.worker.adapters.loss import LOSS_CAUSES
+
+    assert core_types.LOSS_CAUSES_BLAMING | {core_types.LOSS_SHUTDOWN} == LOSS_CAUSES

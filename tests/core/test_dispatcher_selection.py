@@ -54,8 +54,12 @@ def brute_force(
             )
             and not (
                 ex.running_call_id is not None
-                and now_ms - ex.last_scheduler_active_at_ms > config.stall_timeout_ms
+                and ex.running_call_budget_ms > 0
+                and ex.running_for_ms
+                > max(config.scheduler_stall_timeout_ms or 0, ex.running_call_budget_ms + 1000)
             )
+            and ex.reserved_for is None
+            and ex.isolating is None
         )
 
     candidates = [ex for ex in table if eligible(ex)]
@@ -64,8 +68,8 @@ def brute_force(
     return min(
         candidates,
         key=lambda ex: (
-            runnable(ex),
             ex.local_inflight,
+            runnable(ex),
             ex.local_inflight - ex.usable_contexts,
             ex.executor_id,
         ),
@@ -81,7 +85,8 @@ snapshots = st.lists(
         runnable_count=st.integers(0, 6),
         heartbeat_seq=st.integers(0, 3),
         running_call_id=st.sampled_from([None, None, "x"]),
-        last_scheduler_active_at_ms=st.integers(0, 40),
+        running_for_ms=st.integers(0, 9000),
+        running_call_budget_ms=st.sampled_from([0, 1000, 3000]),
         memory_bytes=st.integers(0, 10),
     ),
     max_size=6,
@@ -95,6 +100,8 @@ operations = st.lists(
         st.tuples(st.just("release"), st.tuples(st.integers(0, 50), st.booleans())),
         st.tuples(st.just("tick"), st.integers(0, 10)),
         st.tuples(st.just("lose"), st.sampled_from(IDS)),
+        st.tuples(st.just("reserve"), st.sampled_from(IDS)),  # drain it for a suspect
+        st.tuples(st.just("unreserve"), st.sampled_from(IDS)),
     ),
     max_size=60,
 )
@@ -162,6 +169,15 @@ def test_exact_selection_matches_a_full_scan(
             ex = table.get(arg)  # type: ignore[arg-type]
             if ex is not None:
                 table.mark_lost(ex)
+        elif op == "reserve":
+            ex = table.get(arg)  # type: ignore[arg-type]
+            if ex is not None and ex.present and not ex.lost:
+                seq += 1
+                table.reserve_for(ex, _context(seq))
+        elif op == "unreserve":
+            ex = table.get(arg)  # type: ignore[arg-type]
+            if ex is not None and ex.reserved_for is not None:
+                table.release_reservation(ex)
         expected = brute_force(table, config, now)
         assert table.select_executor(now) is expected
         if expected is not None:

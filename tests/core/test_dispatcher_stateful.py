@@ -39,6 +39,7 @@ from blockx.worker.core import (
     ConvergeTaskCalls,
     DispatcherConfig,
     DispatcherCore,
+    ExecutorLossReport,
     FailurePolicy,
 )
 
@@ -478,10 +479,29 @@ class DispatcherMachine(RuleBasedStateMachine):
     def lose_executor(self, data: st.DataObject) -> None:
         rt = self.runtime
         executor = data.draw(st.sampled_from(self._busy_executors()))
-        for call_id, cmd in rt.running.items():
-            if cmd.executor_id == executor:
-                self.ended_attempts.append((call_id, cmd.attempt_seq))
-        rt.lose_executor(executor)
+        on = sorted(c for c, cmd in rt.running.items() if cmd.executor_id == executor)
+        for call_id in on:
+            self.ended_attempts.append((call_id, rt.running[call_id].attempt_seq))
+        report = data.draw(
+            st.none()
+            | st.builds(
+                ExecutorLossReport,
+                cause=st.sampled_from(
+                    [
+                        "transport_lost",
+                        "executor_crashed",
+                        "memory_exceeded",
+                        "executor_wedged",
+                        "protocol_error",
+                        "shutdown",
+                    ]
+                ),
+                running_call_id=st.none() | st.sampled_from(on),
+                running_call_known=st.booleans(),
+                started_call_ids=st.none() | st.frozensets(st.sampled_from(on)),
+            )
+        )
+        rt.lose_executor(executor, report)
 
     @rule(
         executor=st.sampled_from(EXECUTORS),
@@ -505,7 +525,8 @@ class DispatcherMachine(RuleBasedStateMachine):
             "runnable_count": runnable,
             "memory_bytes": memory,
             "running_call_id": "x" if stalled else None,
-            "last_scheduler_active_at_ms": rt.now - 60_000 if stalled else rt.now,
+            "running_for_ms": 60_000 if stalled else 0,
+            "running_call_budget_ms": 1_000,
         }
         self._apply_snapshots(overrides)
 

@@ -109,7 +109,9 @@ def test_kill_9_mid_call_is_retried_and_loses_nothing(mode: str) -> None:
             result = await handle.result()
             assert result.success, result.errors[:3]
             assert result.outputs == [{"i": i} for i in range(300)]  # none lost, none twice
-            assert result.stats.retries >= 80
+            # Nothing blames the sleeping calls (none had sent a frame from user code, and
+            # none held the executor's thread): each runs again without spending an attempt.
+            assert result.stats.retries == 0
             slot = worker.pool.slot("exec-0")
             assert slot.last_returncode == -signal.SIGKILL and slot.restarts_total >= 1
             while not worker.adapter.is_attached("exec-0"):

@@ -168,6 +168,23 @@ def test_the_bubblewrap_command() -> None:
     spawner.close()
 
 
+@needs_sandbox
+def test_the_black_box_is_the_one_file_bound_read_write() -> None:
+    spawner = SandboxSpawner(SandboxSettings(memory_mb=0, cpus=0, pids_max=0))
+    spec = ExecutorLaunchSpec(
+        executor_id="exec-3",
+        socket_path="/tmp/blockx-w-1/worker.sock",
+        blackbox_path="/tmp/blockx-w-1/exec-3.blackbox",
+    )
+    argv = spawner.command(spec)
+    writable = [argv[i + 1 : i + 3] for i, a in enumerate(argv) if a in ("--bind", "--dev-bind")]
+    assert writable == [[spec.blackbox_path, spec.blackbox_path]]
+    # After the read-only bind of its directory, so it is writable on top of it.
+    assert argv.index("--bind") > argv.index("/tmp/blockx-w-1")
+    assert argv[argv.index("--blackbox-path") + 1] == spec.blackbox_path
+    spawner.close()
+
+
 def test_read_only_roots_never_take_a_home_or_top_level_directory_whole() -> None:
     roots = python_read_roots(sys.executable, python_import_roots())
 

@@ -253,7 +253,7 @@ def test_the_knob_table_lists_every_knob() -> None:
     for section, name, f in knobs:
         assert f"``{section}.{name}``\n    ``{f.metadata['env']}``" in table
     knobs = list(iter_knobs())
-    assert len(knobs) == 38
+    assert len(knobs) == 43
     envs = [f.metadata["env"] for _, _, f in knobs]
     assert len(set(envs)) == len(envs)
     seed_envs = {f.metadata["env"] for _, _, f in knobs if f.metadata["seed_env"]}
@@ -272,3 +272,46 @@ def test_the_knob_table_lists_every_knob() -> None:
     markdown = knob_table(markdown=True)
     assert markdown.count("\n") == len(knobs) + 1
     assert "| `dispatcher.call_deadline_ms` | `CALL_DEADLINE_MS` (seed) | `5000` |" in markdown
+
+
+def test_budget_knobs_are_bounded_to_a_day() -> None:
+    from blockx.worker.config import MAX_DURATION_MS
+
+    assert MAX_DURATION_MS == 86_400_000
+    ok = load_config(env={"CALL_DEADLINE_MS": "86400000", "EXECUTOR_BACKOFF_MS": "0"})
+    assert ok.dispatcher.call_deadline_ms == 86_400_000
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            env={
+                "CALL_DEADLINE_MS": "10000000000000",
+                "SCHEDULER_STALL_TIMEOUT_MS": "86400001",
+                "EXECUTOR_HEARTBEAT_TIMEOUT_MS": "99999999999",
+                "EXECUTOR_ATTACH_TIMEOUT_MS": "0",
+            }
+        )
+    problems = "\n".join(info.value.problems)
+    assert (
+        "CALL_DEADLINE_MS='10000000000000': expected a non-negative integer of at most 86400000"
+        in problems
+    )
+    assert "SCHEDULER_STALL_TIMEOUT_MS" in problems and "EXECUTOR_HEARTBEAT_TIMEOUT_MS" in problems
+    assert "EXECUTOR_ATTACH_TIMEOUT_MS='0': expected a positive integer" in problems
+
+
+def test_executor_memory_and_descriptor_limits() -> None:
+    from blockx.worker.config import auto_memory_limit_mb
+
+    default = load_config(env={})
+    assert default.pool.memory_limit_mb is None  # sized from the machine
+    effective = default.pool.memory_limit_mb_effective
+    assert 256 <= effective <= 4096 and effective == auto_memory_limit_mb(8)
+    assert auto_memory_limit_mb(10_000_000) == 256  # never below the floor
+    assert default.pool.max_open_files == 1024
+    none = load_config(env={"EXECUTOR_MEMORY_LIMIT_MB": "0", "EXECUTOR_MAX_OPEN_FILES": "0"})
+    assert none.pool.memory_limit_mb_effective == 0 and none.pool.max_open_files == 0
+    set_ = load_config(env={"EXECUTOR_MEMORY_LIMIT_MB": "700"})
+    assert set_.pool.memory_limit_mb_effective == 700
+    with pytest.raises(ConfigError, match="EXECUTOR_MEMORY_LIMIT_MB='-1'"):
+        load_config(env={"EXECUTOR_MEMORY_LIMIT_MB": "-1"})
+    with pytest.raises(ConfigError, match="EXECUTOR_MAX_OPEN_FILES='abc'"):
+        load_config(env={"EXECUTOR_MAX_OPEN_FILES": "abc"})

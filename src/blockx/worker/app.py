@@ -281,6 +281,9 @@ class Worker:
             outbox_depth=cfg.adapter.outbox_depth,
             frames_per_write=cfg.adapter.frames_per_write,
             socket_dir=cfg.adapter.socket_dir,
+            max_unattached=cfg.adapter.max_unattached_connections,
+            attach_timeout_ms=cfg.adapter.attach_timeout_ms,
+            exit_wait_ms=cfg.adapter.exit_wait_ms,
         )
         await adapter.start()
         self._adapter = adapter
@@ -301,6 +304,7 @@ class Worker:
             self._orchestrator = orchestrator
             pool = PoolManager.from_config(cfg, adapter.socket_path, spawner=self._spawner)
             adapter.set_peer_check(pool.check_peer)
+            adapter.set_exit_source(pool)
             orchestrator.set_pool(pool)
             self._pool = pool
             self._admission = asyncio.Semaphore(cfg.admission.executor_task_slots)

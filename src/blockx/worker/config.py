@@ -78,6 +78,7 @@ from .config_kinds import (
 __all__ = [
     "CONFIG_FILE_ENV",
     "HEARTBEAT_TIMEOUT_MARGIN_MS",
+    "MAX_DURATION_MS",
     "STALL_TIMEOUT_MARGIN_MS",
     "STALL_TIMEOUT_MIN_MARGIN_MS",
     "AdapterConfig",
@@ -87,6 +88,7 @@ __all__ = [
     "PoolConfig",
     "StreamBuildConfig",
     "WorkerConfig",
+    "auto_memory_limit_mb",
     "iter_knobs",
     "knob_table",
     "load_config",
@@ -100,6 +102,26 @@ STALL_TIMEOUT_MARGIN_MS: Final = 5000
 STALL_TIMEOUT_MIN_MARGIN_MS: Final = 1000
 #: The heartbeat timeout is at least ``stall_timeout_ms`` + this.
 HEARTBEAT_TIMEOUT_MARGIN_MS: Final = 5000
+#: The longest duration any knob takes: 24 h, in ms.
+MAX_DURATION_MS: Final = 86_400_000
+#: A duration in ms, 0 allowed (it means "none" or "unlimited" where the knob says so).
+DURATION_MS: Final = Int(0, maximum=MAX_DURATION_MS)
+#: A duration in ms that must not be 0.
+POSITIVE_DURATION_MS: Final = Int(1, maximum=MAX_DURATION_MS)
+#: The automatic executor memory limit: total memory / executors, within these bounds.
+AUTO_MEMORY_LIMIT_MIN_MB: Final = 256
+AUTO_MEMORY_LIMIT_MAX_MB: Final = 4096
+
+
+def auto_memory_limit_mb(executor_count: int) -> int:
+    """The default ``EXECUTOR_MEMORY_LIMIT_MB``: the machine's memory shared by the executors,
+    at least 256 and at most 4096 MB."""
+    try:
+        total_mb = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError, AttributeError):
+        return AUTO_MEMORY_LIMIT_MAX_MB
+    share = total_mb // max(executor_count, 1)
+    return max(AUTO_MEMORY_LIMIT_MIN_MB, min(AUTO_MEMORY_LIMIT_MAX_MB, share))
 
 
 # --- sections ------------------------------------------------------------------------------
@@ -125,7 +147,7 @@ class PoolConfig:
     )
     restart_delay_ms: int = knob(
         1000,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="EXECUTOR_RESTART_DELAY_MS",
         doc="Wait before restarting an executor that exited.",
     )
@@ -137,19 +159,19 @@ class PoolConfig:
     )
     restart_window_ms: int = knob(
         60_000,
-        kind=POSITIVE,
+        kind=POSITIVE_DURATION_MS,
         env="EXECUTOR_RESTART_WINDOW_MS",
         doc="Window in which restarts are counted.",
     )
     backoff_ms: int = knob(
         30_000,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="EXECUTOR_BACKOFF_MS",
         doc="How long a slot that restarted too often waits (state BACKOFF).",
     )
     stop_grace_ms: int = knob(
         5000,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="EXECUTOR_STOP_GRACE_MS",
         doc="On shutdown, SIGTERM first and SIGKILL after this long.",
     )
@@ -165,6 +187,21 @@ class PoolConfig:
         env="EXECUTOR_PYTHON",
         default_text="sys.executable",
         doc="Python interpreter that runs ``-m blockx.executor``.",
+    )
+    memory_limit_mb: int | None = knob(
+        None,
+        kind=Int(0, optional=True, maximum=1 << 22),
+        env="EXECUTOR_MEMORY_LIMIT_MB",
+        default_text="total memory / executor_count, 256..4096",
+        doc="Memory of each executor process, MiB (0 = none); over it the executor exits and "
+        "the call running then fails ``memory_exceeded``. Enforced in both spawn modes.",
+    )
+    max_open_files: int = knob(
+        1024,
+        kind=Int(0, maximum=1 << 20),
+        env="EXECUTOR_MAX_OPEN_FILES",
+        doc="RLIMIT_NOFILE of each executor (0 = inherited from the worker); an executor "
+        "whose calls run out of descriptors recycles itself.",
     )
     sandbox_memory_mb: int = knob(
         1024,
@@ -204,6 +241,13 @@ class PoolConfig:
     @property
     def python_executable(self) -> str:
         return self.python or sys.executable
+
+    @property
+    def memory_limit_mb_effective(self) -> int:
+        """``memory_limit_mb``, or the machine's share when it is unset (0 = none)."""
+        if self.memory_limit_mb is None:
+            return auto_memory_limit_mb(self.executor_count)
+        return self.memory_limit_mb
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,14 +292,14 @@ class DispatcherSettings:
     )
     call_deadline_ms: int = knob(
         5000,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="CALL_DEADLINE_MS",
         seed_env=True,
         doc="Execution budget of every root call attempt, ms (0 = unlimited).",
     )
     scheduler_stall_timeout_ms: int | None = knob(
         None,
-        kind=Int(0, optional=True),
+        kind=Int(0, optional=True, maximum=MAX_DURATION_MS),
         env="SCHEDULER_STALL_TIMEOUT_MS",
         seed_env=True,
         default_text="call_deadline_ms + 5000",
@@ -267,14 +311,14 @@ class DispatcherSettings:
     )
     base_backoff_ms: int = knob(
         10,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="CALL_RETRY_BASE_BACKOFF_MS",
         doc="Retry backoff base (``base * 2^(attempt-1)`` + up to 5% jitter) when the task "
         "names none.",
     )
     max_backoff_ms: int = knob(
         60_000,
-        kind=NON_NEGATIVE,
+        kind=DURATION_MS,
         env="CALL_RETRY_MAX_BACKOFF_MS",
         doc="Longest single retry backoff.",
     )
@@ -340,7 +384,7 @@ class AdapterConfig:
 
     heartbeat_timeout_ms: int = knob(
         10_000,
-        kind=POSITIVE,
+        kind=POSITIVE_DURATION_MS,
         env="EXECUTOR_HEARTBEAT_TIMEOUT_MS",
         doc="No heartbeat for this long = transport lost; coupled: at least "
         "``stall_timeout_ms + 5000``.",
@@ -349,7 +393,28 @@ class AdapterConfig:
         256,
         kind=POSITIVE,
         env="EXECUTOR_OUTBOX_DEPTH",
-        doc="Frames queued per executor connection before sends are refused (retryable).",
+        doc="Frames queued per executor connection past which heartbeat acks are dropped; "
+        "call frames wait for the connection to drain instead (never refused).",
+    )
+    max_unattached_connections: int = knob(
+        8,
+        kind=Int(1, maximum=4096),
+        env="EXECUTOR_MAX_UNATTACHED_CONNECTIONS",
+        doc="Connections to the worker's socket that have not attached (sent a valid "
+        "Heartbeat), held at once; the oldest is dropped for a new one.",
+    )
+    attach_timeout_ms: int = knob(
+        2000,
+        kind=POSITIVE_DURATION_MS,
+        env="EXECUTOR_ATTACH_TIMEOUT_MS",
+        doc="A connection that sent no valid Heartbeat this long after connecting is dropped.",
+    )
+    exit_wait_ms: int = knob(
+        1500,
+        kind=DURATION_MS,
+        env="EXECUTOR_EXIT_WAIT_MS",
+        doc="How long a lost connection's report waits for its process's exit status "
+        "(which says why it was lost).",
     )
     frames_per_write: int = knob(
         64,

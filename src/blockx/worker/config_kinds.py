@@ -63,8 +63,9 @@ class Kind:
 class Int(Kind):
     """An integer of at least ``minimum`` (``optional``: None too)."""
 
-    def __init__(self, minimum: int, *, optional: bool = False) -> None:
+    def __init__(self, minimum: int, *, optional: bool = False, maximum: int | None = None) -> None:
         self.minimum = minimum
+        self.maximum = maximum
         self.optional = optional
         self.expected = "a positive integer" if minimum == 1 else "a non-negative integer"
 
@@ -82,6 +83,8 @@ class Int(Kind):
             return self.from_text(value)
         if type(value) is not int or value < self.minimum:
             raise ValueError(self.expected)
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{self.expected} of at most {self.maximum}")
         return value
 
 

@@ -18,6 +18,7 @@ from tests.helpers.processes import process_is_gone
 from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
 from blockx.worker.adapters.callbacks import AdapterCallbacks
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
+from blockx.worker.adapters.loss import ExecutorLoss
 
 __all__ = [
     "DIGEST",
@@ -199,6 +200,17 @@ class Recorder:
 
         return record
 
+    def _record_lost(
+        self, executor_id: str, lost_calls: Any, reason: str, loss: ExecutorLoss
+    ) -> None:
+        """``lost`` records ``(executor_id, lost_calls, reason)``, ``loss`` records
+        ``(executor_id, loss)``: one callback, two views."""
+        self.events.append(("loss", (executor_id, loss)))
+        self._record("lost")(executor_id, lost_calls, reason)
+
+    def loss(self, index: int = -1) -> ExecutorLoss:
+        return self.named("loss")[index][1]  # type: ignore[no-any-return]
+
     def callbacks(self) -> AdapterCallbacks:
         return AdapterCallbacks(
             on_executor_attached=self._record("attached"),
@@ -206,7 +218,7 @@ class Recorder:
             on_call_completed=self._record("completed"),
             on_call_failed=self._record("failed"),
             on_call_waiting=self._record("waiting"),
-            on_executor_lost=self._record("lost"),
+            on_executor_lost=self._record_lost,
             on_control_sent=self._record("control_sent"),
             on_control_failed=self._record("control_failed"),
             on_batch_done=self._record("batch_done"),

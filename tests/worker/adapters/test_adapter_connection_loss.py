@@ -290,5 +290,5 @@ def _completed_envelope(call_id: str) -> dict[str, Any]:
     return {
         keys.F_MESSAGE_TYPE: keys.MT_CALL_COMPLETED,
         keys.F_CALL_ID: call_id,
-        keys.F_PAYLOAD: {keys.FP_TASK_ID: "t1", keys.FP_ATTEMPT_SEQ: 1},
+        keys.F_PAYLOAD: {keys.FP_TASK_ID: "t1", keys.FP_ATTEMPT_SEQ: 1, keys.FP_OUTPUT: None},
     }

@@ -26,7 +26,6 @@ from blockx.worker.adapters.errors import (
     CallNotBoundError,
     ExecutorCapacityError,
     ExecutorUnavailableError,
-    OutboxFullError,
     ParentNotResidentError,
 )
 from blockx.worker.adapters.executor_adapter import ExecutorAdapter
@@ -194,13 +193,14 @@ def test_unknown_message_types_are_dropped_before_and_after_attach(run, caplog) 
     assert "unknown messageType 'FutureThing'" in caplog.text
 
 
-def test_connection_without_heartbeat_is_closed_after_the_timeout(run) -> None:
+def test_connection_without_heartbeat_is_closed_after_the_attach_timeout(run) -> None:
     async def scenario() -> None:
         async with ExecutorAdapter(
-            heartbeat_timeout_ms=100, heartbeat_check_interval_ms=20
+            attach_timeout_ms=100, heartbeat_check_interval_ms=None
         ) as adapter:
             peer = await ExecutorPeer.connect(adapter.socket_path)
-            await peer.wait_closed(timeout=2)
+            await peer.wait_closed(timeout=5)
+            assert adapter.dropped_unattached == 1
 
     run(scenario())
 
@@ -270,7 +270,10 @@ async def _back_up(
     return sent
 
 
-def test_full_outbox_refuses_execute_call_with_a_retryable_error(run) -> None:
+def test_a_backed_up_outbox_holds_call_frames_instead_of_refusing_them(run) -> None:
+    """No configuration makes the outbox fail calls: past ``outbox_depth`` frames an
+    ExecuteCall / ResumeCall waits for the connection to drain (back-pressure)."""
+
     async def scenario() -> None:
         rec = Recorder()
         async with ExecutorAdapter(callbacks=rec.callbacks(), outbox_depth=256) as adapter:
@@ -278,22 +281,21 @@ def test_full_outbox_refuses_execute_call_with_a_retryable_error(run) -> None:
             filled = await _back_up(adapter, peer)
             conn = adapter.connection("exec-0")
             assert conn is not None
-            for i in range(256):
+            for i in range(1000):  # four times the depth
                 adapter.bind(f"q{i}", "exec-0")
                 adapter.send_execute_call("exec-0", f"q{i}", execute_payload())
-            assert conn.outbox_size == 256
-            adapter.bind("over", "exec-0")
-            with pytest.raises(OutboxFullError) as info:
-                adapter.send_execute_call("exec-0", "over", execute_payload())
-            assert info.value.retryable and info.value.call_id == "over"
+            adapter.send_resume_call(
+                "exec-0", "q0", "req-1", {keys.FP_RESUME_KIND: "io", keys.FP_RESULT: 1}
+            )
+            assert conn.outbox_size == 1001
             assert adapter.connection("exec-0") is conn  # the connection lives on
             # The executor reads again: everything queued arrives, in order.
             assert peer.transport is not None
             peer.transport.resume_reading()
-            frames = await peer.wait_frames(keys.MT_EXECUTE_CALL, filled + 256, timeout=10)
-            assert frames[-1].envelope[keys.F_CALL_ID] == "q255"
-            adapter.send_execute_call("exec-0", "over", execute_payload())
-            await peer.wait_frames(keys.MT_EXECUTE_CALL, filled + 257)
+            frames = await peer.wait_frames(keys.MT_EXECUTE_CALL, filled + 1000, timeout=20)
+            assert frames[-1].envelope[keys.F_CALL_ID] == "q999"
+            await peer.wait_frames(keys.MT_RESUME_CALL, 1, timeout=10)
+            await rec.wait("control_sent")
 
     run(scenario())
 

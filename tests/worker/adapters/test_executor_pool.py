@@ -264,6 +264,8 @@ def test_from_config_passes_the_seed_flags(tmp_path: Path) -> None:
             "pool.heartbeat_interval_s": 0.5,
             "dispatcher.executor_max_inflight": 64,
             "dispatcher.executor_max_runnable": 32,
+            "pool.memory_limit_mb": 700,
+            "pool.max_open_files": 512,
         },
     )
     specs: list[ExecutorLaunchSpec] = []
@@ -274,7 +276,7 @@ def test_from_config_passes_the_seed_flags(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         pool = PoolManager.from_config(
-            config, "/tmp/x/worker.sock", spawner=ProcessSpawner(argv_factory=capture)
+            config, str(tmp_path / "worker.sock"), spawner=ProcessSpawner(argv_factory=capture)
         )
         assert pool.executor_ids == ["exec-0", "exec-1"]
         async with pool:
@@ -284,11 +286,15 @@ def test_from_config_passes_the_seed_flags(tmp_path: Path) -> None:
     assert executor_command(specs[1]) == [
         sys.executable, "-m", "blockx.executor",
         "--executor-id", "exec-1",
-        "--socket-path", "/tmp/x/worker.sock",
+        "--socket-path", str(tmp_path / "worker.sock"),
         "--executor-max-inflight", "64",
         "--executor-max-runnable", "32",
         "--heartbeat-interval", "0.5",
+        "--blackbox-path", str(tmp_path / "exec-1.blackbox"),
+        "--memory-limit-mb", "700",
+        "--max-open-files", "512",
     ]  # fmt: skip
+    assert specs[1].run_mark is not None and specs[1].run_mark.endswith(":exec-1:1")
 
 
 def test_spawn_modes() -> None:

@@ -219,8 +219,10 @@ def test_a_wait_left_unanswered_cancels_the_handlers_future(run, how: str) -> No
             assert ctx is not None and ctx.wait_handle is backend.pending[0]
             if how == "executor_lost":
                 peer.close()
-            else:
-                rig.orchestrator.post(TaskCancelRequested(task_id=task.task_id, reason="user"))
+                # The call had started: a suspect, it waits for an executor of its own.
+                await rig.until(lambda: backend.pending[0].cancelled())
+                assert ctx.suspect and ctx.attempt_count == 0
+            rig.orchestrator.post(TaskCancelRequested(task_id=task.task_id, reason="user"))
             converged = await task.done
             assert converged.failed_count + converged.cancelled_count == 1
             assert backend.pending[0].cancelled()

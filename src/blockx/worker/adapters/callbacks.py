@@ -14,7 +14,9 @@ Ordering guarantees:
 
 * ``on_executor_attached`` precedes every other callback about that executor
   id in that era; ``on_executor_lost`` ends the era and is called after the
-  adapter's snapshot already shows the executor unhealthy with no reservations.
+  adapter's snapshot already shows the executor unhealthy with no reservations
+  (possibly a little later, from a timer or the pool's exit callback, when it
+  waits for the process's exit status), and before that id's next attach.
 * For one connection, call callbacks arrive in frame order.
 * Every ``send_resume_call`` / ``send_cancel_call`` that returned normally is
   reported exactly once, by ``on_control_sent`` or ``on_control_failed``.
@@ -42,6 +44,7 @@ from blockx.wire import RemoteError
 
 from .connection import ControlSend
 from .errors import ExecutorUnavailableError
+from .loss import ExecutorLoss
 from .reservations import LostCall
 from .snapshot import ExecutorSnapshot
 
@@ -86,11 +89,16 @@ class AdapterCallbacks:
     #: kind ``io`` or ``subcall`` (``function_code`` waits are answered by the
     #: adapter and never reach the orchestrator).
     on_call_waiting: Callable[[str, str, str, dict[str, Any], bytes | None], None] = _ignore
-    #: ``(executor_id, lost_calls, reason)`` — the connection era ended
-    #: (disconnect, heartbeat timeout, protocol error, reconnect). Every call
-    #: that held a reservation there is in ``lost_calls``: fail each as
-    #: ``transport_lost`` (retryable).
-    on_executor_lost: Callable[[str, tuple[LostCall, ...], str], None] = _ignore
+    #: ``(executor_id, lost_calls, reason, loss)`` — the connection era ended
+    #: (disconnect, heartbeat timeout, protocol error, reconnect, the process
+    #: died). Every call that held a reservation there is in ``lost_calls``
+    #: (``LostCall.started``: it had sent an io / sub-call wait). ``loss`` says why, as far as
+    #: the worker can tell (:class:`~blockx.worker.adapters.loss.ExecutorLoss`:
+    #: cause, message, the call running when it died, the started calls): the
+    #: blame rules of docs/security.md take it from there. May come up to the
+    #: adapter's ``exit_wait_ms`` after the snapshot went unhealthy (it waits for
+    #: the exit status), never after the same executor id attached again.
+    on_executor_lost: Callable[[str, tuple[LostCall, ...], str, ExecutorLoss], None] = _ignore
     #: ``(note)`` — a ResumeCall / CancelCall was handed to the transport.
     on_control_sent: Callable[[ControlSend], None] = _ignore
     #: ``(note, error)`` — the connection ended before it could be.

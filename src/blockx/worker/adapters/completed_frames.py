@@ -15,8 +15,9 @@ the frame (valid JSON: msgspec parsed through it). The orchestrator copies it
 out right-sized (``bytes(raw)``) as the call's output.
 
 Anything else — another message type or key order, an ``attemptSeq`` that is
-not an int, a payload of the wrong shape — returns None and takes the generic
-path (a dict envelope), which handles every such case as before. Code that
+not an int (or below 1), a payload of the wrong shape, a ``CallCompleted``
+without ``output`` — returns None and takes the generic path (a dict envelope),
+which validates it and reports what is wrong as a protocol error. Code that
 wants the dict form of a typed payload (the per-frame callbacks, output limits,
 debug output) gets it from :meth:`CompletedPayload.to_wire`.
 
@@ -42,7 +43,9 @@ __all__ = [
     "decode_call_frames",
 ]
 
-_NULL: Final = msgspec.Raw(b"null")
+#: The default of a missing ``output``: msgspec keeps the default object itself, so a
+#: frame without one is told apart by identity (and refused, see :func:`_acceptable`).
+_MISSING_OUTPUT: Final = msgspec.Raw(b"null")
 
 
 class CompletedPayload(msgspec.Struct):
@@ -50,7 +53,7 @@ class CompletedPayload(msgspec.Struct):
 
     attemptSeq: int
     taskId: str | None = None
-    output: msgspec.Raw = _NULL
+    output: msgspec.Raw = _MISSING_OUTPUT
     budgetUsedMs: int = 0
     debugOutput: str | None = None
 
@@ -97,7 +100,16 @@ class WaitingFrame(msgspec.Struct, tag=keys.MT_CALL_WAITING, tag_field=keys.F_ME
 
 
 def _acceptable(frame: CompletedFrame | WaitingFrame) -> bool:
-    return bool(frame.callId)
+    if not frame.callId:
+        return False
+    if type(frame) is CompletedFrame:
+        payload = frame.payload
+        return (
+            payload.attemptSeq >= 1
+            and payload.budgetUsedMs >= 0
+            and payload.output is not _MISSING_OUTPUT
+        )
+    return True
 
 
 #: The connection's hook: a :class:`CompletedFrame` or a :class:`WaitingFrame`, or None

@@ -16,9 +16,13 @@ frame (PERFORMANCE.md: a Task + Future per call costs ~9 µs):
   outbox that reaches :attr:`frames_per_write` frames is flushed at once. A
   flush joins up to ``frames_per_write`` (64) frames into each
   ``transport.write``. While the transport is paused (its buffer passed the
-  high-water mark: ``pause_writing``) frames wait in the outbox; when it
-  reaches ``outbox_depth`` (256) bounded sends fail with
-  :class:`~blockx.worker.adapters.errors.OutboxFullError` (retryable).
+  high-water mark: ``pause_writing``) frames wait in the outbox until it
+  drains: that is the back-pressure. No call frame is ever refused for want of
+  room (a refused ``ExecuteCall`` or ``ResumeCall`` would fail its call): each
+  one belongs to a call holding a reservation on this executor, so the outbox
+  is bounded by the calls bound here (one ``ExecuteCall`` each, one
+  ``ResumeCall`` per wait, which a call has one of at a time). Only
+  ``HeartbeatAck`` is dropped past ``outbox_depth`` (256) frames.
 
 Flush notes: a control frame (``ResumeCall`` / ``CancelCall``) counts as sent
 only once it has been handed to the transport. Its *note* sits in a queue
@@ -54,7 +58,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, cast
 from blockx.wire import Frame, FrameDecoder, ProtocolError
 
 from .completed_frames import decode_call_frames
-from .errors import ExecutorUnavailableError, OutboxFullError
+from .errors import ExecutorUnavailableError
 
 if TYPE_CHECKING:
     from .executor_state import ExecutorState
@@ -72,9 +76,6 @@ _log = logging.getLogger("blockx.worker.adapter")
 DEFAULT_OUTBOX_DEPTH: Final = 256
 #: Frames joined into one ``transport.write``.
 DEFAULT_FRAMES_PER_WRITE: Final = 64
-#: Control frames may overfill the outbox by this factor before they are
-#: refused too: refusing a ResumeCall fails its call, so they get more room.
-_CONTROL_OVERFILL: Final = 16
 
 
 class ControlSend(NamedTuple):
@@ -197,10 +198,28 @@ class ExecutorConnection(asyncio.Protocol):
         except ProtocolError as exc:
             self._owner.on_protocol_error(self, exc)
             return
+        except RecursionError:
+            # A depth bomb (JSON nested deeper than the decoder recurses): the peer's
+            # fault, never the reader's.
+            self._owner.on_protocol_error(
+                self, ProtocolError("a frame nests deeper than the decoder allows")
+            )
+            return
         if frames:
             self.frames_received += len(frames)
             self.batches_received += 1
-            self._owner.on_frames(self, frames)
+            try:
+                self._owner.on_frames(self, frames)
+            except (RecursionError, ProtocolError, TypeError, ValueError, KeyError) as unhandled:
+                # A frame of a shape the handlers did not expect: a protocol error of
+                # this connection, logged with what it was. (Its own name: mypyc types a
+                # name once per function.)
+                _log.exception("%r: handling a frame failed", self)
+                if not self._closed:
+                    what = f"{type(unhandled).__name__}: {unhandled}"
+                    self._owner.on_protocol_error(
+                        self, ProtocolError(f"unhandled frame shape: {what}")
+                    )
 
     def eof_received(self) -> bool:
         # The executor half-closed: it will send nothing more. Close our side too.
@@ -243,17 +262,15 @@ class ExecutorConnection(asyncio.Protocol):
         return len(self._frames)
 
     def enqueue(self, frame: bytes, call_id: str | None = None) -> None:
-        """Queue one frame, bounded by :attr:`outbox_depth` (``ExecuteCall``).
+        """Queue one frame (``ExecuteCall``); it waits while the transport is paused.
 
-        Raises :class:`ExecutorUnavailableError` once closed and
-        :class:`OutboxFullError` when full; nothing is queued then.
+        Raises :class:`ExecutorUnavailableError` once closed; nothing is queued then.
+        Never refused for want of room (the module docstring).
         """
         frames = self._frames
         if self._closed:
             raise self._unavailable(call_id)
         queued = len(frames)
-        if queued >= self.outbox_depth:
-            raise OutboxFullError(self._executor_id(), call_id=call_id, depth=queued)
         frames.append(frame)
         self._enqueued += 1
         # _after_enqueue, inlined: this is once per dispatched call.
@@ -270,17 +287,14 @@ class ExecutorConnection(asyncio.Protocol):
     ) -> None:
         """Queue a control frame whose flush is reported through the owner.
 
-        Control frames may overfill the outbox (up to 16× its depth) so a
-        ResumeCall is refused only when the executor has stopped reading for
-        good. Raises like :meth:`enqueue`; no note is reported then. A frame
-        with no note (the adapter's own answers) is queued the same way,
+        Never refused for want of room, like :meth:`enqueue`. Raises
+        :class:`ExecutorUnavailableError` once closed; no note is reported then. A
+        frame with no note (the adapter's own answers) is queued the same way,
         unreported.
         """
         frames = self._frames
         if self._closed:
             raise self._unavailable(call_id)
-        if len(frames) >= self.outbox_depth * _CONTROL_OVERFILL:
-            raise OutboxFullError(self._executor_id(), call_id=call_id, depth=len(frames))
         frames.append(frame)
         if note is not None:
             self._notes.append((self._enqueued, note))

@@ -107,7 +107,9 @@ class ParentNotResidentError(BindError):
 
 
 class OutboxFullError(SendError):
-    """The connection's outbox is full (the executor is not reading fast enough)."""
+    """The connection's outbox is full. The adapter no longer raises it (call frames
+    wait for a backed-up connection instead: :mod:`.connection`); kept so that code
+    and test doubles that name it still work."""
 
     error_kind: ClassVar[str] = "outbox_full"
 

@@ -33,17 +33,35 @@ An executor id is accepted only from the process the peer check allows
 or its descendant, by ``SO_PEERCRED``).
 
 An era ends — reservations taken, snapshot unhealthy, then
-``on_executor_lost(executor_id, lost_calls, reason)`` — when:
+``on_executor_lost(executor_id, lost_calls, reason, loss)`` — when:
 
 * the connection closes (EOF, reset, a failed write);
-* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`:
-  logged, connection closed);
+* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`, or a
+  call frame of the wrong shape: logged, counted in ``protocol_errors``,
+  connection closed);
 * no heartbeat arrived for ``heartbeat_timeout_ms`` (checked every
   ``heartbeat_check_interval_ms`` by the adapter's own timer — a round that
   fires late because the event loop stalled is skipped, so heartbeats queued
   meanwhile are read first — or by the orchestrator's tick through
   :meth:`ExecutorAdapter.check_heartbeat_timeouts`);
 * the same executor id attaches on a new connection.
+
+``loss`` (:class:`~blockx.worker.adapters.loss.ExecutorLoss`) says why, as far as
+the worker can tell. A connection that simply ended (EOF) usually ends before
+the pool has seen its process exit: with an exit source (the pool,
+:meth:`ExecutorAdapter.set_exit_source`) the report then waits — on the event
+loop, never blocking it — up to ``exit_wait_ms`` for the exit status and black
+box, and the cause comes from them (``executor_crashed``, ``memory_exceeded``,
+``executor_wedged`` for a process the pool killed on the worker's order,
+``shutdown``). A new attach of the same executor id sends a waiting report out
+first, so an era's report always precedes the next era's attach.
+
+Unattached connections: at most ``max_unattached`` at a time (the oldest is
+dropped for a new one), and each is dropped unless it sends a valid Heartbeat
+within ``attach_timeout_ms`` of connecting (code inside an executor can reach
+the socket; it must not be able to spend the worker's descriptors). The listen
+backlog (``max(16, 2 * max_unattached)``) bounds what one loop iteration
+accepts before that rule runs; an executor that finds it full retries.
 
 Threading: every method runs on the event loop thread that called
 :meth:`ExecutorAdapter.start`. Nothing here blocks.
@@ -82,13 +100,18 @@ from .errors import (
 )
 from .executor_state import ExecutorState, build_snapshot
 from .handlers import InboundHandlers
+from .loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
 from .mypyc_markers import mypyc_attr
 from .outbound import OutboundSends
 from .snapshot import ExecutorSnapshot
+from .unattached import UnattachedConnections
 
 __all__ = [
+    "DEFAULT_ATTACH_TIMEOUT_MS",
+    "DEFAULT_EXIT_WAIT_MS",
     "DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS",
     "DEFAULT_HEARTBEAT_TIMEOUT_MS",
+    "DEFAULT_MAX_UNATTACHED",
     "SOCKET_NAME",
     "ExecutorAdapter",
 ]
@@ -100,6 +123,12 @@ _log = logging.getLogger("blockx.worker.adapter")
 DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 10_000
 #: How often the adapter's own timer checks heartbeat ages.
 DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS: Final = 500
+#: Unattached connections held at once (the oldest is dropped for a new one).
+DEFAULT_MAX_UNATTACHED: Final = 8
+#: A connection that sent no valid Heartbeat this long after connecting is dropped.
+DEFAULT_ATTACH_TIMEOUT_MS: Final = 2000
+#: How long a lost era's report waits for its process's exit status.
+DEFAULT_EXIT_WAIT_MS: Final = 1500
 #: The listening socket's file name inside the adapter's private directory.
 SOCKET_NAME: Final = "worker.sock"
 #: ``sun_path`` holds 108 bytes including the terminating NUL.
@@ -126,14 +155,24 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         frames_per_write: int = DEFAULT_FRAMES_PER_WRITE,
         write_buffer_high_water: int | None = None,
         socket_dir: str | os.PathLike[str] | None = None,
+        max_unattached: int = DEFAULT_MAX_UNATTACHED,
+        attach_timeout_ms: int = DEFAULT_ATTACH_TIMEOUT_MS,
+        exit_wait_ms: int = DEFAULT_EXIT_WAIT_MS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``heartbeat_check_interval_ms=None`` disables the adapter's own timer (the
         orchestrator then calls :meth:`check_heartbeat_timeouts` on its tick).
         ``socket_dir`` is where the private socket directory is created
-        (default: the system temp dir). ``clock`` returns monotonic seconds."""
+        (default: the system temp dir). ``max_unattached`` / ``attach_timeout_ms``
+        bound connections that have not attached; ``exit_wait_ms`` is how long a lost
+        era's report waits for the exit status (module docstring). ``clock`` returns
+        monotonic seconds."""
         if heartbeat_timeout_ms <= 0:
             raise ValueError(f"heartbeat_timeout_ms must be positive, got {heartbeat_timeout_ms}")
+        if max_unattached < 1 or attach_timeout_ms <= 0 or exit_wait_ms < 0:
+            raise ValueError(
+                "max_unattached and attach_timeout_ms must be positive, exit_wait_ms >= 0"
+            )
         if heartbeat_check_interval_ms is not None and heartbeat_check_interval_ms <= 0:
             raise ValueError("heartbeat_check_interval_ms must be positive or None")
         if outbox_depth < 1 or frames_per_write < 1:
@@ -150,6 +189,14 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._write_buffer_high_water = write_buffer_high_water
         self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
         self._clock = clock
+        self._backlog = max(16, 2 * max_unattached)
+        self._exit_wait_s = exit_wait_ms / 1000.0
+        #: Where exit statuses come from (:meth:`set_exit_source`).
+        self._exit_source: ProcessExitSource | None = None
+        #: Lost eras whose report waits for their process's exit, by executor id.
+        self._pending_losses: dict[str, tuple[EraEnd, asyncio.TimerHandle]] = {}
+        #: Connections not attached yet (at most max_unattached, each for a while).
+        self._unattached = UnattachedConnections(max_unattached, attach_timeout_ms / 1000.0)
         self._executors: dict[str, ExecutorState] = {}
         self._connections: set[ExecutorConnection] = set()
         self._next_connection_id = 1
@@ -189,6 +236,11 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def set_function_code_resolver(self, resolver: FunctionCodeResolver | None) -> None:
         self._resolver = resolver
+
+    @property
+    def dropped_unattached(self) -> int:
+        """Connections dropped before attaching: over the limit, or no Heartbeat in time."""
+        return self._unattached.dropped
 
     @property
     def heartbeat_timeout_ms(self) -> int:
@@ -231,7 +283,12 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._socket_dir = socket_dir
         self._socket_path = path
         try:
-            self._server = await self._loop.create_unix_server(self._new_connection, path)
+            # The backlog also caps how many connections asyncio accepts in one loop
+            # iteration (before on_connection_made can drop any): a flood holds at most
+            # about max_unattached + 2 x backlog of the worker's descriptors at once.
+            self._server = await self._loop.create_unix_server(
+                self._new_connection, path, backlog=self._backlog
+            )
         except BaseException:
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
@@ -249,6 +306,15 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         as that slot's executor.
         """
         self._peer_check = check
+
+    def set_exit_source(self, source: ProcessExitSource | None) -> None:
+        """Where lost eras learn how their process ended (the worker passes its pool).
+
+        With none, a connection that ends is reported at once as ``transport_lost``.
+        """
+        self._exit_source = source
+        if source is not None:
+            source.add_exit_listener(self._on_process_exit)
 
     def expect_disconnects(self) -> None:
         """The worker is stopping its executors: their connections ending is expected.
@@ -276,6 +342,10 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         for state in self._executors.values():
             if state.connection is not None:
                 self._end_era(state, "worker adapter closed")
+        for _era, exit_timer in self._pending_losses.values():
+            exit_timer.cancel()
+        self._pending_losses.clear()
+        self._unattached.close()
         for conn in list(self._connections):
             conn.abort("worker adapter closed")
         if server is not None:
@@ -388,12 +458,19 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         del self._executors[executor_id]
         return True
 
-    def disconnect(self, executor_id: str, reason: str = "disconnected by the worker") -> bool:
-        """End the executor's current era now (closes the connection; lost path runs)."""
+    def disconnect(
+        self,
+        executor_id: str,
+        reason: str = "disconnected by the worker",
+        *,
+        cause: LossCause = "transport_lost",
+    ) -> bool:
+        """End the executor's current era now (closes the connection; lost path runs,
+        reported at once with ``cause``)."""
         state = self._executors.get(executor_id)
         if state is None or state.connection is None:
             return False
-        self._end_era(state, reason)
+        self._end_era(state, reason, cause)
         return True
 
     def check_heartbeat_timeouts(self, now: float | None = None) -> list[str]:
@@ -414,16 +491,10 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
                     state,
                     f"heartbeat timeout: none for {silent_ms} ms "
                     f"(limit {self._heartbeat_timeout_ms} ms)",
+                    "transport_lost",
                 )
                 lost.append(state.executor_id)
-        for conn in list(self._connections):
-            if conn.state is None and not conn.closed and now - conn.opened_at > timeout:
-                _log.warning(
-                    "closing %r: no heartbeat within %d ms of connecting",
-                    conn,
-                    self._heartbeat_timeout_ms,
-                )
-                conn.abort("no heartbeat after connecting")
+        self._unattached.expire(now)
         return lost
 
     # --- internals: connections --------------------------------------------------------------
@@ -482,8 +553,13 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
         return build_snapshot(state, now, self._heartbeat_timeout_ms)
 
-    def _end_era(self, state: ExecutorState, reason: str) -> None:
-        """The transport-lost path: detach, take the reservations, close, then report."""
+    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
+        """The transport-lost path: detach, take the reservations, close, then report.
+
+        ``cause`` None: the connection just ended; the report waits for the process's
+        exit when there is an exit source (the module docstring), else it is
+        ``transport_lost`` (``shutdown`` while the worker stops its executors).
+        """
         conn = state.connection
         if conn is None:
             return
@@ -503,25 +579,99 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
             )
         # Pending control frames fail first (on_control_failed), then the era ends.
         conn.abort(reason)
-        if not self._closing:
-            try:
-                self._callbacks.on_executor_lost(state.executor_id, lost, reason)
-            except Exception:
-                _log.exception("on_executor_lost callback failed for %s", state.executor_id)
+        if self._closing:
+            return
+        heartbeat = state.heartbeat
+        era = EraEnd(
+            executor_id=state.executor_id,
+            era=state.era,
+            generation=state.generation,
+            lost=lost,
+            reason=reason,
+            started=frozenset(c.call_id for c in lost if c.started),
+            running_call_id=None if heartbeat is None else heartbeat.running_call_id,
+            running_for_ms=0 if heartbeat is None else heartbeat.running_for_ms,
+            running_call_budget_ms=0 if heartbeat is None else heartbeat.running_call_budget_ms,
+        )
+        if cause is None and self._stopping:
+            cause = "shutdown"
+        source = self._exit_source
+        if cause is not None or source is None or state.generation is None:
+            self._report_loss(era, era.link_loss(cause or "transport_lost", reason))
+            return
+        exit_ = source.exit_of(state.executor_id, state.generation)
+        if exit_ is not None:
+            self._report_loss(era, era.exit_loss(exit_))
+            return
+        # The connection ended before the pool saw the process exit: wait a little.
+        self._flush_pending_loss(state.executor_id)  # (none: an attach flushes it)
+        assert self._loop is not None
+        timer = self._loop.call_later(self._exit_wait_s, self._exit_wait_expired, era)
+        self._pending_losses[state.executor_id] = (era, timer)
+
+    def _report_loss(self, era: EraEnd, loss: ExecutorLoss) -> None:
+        executor_id = era.executor_id
+        quiet = self._stopping or loss.cause == "shutdown"
+        _log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "executor %s era %d ended: %s: %s (running %s%s; %d call(s) lost, %d started)",
+            executor_id,
+            era.era,
+            loss.cause,
+            loss.message,
+            loss.running_call_id,
+            "" if loss.running_call_known else "?",
+            len(era.lost),
+            len(loss.started_call_ids),
+            extra={"executorId": executor_id, "lossCause": loss.cause},
+        )
+        try:
+            self._callbacks.on_executor_lost(executor_id, era.lost, era.reason, loss)
+        except Exception:
+            _log.exception("on_executor_lost callback failed for %s", executor_id)
+
+    def _on_process_exit(self, exit_: ProcessExit) -> None:
+        """The exit source saw a process exit: a report waiting for it goes out."""
+        waiting = self._pending_losses.get(exit_.executor_id)
+        if waiting is None or waiting[0].generation != exit_.generation or self._closing:
+            return
+        del self._pending_losses[exit_.executor_id]
+        era, timer = waiting
+        timer.cancel()
+        self._report_loss(era, era.exit_loss(exit_))
+
+    def _exit_wait_expired(self, era: EraEnd) -> None:
+        waiting = self._pending_losses.get(era.executor_id)
+        if waiting is None or waiting[0] is not era or self._closing:
+            return
+        del self._pending_losses[era.executor_id]
+        why = f"its process had not exited {self._exit_wait_s:.1f} s later"
+        self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
+
+    def _flush_pending_loss(self, executor_id: str) -> None:
+        """Report a waiting era now (its executor id attaches again)."""
+        waiting = self._pending_losses.pop(executor_id, None)
+        if waiting is not None:
+            era, timer = waiting
+            timer.cancel()
+            why = "a new connection attached before its exit was seen"
+            self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
 
     def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
         self.protocol_errors += 1
         reason = f"protocol error: {error}"
+        state = conn.state
+        executor_id = state.executor_id if state is not None else None
         _log.error(
             "%r: %s; closing the connection",
             conn,
             reason,
-            extra={"errorType": type(error).__name__},
+            extra={"errorType": type(error).__name__, "executorId": executor_id},
         )
-        state = conn.state
         if state is not None and state.connection is conn:
-            self._end_era(state, reason)
+            self._end_era(state, reason, "protocol_error")
         else:
+            self._unattached.forget(conn)
             conn.abort(reason)
 
     # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
@@ -530,6 +680,8 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if self._closing:
             conn.abort("worker adapter closed")
             return
+        assert self._loop is not None
+        self._unattached.admit(conn, self._loop)
         self._connections.add(conn)
         transport = conn._transport
         if self._write_buffer_high_water is not None and transport is not None:
@@ -538,12 +690,17 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
 
     def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
         self._connections.discard(conn)
+        self._unattached.forget(conn)
         state = conn.state
         if state is not None and state.connection is conn:
             self._end_era(state, conn.close_reason or "connection lost")
 
     def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
         self._protocol_error(conn, error)
+
+    def on_attached(self, conn: ExecutorConnection) -> None:
+        """The connection attached (handlers): it no longer counts as unattached."""
+        self._unattached.forget(conn)
 
     def on_controls_flushed(self, notes: list[ControlSend]) -> None:
         callbacks = self._callbacks

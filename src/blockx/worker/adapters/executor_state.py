@@ -32,6 +32,7 @@ class ExecutorState:
         "connection",
         "era",
         "executor_id",
+        "generation",
         "heartbeat",
         "heartbeat_at",
         "lost_reason",
@@ -54,6 +55,9 @@ class ExecutorState:
         #: ``usable_contexts(heartbeat)``, kept current for ``bind``.
         self.capacity = 0
         self.lost_reason: str | None = None
+        #: The pool's process generation that attached this era (the adapter's exit
+        #: source, :meth:`ExecutorAdapter.set_exit_source`); None: no pool to ask.
+        self.generation: int | None = None
 
     def __repr__(self) -> str:
         status = "attached" if self.connection is not None else f"lost({self.lost_reason})"
@@ -116,4 +120,6 @@ def build_snapshot(state: ExecutorState, now: float, heartbeat_timeout_ms: int) 
         inflight_count=heartbeat.inflight_count,
         heartbeat_age_ms=age_ms,
         era=state.era,
+        running_for_ms=heartbeat.running_for_ms,
+        running_call_budget_ms=heartbeat.running_call_budget_ms,
     )

@@ -19,7 +19,13 @@ every batch of frames one read completed arrives in :meth:`InboundHandlers.on_fr
   the connection, and at the end of the batch);
 * ``Heartbeat`` — new snapshot data, a lossy ``HeartbeatAck``, ``on_heartbeat``;
 * a worker→executor type, or a known frame of the wrong shape — protocol
-  error: logged, the era ends (connection closed, calls reported lost);
+  error: logged, the era ends (connection closed, calls reported lost with
+  cause ``protocol_error``). Every call frame is checked *before* it changes
+  anything (:func:`call_frame_error`): ``callId`` a non-empty string, the payload
+  an object, ``attemptSeq`` an int >= 1 (not ``"1"``, 0, null or a bool) and not
+  later than the attempt the worker sent, ``output`` present on
+  ``CallCompleted``, ``errorKind`` a non-empty string on ``CallFailed``, the
+  optional members of their PROTOCOL.md types;
 * anything else — logged and dropped (PROTOCOL.md).
 
 The hot path reads envelopes as dicts (bench/wire_codec.py: a typed payload
@@ -50,10 +56,11 @@ from .connection import ExecutorConnection
 from .errors import ExecutorUnavailableError, OutboxFullError
 from .executor_state import ExecutorState
 from .function_code import function_code_resume_payload
+from .loss import LossCause, ProcessExitSource
 from .mypyc_markers import mypyc_attr, trait
 from .snapshot import ExecutorSnapshot
 
-__all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers"]
+__all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers", "call_frame_error"]
 
 _log = logging.getLogger("blockx.worker.adapter")
 
@@ -72,6 +79,55 @@ _FP_TASK_ID: Final = keys.FP_TASK_ID
 _WAIT_FUNCTION_CODE: Final = keys.WAIT_FUNCTION_CODE
 # A tuple, not a set: a waitKind that is not hashable (a list) is then just not one of them.
 _ORCHESTRATOR_WAIT_KINDS: Final = (keys.WAIT_IO, keys.WAIT_SUBCALL)
+
+_FP_OUTPUT: Final = keys.FP_OUTPUT
+_FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
+_FP_ERROR_KIND: Final = keys.FP_ERROR_KIND
+#: Optional members of CallCompleted / CallFailed and what they must be when present.
+_OPTIONAL_STRINGS: Final = (
+    keys.FP_TASK_ID,
+    keys.FP_DEBUG_OUTPUT,
+    keys.FP_ERROR_MESSAGE,
+    keys.FP_ERROR_STACK,
+)
+
+
+def _bad_attempt(attempt: object) -> bool:
+    return type(attempt) is not int or attempt < 1
+
+
+def call_frame_error(message_type: str, call_id: object, payload: object) -> str | None:
+    """What is wrong with a ``CallCompleted`` / ``CallFailed`` (generic form), or None.
+
+    Checked before the frame changes anything; the adapter turns an answer into a
+    protocol error of the connection.
+    """
+    if type(call_id) is not str or not call_id:
+        return f"{message_type}: callId must be a non-empty string, got {call_id!r}"
+    if type(payload) is not dict:
+        return f"{message_type} for {call_id}: payload must be an object"
+    attempt = payload.get(_FP_ATTEMPT_SEQ)
+    if _bad_attempt(attempt):
+        return f"{message_type} for {call_id}: attemptSeq must be an int >= 1, got {attempt!r}"
+    if message_type == _MT_CALL_COMPLETED:
+        if _FP_OUTPUT not in payload:
+            return f"CallCompleted for {call_id}: no output"
+    else:
+        kind = payload.get(_FP_ERROR_KIND)
+        if type(kind) is not str or not kind:
+            return f"CallFailed for {call_id}: errorKind must be a non-empty string, got {kind!r}"
+        retryable = payload.get(keys.FP_RETRYABLE)
+        if retryable is not None and type(retryable) is not bool:
+            return f"CallFailed for {call_id}: retryable must be a bool, got {retryable!r}"
+    budget = payload.get(_FP_BUDGET_USED_MS)
+    if budget is not None and (type(budget) is not int or budget < 0):
+        return f"{message_type} for {call_id}: budgetUsedMs must be an int >= 0, got {budget!r}"
+    for key in _OPTIONAL_STRINGS:
+        value = payload.get(key)
+        if value is not None and type(value) is not str:
+            return f"{message_type} for {call_id}: {key} must be a string, got {value!r}"
+    return None
+
 
 #: A frame as read here: its envelope is a dict or, decoded typed, a CompletedFrame or a
 #: WaitingFrame (``Frame`` says dict: compiled with mypyc, reading it as one would check that).
@@ -94,6 +150,7 @@ class InboundHandlers:
     _clock: Callable[[], float]
     _executors: dict[str, ExecutorState]
     _peer_check: PeerCheck | None
+    _exit_source: ProcessExitSource | None
     unknown_frames: int
     refused_attaches: int
     stale_terminal_frames: int
@@ -102,7 +159,13 @@ class InboundHandlers:
     def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
         raise NotImplementedError
 
-    def _end_era(self, state: ExecutorState, reason: str) -> None:
+    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
+        raise NotImplementedError
+
+    def _flush_pending_loss(self, executor_id: str) -> None:
+        raise NotImplementedError
+
+    def on_attached(self, conn: ExecutorConnection) -> None:
         raise NotImplementedError
 
     def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
@@ -180,7 +243,12 @@ class InboundHandlers:
                         and type(payload) is dict
                         and type(payload.get(_FP_TASK_ID)) is str
                         and payload.get(_FP_WAIT_KIND) in _ORCHESTRATOR_WAIT_KINDS
+                        and call_id
+                        and type(payload.get(_FP_ATTEMPT_SEQ)) is int
+                        and payload[_FP_ATTEMPT_SEQ] >= 1
                     ):
+                        if call_id in reservations.reserved:
+                            reservations.started.add(call_id)
                         call_frames.append(
                             (_MT_CALL_WAITING, call_id, payload, request_id, frame[1])
                         )
@@ -188,11 +256,20 @@ class InboundHandlers:
                 elif message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
                     call_id = envelope.get(_F_CALL_ID)
                     payload = envelope.get(_F_PAYLOAD)
-                    if type(call_id) is not str or type(payload) is not dict:
-                        error = f"{message_type} needs a callId and a payload object"
+                    error = call_frame_error(message_type, call_id, payload)
+                    if error is not None:
                         break
-                    attempt = payload.get(_FP_ATTEMPT_SEQ)
+                    attempt = payload[_FP_ATTEMPT_SEQ]
             if message_type == _MT_CALL_COMPLETED or message_type == _MT_CALL_FAILED:
+                # attempt: an int >= 1 here (the typed decode or call_frame_error said so).
+                if call_id in reservations.reserved:
+                    ahead = reservations.attempt_ahead(call_id, attempt)  # type: ignore[arg-type]
+                    if ahead is not None:
+                        error = (
+                            f"{message_type} for {call_id}: attemptSeq {attempt} was never "
+                            f"sent (the last attempt sent is {ahead})"
+                        )
+                        break
                 if not reservations.release_on_terminal(call_id, attempt):
                     self.stale_terminal_frames += 1
                 state.completions_since_heartbeat += 1
@@ -292,9 +369,16 @@ class InboundHandlers:
         if state is None:
             state = self._executors[executor_id] = ExecutorState(executor_id)
         elif state.connection is not None:
-            self._end_era(state, f"superseded by a new connection (#{conn.connection_id})")
+            self._end_era(
+                state, f"superseded by a new connection (#{conn.connection_id})", "transport_lost"
+            )
+        # The previous era's report goes out before this era begins.
+        self._flush_pending_loss(executor_id)
+        self.on_attached(conn)
         now = self._clock()
         state.start_era(conn, heartbeat, now)
+        source = self._exit_source
+        state.generation = None if source is None else source.running_generation(executor_id)
         conn.state = state
         conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
         _log.info(
@@ -346,10 +430,20 @@ class InboundHandlers:
         payload = envelope.get(_F_PAYLOAD)
         if type(call_id) is not str or type(request_id) is not str or type(payload) is not dict:
             return "CallWaiting needs a callId, a requestId and a payload object"
+        if not call_id:
+            return "CallWaiting: callId must not be empty"
         wait_kind = payload.get(_FP_WAIT_KIND)
         if type(payload.get(_FP_TASK_ID)) is not str:
-            return "CallWaiting: taskId must be a string"
+            return f"CallWaiting for {call_id}: taskId must be a string"
+        attempt = payload.get(_FP_ATTEMPT_SEQ)
+        if attempt is not None and _bad_attempt(attempt):
+            return f"CallWaiting for {call_id}: attemptSeq must be an int >= 1, got {attempt!r}"
+
         if wait_kind in _ORCHESTRATOR_WAIT_KINDS:
+            # An io / subcall wait comes from user code: the call has started. (A
+            # function_code wait comes before any of it runs.)
+            if call_id in state.reservations.reserved:
+                state.reservations.started.add(call_id)
             if call_frames is not None:
                 call_frames.append((_MT_CALL_WAITING, call_id, payload, request_id, sidecar))
                 return None

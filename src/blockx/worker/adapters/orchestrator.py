@@ -95,6 +95,7 @@ from blockx.worker.io import IOHandler, no_io_handler
 from .callbacks import AdapterCallbacks, CallFrame
 from .connection import ControlSend
 from .errors import BindError, ExecutorCapacityError, ExecutorUnavailableError, SendError
+from .loss import ExecutorLoss
 from .orchestrator_attempts import AttemptEvents
 from .orchestrator_events import (
     ActorEvent,
@@ -130,7 +131,13 @@ if TYPE_CHECKING:
     from .executor_adapter import ExecutorAdapter
     from .pool import PoolManager
 
-__all__ = ["DEFAULT_TICK_INTERVAL_MS", "Orchestrator", "OrchestratorStats", "wall_clock_ms"]
+__all__ = [
+    "ATTACH_GRACE_MS",
+    "DEFAULT_TICK_INTERVAL_MS",
+    "Orchestrator",
+    "OrchestratorStats",
+    "wall_clock_ms",
+]
 
 _log = logging.getLogger("blockx.worker.orchestrator")
 
@@ -138,6 +145,8 @@ _log = logging.getLogger("blockx.worker.orchestrator")
 DEFAULT_TICK_INTERVAL_MS: Final = 500
 #: Event-apply rounds in one actor run before yielding to the event loop.
 _MAX_ROUNDS: Final = 16
+#: Longest the first dispatch waits for the pool's executors to attach (ms).
+ATTACH_GRACE_MS: Final = 2000
 #: Shortest retry timer (a bind refused for capacity is re-armed "now": do not spin).
 _MIN_RETRY_DELAY_S: Final = 0.001
 
@@ -209,6 +218,8 @@ def core_snapshot(snap: Any) -> ExecutorSnapshot:
         running_call_id=snap.running_call_id,
         last_scheduler_active_at_ms=snap.last_scheduler_active_at_ms,
         memory_bytes=snap.memory_bytes,
+        running_for_ms=snap.running_for_ms,
+        running_call_budget_ms=snap.running_call_budget_ms,
     )
 
 
@@ -254,6 +265,16 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._released_waits: set[tuple[str, Any]] = set()
         #: Executor id -> era killed by the wedge backstop (kill each era once).
         self._killed_eras: dict[str, int] = {}
+        #: Executor id -> the wedge the backstop found in the era it killed, until that
+        #: era's loss is applied (it blames that call).
+        self._wedge_verdicts: dict[str, Any] = {}
+        #: Executor id -> first sighting of its running call past its threshold.
+        self._stall_sightings: dict[str, tuple[int, str, int]] = {}
+        #: Executor id -> the era a heartbeat timeout ended and what it last said.
+        self._silences: dict[str, Any] = {}
+        #: Dispatch waits for the pool's executors to attach until this time (ms), so the
+        #: first calls spread over all of them (0: not waiting).
+        self._attach_hold_until_ms = 0
         #: Tasks with a ``max_output_bytes`` of their own (counted on completion).
         self._output_limited = 0
         #: Executors whose snapshot in the core counted draining reservations, and how
@@ -346,8 +367,16 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
     ) -> None:
         self.post(CallSuspended(executor_id, call_id, request_id, payload, sidecar))
 
-    def _on_executor_lost(self, executor_id: str, lost: tuple[LostCall, ...], reason: str) -> None:
-        self.post(ExecutorLost(executor_id=executor_id, reason=reason, lost_calls=len(lost)))
+    def _on_executor_lost(
+        self,
+        executor_id: str,
+        lost: tuple[LostCall, ...],
+        reason: str,
+        loss: ExecutorLoss | None = None,
+    ) -> None:
+        self.post(
+            ExecutorLost(executor_id=executor_id, reason=reason, lost_calls=len(lost), loss=loss)
+        )
 
     def _on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
         self.post(ControlUndelivered(note, error.reason or str(error)))
@@ -357,7 +386,11 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         return self._code_view.resolve(task_id, function_id, digest)
 
     def set_pool(self, pool: PoolManager) -> None:
+        """Use ``pool`` to kill executors; and hold the first dispatch until its
+        executors have attached (at most :data:`ATTACH_GRACE_MS`), so that the first
+        calls of a run spread over all of them instead of piling onto the first."""
         self._pool = pool
+        self._attach_hold_until_ms = self._clock_ms() + ATTACH_GRACE_MS
 
     @property
     def core(self) -> DispatcherCore:
@@ -457,13 +490,26 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         try:
             while True:
                 run(core.flush_dirty_tasks())
-                run(core.dispatch_ready(self._now_ms))
+                if not self._attach_hold_until_ms or not self._holding_dispatch():
+                    run(core.dispatch_ready(self._now_ms))
                 run(core.flush_dirty_tasks())
                 if not core.has_dirty_tasks:
                     return
         except Exception:
             self.stats.handler_errors += 1
             _log.exception("dispatch actor: epilogue failed")
+
+    def _holding_dispatch(self) -> bool:
+        """Whether the first dispatch still waits for the pool's executors to attach
+        (until every slot attached or the grace ran out; the tick re-checks)."""
+        pool = self._pool
+        if pool is not None and self._now_ms < self._attach_hold_until_ms:
+            expected = len(pool.executor_ids)
+            attached = len(self._adapter.attached_executor_ids())
+            if attached < expected:
+                return True
+        self._attach_hold_until_ms = 0
+        return False
 
     def _run(self, commands: list[DispatchCommand]) -> None:
         """Execute ``commands`` in order (some answer back into the core at once).
@@ -660,12 +706,17 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._sync_snapshots()
 
     def _apply_executor_lost(self, event: ExecutorLost) -> None:
+        """An era ended: its calls go by the blame rules (``_loss_report``,
+        :mod:`blockx.worker.core.blame`)."""
         if event.lost_calls:
+            loss = event.loss
             _log.info(
-                "executor %s lost with %d call(s): %s",
+                "executor %s lost with %d call(s): %s (%s)",
                 event.executor_id,
                 event.lost_calls,
                 event.reason,
+                "no cause known" if loss is None else f"{loss.cause}: {loss.message}",
             )
         self._sync_snapshots()
-        self._run(self._core.handle_executor_lost(event.executor_id, self._now_ms))
+        report = self._loss_report(event)
+        self._run(self._core.handle_executor_lost(event.executor_id, self._now_ms, report))

@@ -35,6 +35,7 @@ from blockx.worker.core import PreparedCallBatch, PreparedCallPhase
 from .callbacks import CallFrame
 from .connection import ControlSend
 from .errors import AdapterError
+from .loss import ExecutorLoss
 
 if TYPE_CHECKING:
     from blockx.worker.task_run import TaskRun
@@ -152,6 +153,8 @@ class ExecutorLost:
     executor_id: str
     reason: str
     lost_calls: int
+    #: What the link knows of why (None: an adapter that does not say).
+    loss: ExecutorLoss | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,8 +7,9 @@ send only queues: a frame goes into the connection's outbox, which writes up to
 ``frames_per_write`` frames at once, at the end of the loop turn or when full.
 
 * ``ExecuteCall`` needs the call's reservation on that executor, not draining;
-  a full outbox is :class:`OutboxFullError` (retryable). The attempt sent is
-  recorded, so a terminal frame of a replaced attempt releases nothing.
+  it waits in the outbox while the connection is backed up (never refused for
+  room: :mod:`.connection`). The attempt sent is recorded, so a terminal frame
+  of a replaced attempt releases nothing.
 * ``ResumeCall`` and ``CancelCall`` are control frames: they count as sent only
   once handed to the transport (``on_controls_flushed``), or fail with the
   connection (``on_control_failed``) -- exactly one of the two.
@@ -93,7 +94,7 @@ class OutboundSends:
         ``payload`` is the ExecuteCall payload dict (PROTOCOL.md keys; values
         from user code may be ``orjson.Fragment``) or a typed
         :class:`blockx.wire.ExecuteCall`. Raises :class:`ExecutorUnavailableError`,
-        :class:`OutboxFullError` (retryable), :class:`CallNotBoundError` (no
+        :class:`CallNotBoundError` (no
         reservation in this era, retryable), :class:`CallDrainingError` (the
         call was cancelled), or an :class:`~blockx.wire.EncodeError`.
         """
@@ -167,7 +168,7 @@ class OutboundSends:
         ``on_control_sent(ControlSend(..., token))`` follows, or
         ``on_control_failed`` if the connection ends first — exactly one of the
         two. Raises (nothing queued, no callback) :class:`ExecutorUnavailableError`,
-        :class:`CallNotBoundError`, :class:`OutboxFullError` or an
+        :class:`CallNotBoundError` or an
         :class:`~blockx.wire.EncodeError`: fail the waiting call as
         ``resume_send_failed`` (retryable) — or with the EncodeError's kind.
         """
@@ -218,7 +219,7 @@ class OutboundSends:
         Pair it with :meth:`mark_draining`: the reservation then stays until
         the executor's terminal frame. Sent whether or not the call is still
         reserved (the executor drops a stale cancel). Raises
-        :class:`ExecutorUnavailableError` or :class:`OutboxFullError`.
+        :class:`ExecutorUnavailableError`.
         """
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection

@@ -19,7 +19,25 @@ any      ``stop()``                                   STOPPED
 ======== ============================================ ========
 
 A spawn that fails counts as an exit. ``kill_executor`` (the wedge backstop)
-SIGKILLs the slot's process group; the exit then restarts it as above.
+SIGKILLs the slot's process tree and group; the exit then restarts it as above.
+
+How a process ended is kept as a :class:`~blockx.worker.adapters.loss.ProcessExit`
+(exit status, the black box it left, the sandbox's OOM verdict, whether the pool
+killed it on the worker's order and why) and handed to every exit listener; the
+pool is the adapter's exit source (``ExecutorAdapter.set_exit_source``), which
+turns it into the lost era's :class:`~blockx.worker.adapters.loss.ExecutorLoss`.
+Each slot has a *generation* (its spawn count): the adapter matches an era to
+its process by it.
+
+The black box: every process gets ``--blackbox-path <socket dir>/<executor id>.blackbox``,
+a file the pool zeroes before each spawn and reads once the process is reaped
+(``blockx.wire.blackbox``; the sandbox binds that one file read-write).
+
+Nothing the executor started outlives it (:mod:`.process_tree`): its descendants
+are SIGKILLed with it (the tree is walked while it lives), and after any exit
+the processes still carrying the slot generation's mark in their environment
+are killed; at start the pool kills marked processes left by workers that died
+(SIGKILL leaves no chance to clean up).
 
 Spawns run on one long-lived spawner thread, so the event loop never waits
 for a child to exec (under load a ``Popen`` takes up to ~15 ms on our
@@ -46,21 +64,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
+import contextlib
 import functools
 import logging
 import os
 import signal
 import subprocess
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
+from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
 
+from . import process_tree
 from .errors import AdapterUsageError, SpawnError
+from .loss import LossCause, ProcessExit, describe_returncode
+from .pool_output import OutputReader
+from .pool_slots import SlotInfo, SlotState, _Slot
 from .spawner import ExecutorLaunchSpec, ExecutorSpawner, ProcessSpawner
 
 if TYPE_CHECKING:
@@ -69,181 +89,14 @@ if TYPE_CHECKING:
 __all__ = ["PoolManager", "SlotInfo", "SlotState"]
 
 _log = logging.getLogger("blockx.worker.pool")
-_output_log = logging.getLogger("blockx.worker.executor")
 
 #: Poll interval when pidfds are unavailable.
 _POLL_INTERVAL_S: Final = 0.1
-#: Longest forwarded output line; the rest is cut.
-_MAX_LINE: Final = 64 * 1024
-_LEVELS: Final = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
-#: Fields of the executor's JSON log lines kept on the forwarded record.
-_FORWARDED_FIELDS: Final = ("callId", "taskId", "attemptSeq", "functionId")
 
 
-class SlotState(enum.Enum):
-    """Where one executor slot is in its life."""
-
-    #: A process is running (it may not have attached to the adapter yet).
-    RUNNING = "RUNNING"
-    #: The process exited; a restart is due after ``restart_delay_ms``.
-    WAITING = "WAITING"
-    #: Restarted too often; the next start is after ``backoff_ms``.
-    BACKOFF = "BACKOFF"
-    #: Not started, or the pool stopped.
-    STOPPED = "STOPPED"
-
-
-@dataclass(frozen=True, slots=True)
-class SlotInfo:
-    """A slot at one instant (for status pages, logs and tests)."""
-
-    executor_id: str
-    state: SlotState
-    pid: int | None
-    #: Restarts counted in the current restart window.
-    restarts_in_window: int
-    restarts_total: int
-    exits_total: int
-    #: Exit status of the last process (negative: killed by that signal).
-    last_returncode: int | None
-    last_exit_reason: str | None
-
-
-class _OutputReader:
-    """Forwards one child pipe to the log, line by line, from the event loop."""
-
-    __slots__ = ("_buffer", "_fd", "_loop", "_stream", "executor_id")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, fd: int, executor_id: str, stream: str
-    ) -> None:
-        self._loop = loop
-        self._fd = fd
-        self._stream = stream
-        self._buffer = bytearray()
-        self.executor_id = executor_id
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._readable)
-
-    def _readable(self) -> None:
-        try:
-            data = os.read(self._fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            self._emit(bytes(buffer[start:end]))
-            start = end + 1
-        del buffer[:start]
-        if len(buffer) > _MAX_LINE:
-            self._emit(bytes(buffer[:_MAX_LINE]) + b" [cut]")
-            buffer.clear()
-
-    def close(self) -> None:
-        """Stop reading (EOF or pool shutdown); the rest of the buffer is logged."""
-        if self._fd < 0:
-            return
-        self._loop.remove_reader(self._fd)
-        os.close(self._fd)
-        self._fd = -1
-        if self._buffer:
-            self._emit(bytes(self._buffer))
-            self._buffer.clear()
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
-    def _emit(self, line: bytes) -> None:
-        text = line.decode("utf-8", "replace").rstrip("\r")
-        if not text:
-            return
-        executor_id = self.executor_id
-        level = logging.WARNING if self._stream == "stderr" else logging.INFO
-        extra: dict[str, Any] = {"executorId": executor_id, "executorStream": self._stream}
-        if text.startswith("{"):
-            try:
-                record = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                record = None
-            if isinstance(record, dict) and "msg" in record:
-                level = _LEVELS.get(str(record.get("level", "")).lower(), level)
-                text = str(record["msg"])
-                if record.get("exc"):
-                    text += "\n" + str(record["exc"])
-                for key in _FORWARDED_FIELDS:
-                    if key in record:
-                        extra[key] = record[key]
-                if "logger" in record:
-                    extra["executorLogger"] = record["logger"]
-        if _output_log.isEnabledFor(level):
-            _output_log.log(level, "[%s] %s", executor_id, text, extra=extra)
-
-
-class _Slot:
-    __slots__ = (
-        "executor_id",
-        "exits_total",
-        "last_exit_reason",
-        "last_returncode",
-        "outputs",
-        "pidfd",
-        "process",
-        "restart_times",
-        "restarts_total",
-        "spawning",
-        "started_at",
-        "state",
-        "timer",
-    )
-
-    def __init__(self, executor_id: str) -> None:
-        self.executor_id = executor_id
-        self.state = SlotState.STOPPED
-        self.process: subprocess.Popen[bytes] | None = None
-        self.pidfd = -1
-        self.timer: asyncio.TimerHandle | None = None
-        self.restart_times: deque[float] = deque()
-        self.restarts_total = 0
-        self.exits_total = 0
-        self.last_returncode: int | None = None
-        self.last_exit_reason: str | None = None
-        self.started_at = 0.0
-        self.outputs: list[_OutputReader] = []
-        #: The spawn in flight on the spawner thread, if any.
-        self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
-
-    def __repr__(self) -> str:
-        pid = self.process.pid if self.process is not None else None
-        return f"_Slot({self.executor_id!r}, {self.state.name}, pid={pid})"
-
-
-def _describe_exit(returncode: int | None) -> str:
-    if returncode is None:
-        return "exited (status unknown)"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exited with status {returncode}"
+_describe_exit = describe_returncode
+#: Exits kept per slot for the adapter to ask about.
+_EXITS_KEPT: Final = 4
 
 
 class PoolManager:
@@ -264,11 +117,19 @@ class PoolManager:
         restart_window_ms: int = 60_000,
         backoff_ms: int = 30_000,
         stop_grace_ms: int = 5000,
+        memory_limit_mb: int = 0,
+        max_open_files: int = 0,
+        blackbox_dir: str | None = None,
+        mark_processes: bool = True,
         on_slot_state: Callable[[str, SlotState], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_slot_state(executor_id, state)`` is called on every state change (plain
-        synchronous function, like the adapter's callbacks)."""
+        synchronous function, like the adapter's callbacks). ``memory_limit_mb`` and
+        ``max_open_files`` are the executors' ``--memory-limit-mb`` / ``--max-open-files``
+        (0: none / inherited). ``blackbox_dir`` holds the black boxes (default: the
+        socket's directory). ``mark_processes``: mark executors and kill what they leave
+        behind (the module docstring)."""
         if executor_count < 1:
             raise ValueError(f"executor_count must be at least 1, got {executor_count}")
         for name, value in (
@@ -283,11 +144,21 @@ class PoolManager:
             raise ValueError(f"restart_window_ms must be positive, got {restart_window_ms}")
         self._socket_path = socket_path
         self._spawner: ExecutorSpawner = spawner or ProcessSpawner()
+        if memory_limit_mb < 0 or max_open_files < 0:
+            raise ValueError("memory_limit_mb and max_open_files must be >= 0")
         self._launch = {
             "max_inflight": max_inflight,
             "max_runnable": max_runnable,
             "heartbeat_interval_s": heartbeat_interval_s,
+            "memory_limit_mb": memory_limit_mb,
+            "max_open_files": max_open_files,
         }
+        self._memory_limit_mb = memory_limit_mb
+        self._blackbox_dir = (
+            os.path.dirname(os.path.abspath(socket_path)) if blackbox_dir is None else blackbox_dir
+        )
+        self._mark_prefix = process_tree.worker_mark_prefix() if mark_processes else None
+        self._exit_listeners: list[Callable[[ProcessExit], None]] = []
         self._python = python
         self._restart_delay_s = restart_delay_ms / 1000.0
         self._max_restarts = max_restarts
@@ -333,6 +204,8 @@ class PoolManager:
             restart_window_ms=pool.restart_window_ms,
             backoff_ms=pool.backoff_ms,
             stop_grace_ms=pool.stop_grace_ms,
+            memory_limit_mb=pool.memory_limit_mb_effective,
+            max_open_files=pool.max_open_files,
             on_slot_state=on_slot_state,
         )
 
@@ -381,6 +254,24 @@ class PoolManager:
             return f"process {pid} is not the slot's executor (pid {process.pid}) or its child"
         return None
 
+    # --- the adapter's exit source (loss.ProcessExitSource) ----------------------------------
+
+    def running_generation(self, executor_id: str) -> int | None:
+        """The generation of the slot's running process; None when none runs."""
+        slot = self._slots.get(executor_id)
+        if slot is None or slot.process is None:
+            return None
+        return slot.generation
+
+    def exit_of(self, executor_id: str, generation: int) -> ProcessExit | None:
+        """How that generation's process ended; None while it runs (or long forgotten)."""
+        slot = self._slots.get(executor_id)
+        return None if slot is None else slot.exits.get(generation)
+
+    def add_exit_listener(self, listener: Callable[[ProcessExit], None]) -> None:
+        """``listener(exit)`` after every reaped process, on the event loop thread."""
+        self._exit_listeners.append(listener)
+
     def slots(self) -> list[SlotInfo]:
         now = self._clock()
         return [self._info(slot, now) for slot in self._slots.values()]
@@ -404,6 +295,17 @@ class PoolManager:
         self._spawn_thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="blockx-executor-spawner"
         )
+        if self._mark_prefix is not None:
+            # What workers killed with SIGKILL left behind (their executors' children).
+            orphans = await self._loop.run_in_executor(
+                self._spawn_thread, process_tree.kill_orphans
+            )
+            if orphans:
+                _log.warning(
+                    "killed %d process(es) left behind by executors of dead workers: %s",
+                    len(orphans),
+                    ", ".join(map(str, orphans[:20])),
+                )
         for slot in self._slots.values():
             self._spawn(slot)
         await self._spawns_settled()
@@ -436,9 +338,19 @@ class PoolManager:
             if slot.process is None:
                 self._set_state(slot, SlotState.STOPPED)
         running = [s for s in self._slots.values() if s.process is not None]
+        # What the executors started, seen while they live (once they exit their children
+        # are reparented away): killed below unless gone (the start time guards against a
+        # reused pid).
+        started: list[tuple[int, int | None]] = []
+        for slot in running:
+            assert slot.process is not None
+            for pid in process_tree.descendants(slot.process.pid):
+                started.append((pid, process_tree.process_start_time(pid)))
         if running:
             self._all_exited = loop.create_future()
             for slot in running:
+                # The executor kills what it started when it exits; anything that escapes
+                # is killed by its mark or by the list above once it has.
                 self._signal(slot, signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(self._all_exited), self._stop_grace_s)
@@ -451,7 +363,7 @@ class PoolManager:
                     ", ".join(s.executor_id for s in left),
                 )
                 for slot in left:
-                    self._signal(slot, signal.SIGKILL)
+                    self._kill_tree(slot)
                 try:
                     await asyncio.wait_for(asyncio.shield(self._all_exited), 10.0)
                 except TimeoutError:  # pragma: no cover - SIGKILL not delivered (D state)
@@ -463,7 +375,16 @@ class PoolManager:
             for reader in slot.outputs:
                 reader.close()
             slot.outputs.clear()
+        process_tree.kill_pids(
+            pid for pid, start in started if process_tree.process_start_time(pid) == start
+        )
         if self._spawn_thread is not None:
+            if self._mark_prefix is not None:
+                # Whatever any of this pool's executors started and is still running.
+                await loop.run_in_executor(
+                    self._spawn_thread,
+                    functools.partial(process_tree.kill_marked, self._mark_prefix, exact=False),
+                )
             # Every child is reaped: the spawner may clean up (the sandbox's cgroups), and
             # the thread their parent-death signal is tied to may end.
             await loop.run_in_executor(self._spawn_thread, self._close_spawner)
@@ -477,8 +398,16 @@ class PoolManager:
     async def __aexit__(self, *_exc: object) -> None:
         await self.stop()
 
-    def kill_executor(self, executor_id: str) -> bool:
-        """SIGKILL the slot's process group now (the wedge backstop); it restarts as usual.
+    def kill_executor(
+        self,
+        executor_id: str,
+        why: str = "the wedge backstop",
+        *,
+        cause: LossCause = "executor_wedged",
+    ) -> bool:
+        """SIGKILL the slot's process, everything it started, and its group now; it
+        restarts as usual. Its :class:`ProcessExit` records ``why`` and ``cause`` (the
+        lost era's loss then has that cause).
 
         False when the slot has no running process.
         """
@@ -486,12 +415,15 @@ class PoolManager:
         if slot.process is None:
             return False
         _log.warning(
-            "killing executor %s (pid %d)",
+            "killing executor %s (pid %d): %s",
             executor_id,
             slot.process.pid,
+            why,
             extra={"executorId": executor_id},
         )
-        self._signal(slot, signal.SIGKILL)
+        if slot.killed is None:
+            slot.killed = (why, cause)
+        self._kill_tree(slot)
         return True
 
     # --- internals ------------------------------------------------------------------------
@@ -533,13 +465,36 @@ class PoolManager:
             except Exception:
                 _log.exception("on_slot_state callback failed for %s", slot.executor_id)
 
-    def _spec(self, slot: _Slot) -> ExecutorLaunchSpec:
+    def _spec(self, slot: _Slot, generation: int) -> ExecutorLaunchSpec:
         kwargs: dict[str, Any] = dict(self._launch)
         if self._python is not None:
             kwargs["python"] = self._python
+        if self._mark_prefix is not None:
+            kwargs["run_mark"] = process_tree.mark_of(
+                self._mark_prefix, slot.executor_id, generation
+            )
         return ExecutorLaunchSpec(
-            executor_id=slot.executor_id, socket_path=self._socket_path, **kwargs
+            executor_id=slot.executor_id,
+            socket_path=self._socket_path,
+            blackbox_path=self._reset_blackbox(slot),
+            **kwargs,
         )
+
+    def _reset_blackbox(self, slot: _Slot) -> str | None:
+        """A zeroed black box for the next process (None: the directory is not writable)."""
+        path = os.path.join(self._blackbox_dir, f"{slot.executor_id}.blackbox")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, bytes(BLACKBOX_SIZE))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            _log.warning("no black box for %s: %s", slot.executor_id, exc)
+            slot.blackbox_path = None
+            return None
+        slot.blackbox_path = path
+        return path
 
     def _spawn(self, slot: _Slot) -> None:
         """Start the slot's process on the spawner thread; ``_spawned`` registers it."""
@@ -548,7 +503,8 @@ class PoolManager:
             return
         loop = self._loop
         assert loop is not None and self._spawn_thread is not None
-        spawning = loop.run_in_executor(self._spawn_thread, self._spawner.spawn, self._spec(slot))
+        spec = self._spec(slot, slot.generation + 1)
+        spawning = loop.run_in_executor(self._spawn_thread, self._spawner.spawn, spec)
         slot.spawning = spawning
         spawning.add_done_callback(functools.partial(self._spawned, slot))
 
@@ -572,13 +528,15 @@ class PoolManager:
             return
         # Registered even while stopping: stop() signals it like the others.
         slot.process = process
+        slot.generation += 1
+        slot.killed = None
         slot.started_at = self._clock()
         for stream, pipe in (("stdout", process.stdout), ("stderr", process.stderr)):
             if pipe is not None:
                 # The reader owns the fd from here; detach it from the file object.
                 fd = os.dup(pipe.fileno())
                 pipe.close()
-                slot.outputs.append(_OutputReader(loop, fd, slot.executor_id, stream))
+                slot.outputs.append(OutputReader(loop, fd, slot.executor_id, stream))
         try:
             slot.pidfd = os.pidfd_open(process.pid)
         except (AttributeError, OSError):
@@ -615,15 +573,23 @@ class PoolManager:
             _log.info(
                 "executor %s %s", slot.executor_id, reason, extra={"executorId": slot.executor_id}
             )
+            self._record_exit(slot, process, stopping=True)
             self._set_state(slot, SlotState.STOPPED)
             if self._all_exited is not None and not self._all_exited.done():
                 if all(s.process is None for s in self._slots.values()):
                     self._all_exited.set_result(None)
             return
-        exit_note = getattr(self._spawner, "exit_note", None)
-        note = exit_note(slot.executor_id) if exit_note is not None else None
+        # The sandbox's cgroup knows of OOM kills (its note is the verdict); other notes
+        # just explain.
+        oom_note = getattr(self._spawner, "oom_note", None)
+        note = oom_note(slot.executor_id) if oom_note is not None else None
+        memory_killed = note is not None
+        if note is None:
+            exit_note = getattr(self._spawner, "exit_note", None)
+            note = exit_note(slot.executor_id) if exit_note is not None else None
         if note:
             slot.last_exit_reason = reason = f"{reason} ({note})"
+        self._record_exit(slot, process, memory_killed=memory_killed, note=note)
         _log.warning(
             "executor %s (pid %d) %s after %.1fs",
             slot.executor_id,
@@ -633,6 +599,73 @@ class PoolManager:
             extra={"executorId": slot.executor_id},
         )
         self._schedule_restart(slot)
+
+    def _record_exit(
+        self,
+        slot: _Slot,
+        process: subprocess.Popen[bytes],
+        *,
+        stopping: bool = False,
+        memory_killed: bool = False,
+        note: str | None = None,
+    ) -> None:
+        """Keep the exit for the adapter, tell the listeners, kill what it left behind."""
+        box = None if slot.blackbox_path is None else read_blackbox(slot.blackbox_path)
+        killed = slot.killed
+        slot.killed = None
+        exit_ = ProcessExit(
+            executor_id=slot.executor_id,
+            generation=slot.generation,
+            pid=process.pid,
+            returncode=slot.last_returncode,
+            blackbox=box,
+            memory_killed=memory_killed,
+            memory_limit_mb=self._memory_limit_mb,
+            killed_why=None if killed is None else killed[0],
+            killed_cause=None if killed is None else killed[1],
+            stopping=stopping,
+            note=note,
+        )
+        exits = slot.exits
+        exits[slot.generation] = exit_
+        for old in [g for g in exits if g <= slot.generation - _EXITS_KEPT]:
+            del exits[old]
+        if self._mark_prefix is not None and self._spawn_thread is not None and not stopping:
+            # Off the loop (a /proc scan); on the spawner thread, before the next spawn.
+            mark = process_tree.mark_of(self._mark_prefix, slot.executor_id, slot.generation)
+            assert self._loop is not None
+            self._loop.run_in_executor(self._spawn_thread, self._kill_left_behind, mark)
+        for listener in list(self._exit_listeners):
+            try:
+                listener(exit_)
+            except Exception:
+                _log.exception("exit listener failed for %s", slot.executor_id)
+
+    @staticmethod
+    def _kill_left_behind(mark: str) -> None:
+        victims = process_tree.kill_marked(mark)
+        if victims:
+            _log.warning(
+                "killed %d process(es) left behind by executor %s: %s",
+                len(victims),
+                mark.split(":")[3],
+                ", ".join(map(str, victims[:20])),
+            )
+
+    def _kill_tree(self, slot: _Slot) -> None:
+        """SIGKILL the slot's process's descendants, then its group and itself."""
+        process = slot.process
+        if process is None:
+            return
+        # Walk while it lives: once it is dead its children are reparented away.
+        for _ in range(2):  # a second pass for what forked during the first
+            tree = process_tree.descendants(process.pid)
+            if not tree:
+                break
+            process_tree.kill_pids(tree)
+        _signal_process_group(process, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGKILL)
 
     def _reap(self, slot: _Slot) -> None:
         process = slot.process
@@ -698,40 +731,6 @@ class PoolManager:
             _signal_process_group(process, signum)
 
 
-def _signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
-    """Signal the process's group when it leads one (our spawners make it so), else the
-    process alone. A process that is gone already is not an error."""
-    pid = process.pid
-    try:
-        leads_group = os.getpgid(pid) == pid
-        if leads_group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-#: How many parents up :func:`_descends_from` looks (bubblewrap: executor, its init, bwrap).
-_MAX_SPAWN_DEPTH: Final = 4
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is ``ancestor`` or one of its first few generations of children."""
-    for _ in range(_MAX_SPAWN_DEPTH + 1):
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return False
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        try:
-            pid = int(fields[1])
-        except (IndexError, ValueError):
-            return False
-        if pid <= 1:
-            return False
-    return False
+# Kept under their old names for callers and tests.
+_signal_process_group = process_tree.signal_process_group
+_descends_from = process_tree.descends_from

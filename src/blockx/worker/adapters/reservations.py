@@ -13,6 +13,11 @@ a *reservation* on that executor's current connection until one of:
 * the connection's era ends (reconnect, heartbeat timeout, protocol error):
   :meth:`Reservations.take_all` hands every call to the lost path.
 
+A reserved call that sent an io or sub-call ``CallWaiting`` has *started*: it ran user
+code on that executor. :attr:`Reservations.started` holds them until their
+reservation goes; :meth:`Reservations.take_all` says which lost calls had
+(the blame rules of docs/security.md retry the others without spending an attempt).
+
 A reservation marked *draining* (the call was cancelled; a ``CancelCall`` is on
 its way) keeps its context until the executor's terminal frame: ``unbind``
 leaves it in place, because the executor still runs the call until it sees
@@ -49,12 +54,14 @@ class LostCall(NamedTuple):
     parent_call_id: str | None
     #: The reservation was draining (cancelled) when the era ended.
     draining: bool
+    #: The call had sent an io / sub-call wait on that connection (it ran user code).
+    started: bool = False
 
 
 class Reservations:
     """The reservations of one connection era of one executor."""
 
-    __slots__ = ("_attempts", "_draining", "_parents", "era", "executor_id")
+    __slots__ = ("_attempts", "_draining", "_parents", "era", "executor_id", "started")
 
     def __init__(self, executor_id: str, era: int) -> None:
         self.executor_id = executor_id
@@ -65,6 +72,9 @@ class Reservations:
         self._draining: set[str] = set()
         # call id -> attemptSeq of the last ExecuteCall queued for it.
         self._attempts: dict[str, int] = {}
+        #: Reserved calls that sent a frame here (a subset of the reserved ones; the
+        #: adapter adds them, every release removes them).
+        self.started: set[str] = set()
 
     def __repr__(self) -> str:
         return (
@@ -150,6 +160,7 @@ class Reservations:
             return False
         del self._parents[call_id]
         self._attempts.pop(call_id, None)
+        self.started.discard(call_id)
         return True
 
     def mark_draining(self, call_id: str) -> bool:
@@ -178,14 +189,32 @@ class Reservations:
         del self._parents[call_id]
         self._draining.discard(call_id)
         self._attempts.pop(call_id, None)
+        self.started.discard(call_id)
         return True
+
+    def attempt_ahead(self, call_id: str, attempt_seq: int) -> int | None:
+        """The last attempt dispatched for ``call_id`` when ``attempt_seq`` is *later* than
+        it (a terminal frame for an attempt the worker never sent: a protocol error), else
+        None (no such call here, nothing dispatched yet, or an attempt that was sent)."""
+        dispatched = self._attempts.get(call_id)
+        if dispatched is not None and attempt_seq > dispatched:
+            return dispatched
+        return None
 
     def take_all(self) -> tuple[LostCall, ...]:
         """End the era: return every reservation (in bind order) and hold none."""
+        started = self.started
         lost = tuple(
-            LostCall(call_id, self._attempts.get(call_id), parent, call_id in self._draining)
+            LostCall(
+                call_id,
+                self._attempts.get(call_id),
+                parent,
+                call_id in self._draining,
+                call_id in started,
+            )
             for call_id, parent in self._parents.items()
         )
+        started.clear()
         self._parents.clear()
         self._draining.clear()
         self._attempts.clear()

@@ -488,6 +488,9 @@ class SandboxSpawner:
             argv += ["--ro-bind", path, path]
         socket_dir = os.path.dirname(os.path.abspath(spec.socket_path))
         argv += ["--ro-bind", socket_dir, socket_dir]
+        if spec.blackbox_path is not None:
+            # The executor's black box: the one file of the directory it may write.
+            argv += ["--bind", spec.blackbox_path, spec.blackbox_path]
         argv += ["--chdir", "/tmp", "--remount-ro", "/", "--"]
         argv += [spec.python, "-I", "-c", _bootstrap(self._import_roots), *executor_flags(spec)]
         return argv
@@ -538,6 +541,10 @@ class SandboxSpawner:
             return plan.cgroups.exit_note(executor_id)
         except OSError:
             return None
+
+    #: The pool's name for it: a note from here means the OOM killer ended the process
+    #: (the lost era's cause is ``memory_exceeded``).
+    oom_note = exit_note
 
     def close(self) -> None:
         """Kill what is left in the cgroups and remove them (the pool's stop). Idempotent."""

@@ -55,6 +55,11 @@ class ExecutorSnapshot:
     heartbeat_age_ms: int
     #: Connection era of this executor id (1 on first attach, +1 per reconnect).
     era: int
+    #: ``Heartbeat.runningForMs``: how long the running call had run since it was last
+    #: switched into (0: none runs, or an executor that does not say).
+    running_for_ms: int = 0
+    #: ``Heartbeat.runningCallBudgetMs``: that call's budget then (0: unlimited / none).
+    running_call_budget_ms: int = 0
 
     @property
     def headroom(self) -> int:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .errors import PoolError, SpawnError
+from .process_tree import MARK_ENV
 
 if TYPE_CHECKING:
     from blockx.worker.config import PoolConfig
@@ -83,6 +84,9 @@ class ExecutorLaunchSpec:
     memory_limit_mb: int = 0
     #: RLIMIT_NOFILE of the executor; 0 = inherited.
     max_open_files: int = 0
+    #: The executor's mark (``process_tree.MARK_ENV``), inherited by whatever it
+    #: starts, so the pool can find those processes after it died; None: unmarked.
+    run_mark: str | None = None
 
 
 def executor_flags(spec: ExecutorLaunchSpec) -> list[str]:
@@ -212,6 +216,8 @@ class ProcessSpawner:
     def environment(self, spec: ExecutorLaunchSpec) -> dict[str, str]:
         env = dict(os.environ if self._env is None else self._env)
         env.update(self._extra_env)
+        if spec.run_mark is not None:
+            env[MARK_ENV] = spec.run_mark
         return env
 
     def spawn(self, spec: ExecutorLaunchSpec) -> subprocess.Popen[bytes]:

@@ -48,6 +48,10 @@ from .selection import ExecutorState
 from .state import DispatchCallContext, DispatcherStats, StreamBatch, TaskDispatchState
 from .types import (
     ERR_CANCELLED,
+    ERR_EXECUTOR_CRASHED,
+    ERR_EXECUTOR_WEDGED,
+    ERR_MEMORY_EXCEEDED,
+    ERR_PROTOCOL_ERROR,
     ERR_RESUME_SEND_FAILED,
     ERR_SUBCALL_CYCLE_DETECTED,
     ERR_SUBCALL_DEPTH_EXCEEDED,
@@ -57,6 +61,7 @@ from .types import (
     CallSpec,
     CallState,
     CompletionSource,
+    ExecutorLossReport,
     ExecutorSnapshot,
     FailedCall,
     FailurePolicy,
@@ -70,6 +75,10 @@ from .types import (
 
 __all__ = [
     "ERR_CANCELLED",
+    "ERR_EXECUTOR_CRASHED",
+    "ERR_EXECUTOR_WEDGED",
+    "ERR_MEMORY_EXCEEDED",
+    "ERR_PROTOCOL_ERROR",
     "ERR_RESUME_SEND_FAILED",
     "ERR_SUBCALL_CYCLE_DETECTED",
     "ERR_SUBCALL_DEPTH_EXCEEDED",
@@ -101,6 +110,7 @@ __all__ = [
     "DispatcherStats",
     "DispatcherUsageError",
     "DuplicateTaskError",
+    "ExecutorLossReport",
     "ExecutorSnapshot",
     "ExecutorState",
     "FailedCall",

@@ -138,6 +138,24 @@ class DispatcherConfig:
         object.__setattr__(self, "fairness_quantum", quantum)
 
 
+def stall_threshold_ms(config: DispatcherConfig, budget_ms: int) -> int | None:
+    """How long a call granted ``budget_ms`` may run without yielding before the
+    wedge backstop judges its executor wedged; None: never (an unlimited budget).
+
+    The call's own budget plus :data:`STALL_TIMEOUT_MARGIN_MS` -- an executor runs
+    a call for up to its budget, and cuts it off there itself, so only a call that
+    outlives its budget by the margin ignored its deadline. An explicit
+    ``scheduler_stall_timeout_ms`` overrides the derivation, but never below the
+    budget + :data:`STALL_TIMEOUT_MIN_MARGIN_MS`.
+    """
+    if budget_ms <= 0:
+        return None
+    requested = config.scheduler_stall_timeout_ms
+    if requested is None:
+        return budget_ms + STALL_TIMEOUT_MARGIN_MS
+    return max(requested, budget_ms + STALL_TIMEOUT_MIN_MARGIN_MS)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallRetryPolicy:
     """A task's call policy. ``None`` fields fall back to ``DispatcherConfig``.

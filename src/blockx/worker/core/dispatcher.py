@@ -61,7 +61,7 @@ Entry points and the events they stand for:
 ``handle_retry_ready(call)``                      an ``ArmCallRetry`` timer fired
 ``handle_subcall_request(request)``               ``CallWaiting`` subcall (digest resolved)
 ``handle_executor_snapshot_updated(snapshots)``   the 500 ms snapshot sync
-``handle_executor_lost(executor, now)``           transport lost
+``handle_executor_lost(executor, now, report)``   era ended: blame (:mod:`.blame`)
 ``handle_task_cancelled(task, reason)``           task deadline, user cancel
 ``try_dispatch_next(now)``, ``dispatch_ready``    one / all release decisions
 ``flush_dirty_tasks()``                           the convergence epilogue
@@ -136,9 +136,11 @@ the calls that did.
 
 Sub-calls (:mod:`.subcalls`) get their own context with one attempt, run next
 to their parent, answer it with ``ResumeParentCall`` and are cancelled with
-their whole subtree when the parent ends or retries. Executor loss fails every
-call bound there as retryable ``transport_lost`` (parents before children, no
-commands to the dead executor) and re-evaluates parked sub-calls.
+their whole subtree when the parent ends or retries. Executor loss blames only
+the guilty (:mod:`.blame`): calls not suspected are dispatched again without
+spending an attempt, suspects run again alone on an executor
+(:mod:`.isolation`), and only a suspect whose executor dies while it runs
+alone spends its attempt; parked sub-calls are re-evaluated.
 
 Convergence happens only in ``flush_dirty_tasks`` (:mod:`.convergence`):
 ``StopCallProduction`` -> drain -> ``BatchSettled`` -> ``ConvergeTaskCalls``,
@@ -179,6 +181,7 @@ from .attempts import (
     resume_attempts,
     suspend_attempts,
 )
+from .blame import take_back_calls
 from .commands import BindCall, DispatchCommand
 from .config import CallRetryPolicy, DispatcherConfig
 from .convergence import flush_dirty_tasks
@@ -204,7 +207,7 @@ from .registration import (
     finish_call_stream,
     prepare_calls,
 )
-from .release import dispatch_decisions, dispatch_one, take_back_calls, unbind_attempt
+from .release import dispatch_decisions, dispatch_one, unbind_attempt
 from .selection import ExecutorState
 from .state import DispatchCallContext, DispatcherStats, TaskDispatchState
 from .subcalls import admit_subcall, rebind_parked
@@ -212,6 +215,7 @@ from .types import (
     CallError,
     CallSpec,
     CallState,
+    ExecutorLossReport,
     ExecutorSnapshot,
     JitterSource,
     SubcallRequest,
@@ -224,6 +228,8 @@ __all__ = ["DispatcherCore"]
 _READY: Final = CallState.READY
 _RUNNING: Final = CallState.RUNNING
 _WAITING: Final = CallState.WAITING
+#: A loss reported without a report: nothing known of the cause or the calls.
+_UNKNOWN_LOSS: Final = ExecutorLossReport()
 
 
 class DispatcherCore:
@@ -594,13 +600,20 @@ class DispatcherCore:
         finally:
             self._running = None
 
-    def handle_executor_lost(self, executor_id: str, now_ms: int) -> list[DispatchCommand]:
-        """The executor's transport is gone (call after refreshing the snapshot).
+    def handle_executor_lost(
+        self, executor_id: str, now_ms: int, report: ExecutorLossReport | None = None
+    ) -> list[DispatchCommand]:
+        """The executor's connection era ended (call after refreshing the snapshot).
 
-        Every call bound there fails its attempt as retryable ``transport_lost``
-        (parents first; no command names the lost executor); a call whose bind
-        was never confirmed gets its attempt back. Parked sub-calls are
-        re-evaluated. The executor is unselectable until a snapshot shows it again.
+        ``report`` says what is known of why (default: a ``transport_lost`` that
+        names no call, every bound call counted as started). Its calls are sorted
+        by the blame rules (:mod:`.blame`): calls not suspected get their attempt
+        back and are dispatched again; suspects get theirs back too and will run
+        only in isolation; a suspect that was running alone there spends its
+        attempt and fails with the cause once it has none left (at once for
+        ``executor_wedged``). No command names the lost executor. Parked
+        sub-calls are re-evaluated. The executor is unselectable until a
+        snapshot shows it again.
         """
         self._enter("handle_executor_lost")
         try:
@@ -608,7 +621,7 @@ class DispatcherCore:
             ex = core.executors.get(executor_id)
             out: list[DispatchCommand] = []
             if ex is not None:
-                take_back_calls(core, ex, now_ms, out)
+                take_back_calls(core, ex, now_ms, out, report or _UNKNOWN_LOSS)
             rebind_parked(core, out)
             return out
         finally:

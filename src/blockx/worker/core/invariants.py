@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .lifecycle import CoreState, live_roots
+from .selection import ExecutorState
 from .state import DispatchCallContext, TaskDispatchState
 from .types import CallState
 
@@ -49,6 +50,7 @@ def check_core_invariants(core: CoreState) -> list[str]:
                 problems.append(f"{ex!r} holds {call_id} which is {ctx!r}")
             if core.calls.get(call_id) is not ctx:
                 problems.append(f"{ex!r} holds unregistered call {call_id}")
+        problems.extend(_check_isolation(ex))
     inflight_by_instance: Counter[str] = Counter()
     for task in core.tasks.values():
         inflight_by_instance[task.instance.key] += task.inflight_roots
@@ -78,7 +80,7 @@ def _check_call(core: CoreState, ctx: DispatchCallContext) -> list[str]:
         problems.append(f"{ctx!r}: holds an executor while {state.value}")
     if ctx.wait_handle is not None and state is not CallState.WAITING:
         problems.append(f"{ctx!r}: holds a wait handle while {state.value}")
-    places = [ctx.queued, ctx.retry_armed, ctx.parked, ctx.sf_waiting]
+    places = [ctx.queued, ctx.retry_armed, ctx.parked, ctx.sf_waiting, ctx.awaiting_isolation]
     if state is CallState.READY:
         if sum(places) > 1:
             problems.append(f"{ctx!r}: READY in several places")
@@ -169,4 +171,23 @@ def _check_task(core: CoreState, task: TaskDispatchState, subcalls: int) -> list
         )
     if task.dropped_roots and not task.stop_dispatching:
         problems.append(f"{task!r}: calls dropped but the task is not stopping")
+    return problems
+
+
+def _check_isolation(ex: ExecutorState) -> list[str]:
+    """A suspect in isolation is alone on its executor (its own sub-calls aside)."""
+    problems: list[str] = []
+    if ex.closed_to_roots != (ex.isolating is not None or ex.reserved_for is not None):
+        problems.append(f"{ex!r}: closed_to_roots out of step with its isolation marks")
+    host = ex.isolating
+    if host is None:
+        return problems
+    if ex.calls.get(host.call_id) is not host:
+        problems.append(f"{ex!r} isolates {host!r}, which is not bound there")
+    for ctx in ex.calls.values():
+        root = ctx
+        while root.parent is not None:
+            root = root.parent
+        if root is not host:
+            problems.append(f"{ex!r} isolates {host.call_id} but also runs {ctx!r}")
     return problems

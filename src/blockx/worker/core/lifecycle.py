@@ -108,6 +108,7 @@ class CoreState:
         "config",
         "dirty",
         "executors",
+        "isolation_queue",
         "jitter",
         "output_limit",
         "scheduler",
@@ -130,6 +131,9 @@ class CoreState:
         self.calls: dict[str, DispatchCallContext] = {}
         self.executors = ExecutorTable(config)
         self.scheduler = ReadyScheduler(config)
+        #: READY suspects waiting for an executor of their own, oldest first
+        #: (:mod:`.isolation`); entries whose ``awaiting_isolation`` is False are stale.
+        self.isolation_queue: deque[DispatchCallContext] = deque()
         #: Tasks to settle at the next ``flush_dirty_tasks``, in marking order.
         self.dirty: deque[TaskDispatchState] = deque()
         self.stats = DispatcherStats()
@@ -206,13 +210,18 @@ def release_executor(
 
 
 def requeue_front(core: CoreState, ctx: DispatchCallContext) -> None:
-    """Put a READY root call at the head of its task's queue (retry, released waiter).
+    """Put a READY root call at the head of its task's queue (retry, released waiter),
+    or, for a suspect, at the end of the isolation queue.
 
     A stopping task keeps the call READY but unqueued: the drain cancels it.
     """
     task = ctx.task
     if task.stop_dispatching:
         mark_dirty(core, task)
+        return
+    if ctx.suspect:
+        ctx.awaiting_isolation = True
+        core.isolation_queue.append(ctx)
         return
     ctx.queued = True
     task.ready_queue.appendleft(ctx)
@@ -250,6 +259,7 @@ def set_call_terminal(
     ctx.retry_armed = False
     ctx.queued = False
     ctx.sf_waiting = False
+    ctx.awaiting_isolation = False
     if error is not None:
         ctx.error = error
     task = ctx.task

@@ -17,13 +17,13 @@ its ready queue is
 It returns False, changing nothing, when no task is dispatchable or no
 executor is eligible (the head stays queued).
 
+Suspects waiting to run alone (:mod:`.isolation`) are placed first, before
+any task's head is looked at.
+
 A bind can be taken back before it ran: :func:`unbind_attempt` undoes one that
 failed (``handle_bind_failed``) or whose executor was lost before the bind was
 confirmed; the attempt is given back, a root call is re-armed at once and a
-sub-call parked again. :func:`take_back_calls` handles executor loss: every
-call bound there fails its attempt as retryable ``transport_lost``, parents
-before their sub-calls (so a parent's retry cancels its subtree before a child
-would answer a parent that is gone), with no command naming the lost executor.
+sub-call parked again. Executor loss is :mod:`.blame`'s.
 """
 
 from __future__ import annotations
@@ -31,21 +31,20 @@ from __future__ import annotations
 from typing import Final
 
 from .commands import ArmCallRetry, CompleteCallFromCache, DispatchCommand
+from .isolation import place_isolated
 from .lifecycle import (
     CoreState,
     add_waiter,
     bind_call,
     cancel_subtree,
-    fail_attempt,
     finish_call,
     mark_dirty,
     release_executor,
 )
-from .selection import ExecutorState
 from .state import DispatchCallContext, move
-from .types import ERR_TRANSPORT_LOST, CallError, CallOutcome, CallState
+from .types import CallOutcome, CallState
 
-__all__ = ["dispatch_decisions", "dispatch_one", "take_back_calls", "unbind_attempt"]
+__all__ = ["dispatch_decisions", "dispatch_one", "unbind_attempt"]
 
 _READY: Final = CallState.READY
 _RUNNING: Final = CallState.RUNNING
@@ -70,6 +69,10 @@ def dispatch_decisions(
     cache_limit = core.cache_limit
     stats = core.stats
     decisions = 0
+    if core.isolation_queue or core.executors.reserved:
+        decisions = place_isolated(core, out)
+        if limit != -1 and decisions >= limit:
+            return decisions
     while decisions != limit:
         task = pick()
         if task is None:
@@ -150,22 +153,3 @@ def unbind_attempt(
             attempt_count=ctx.attempt_count,
         )
     )
-
-
-def take_back_calls(
-    core: CoreState, ex: ExecutorState, now_ms: int, out: list[DispatchCommand]
-) -> None:
-    """``ex`` was lost: fail (or unbind) every call bound there."""
-    core.executors.mark_lost(ex)
-    core.stats.executor_losses += 1
-    error = CallError(
-        kind=ERR_TRANSPORT_LOST, message=f"executor {ex.executor_id} lost", retryable=True
-    )
-    for ctx in sorted(ex.calls.values(), key=lambda c: len(c.ancestry)):
-        if ctx.executor is not ex or (ctx.state is not _RUNNING and ctx.state is not _WAITING):
-            continue  # ended or moved while an ancestor was failed
-        if ctx.bound:
-            fail_attempt(core, ctx, error, now_ms, out, executor_lost=True)
-        else:
-            unbind_attempt(core, ctx, now_ms, out)
-    core.executors.forget_if_idle(ex)

@@ -8,55 +8,57 @@ Theory of operation
 sooner -- the calls it bound there itself (``local_inflight``, ``calls``) and
 the completions it saw since the heartbeat (``completed_since_snapshot``).
 
-``select_executor(now_ms)`` is the seed's Filter -> Score. An executor is
-*eligible* unless
+``select_executor(now_ms)`` is the seed's Filter -> Score, written once each:
+:func:`is_eligible` (the Filter) and :func:`score` (the Score key, smaller is
+better). An executor is *eligible* unless
 
 * it is unhealthy (or lost, or missing from the latest snapshot);
-* its scheduler is stalled: it reports a running call and its scheduler loop
-  has not moved for more than ``stall_timeout_ms`` (a wedged executor; the
-  runtime's backstop will kill it, meanwhile it gets no work);
+* it is closed to new root calls: it runs a suspect in isolation, or drains
+  to take one (:mod:`.isolation`);
+* its scheduler is stalled: its last heartbeat reports the running call past
+  its own stall threshold (``config.stall_threshold_ms``: the call's budget +
+  a margin). Judged only from what a heartbeat says, never extrapolated from
+  silence: a paused executor is not stalled, a silent one is the heartbeat
+  timeout's business;
 * ``headroom = usable_contexts - local_inflight <= 0``;
 * ``runnable_count - completed_since_snapshot >= executor_max_runnable``
   (the heartbeat's runnable count, compensated by completions seen since);
 * ``local_inflight >= executor_max_inflight``;
 * ``memory_bytes >= executor_memory_high_watermark`` (when that is set).
 
-Among eligible executors the best has the fewest runnable calls, then the
-fewest local in-flight calls, then the most headroom, then the smallest
-executor id.
+The score is ``(local_inflight, runnable, -headroom, executor_id)``: the fewest
+calls bound there first (exact: the core counts its own binds, running and
+queued on the executor alike), so work spreads over every executor from the
+first call -- ranking by the heartbeat's runnable count first would send a
+burst of calls released between two heartbeats to the one executor whose stale
+count looked smallest. The runnable count then breaks ties (it sees calls the
+executor queued that the core does not count), then headroom, then the id.
 
 With ``executor_selection_sample_size = 0`` the answer is the exact best, as a
-full scan would find it. Up to :data:`SCAN_MAX_EXECUTORS` (4)
-selectable executors it *is* a full scan: with two executors a scan costs less
-than keeping a heap current (two pushes per call, one on bind and one on
-release; bench/dispatcher_select.py). With more, it is found without scanning:
-the table keeps a heap
-of ``(runnable, inflight, -headroom, executor_id)`` entries, pushes a fresh
-entry (numbered; the number becomes the executor's ``version``) whenever one
-of those values changes, and on selection discards entries that are out of
-date or whose executor fails the Filter. A discarded executor gets a new entry with its next
-change (only time makes an executor stalled, and only a new snapshot, which
-rebuilds the heap, un-stalls it), so every eligible executor always has a
-current entry and the heap's first valid entry is the scan's answer:
-O(log executors) per change instead of O(executors) per decision. The table
-switches between the two whenever the set of selectable executors changes
-(a snapshot, a loss), rebuilding the heap when it starts using it.
+full scan would find it. Up to :data:`SCAN_MAX_EXECUTORS` (4) selectable
+executors it *is* a full scan; with more, the table keeps a heap of score keys
+(each numbered; the number becomes the executor's ``version``), pushes a fresh
+entry whenever an executor's score or filter inputs change, and on selection
+discards entries that are out of date or whose executor fails the Filter. A
+discarded executor gets a new entry with its next change (its filter inputs
+change only with a snapshot, which rebuilds the heap, or with a bind, a release
+or an isolation change, which push one), so every eligible executor always has a
+current entry and the heap's first valid entry is the scan's answer.
 
 With ``executor_selection_sample_size = N > 0`` only the first N eligible
 executors are scored (power-of-d sampling, the seed's cheap approximation),
 scanning from a start that rotates by one executor per decision so that
 samples spread over the pool instead of always favouring the lowest ids.
-(The seed's "first N eligible" come out of a Go map, whose iteration order is
-randomised per range: in effect a moving sample too. The rotation is that
-spread made deterministic, as the core takes no randomness of its own.)
 N >= the number of executors is the seed's literal full scan.
 
 Sub-calls never go through selection: they run where their parent runs
-(:meth:`ExecutorTable.can_host_subcall`).
+(:meth:`ExecutorTable.can_host_subcall`), isolation or not.
 
 The table owns the slot accounting: :meth:`ExecutorTable.take_slot` and
 :meth:`ExecutorTable.release_slot` (called by :mod:`.lifecycle` on bind and
-release) keep ``local_inflight == len(calls)`` and the heap in step.
+release) keep ``local_inflight == len(calls)`` and the heap in step; and the
+isolation marks (:meth:`ExecutorTable.host_isolated`, :meth:`reserve_for`,
+:meth:`release_reservation`), which close an executor to other root calls.
 """
 
 from __future__ import annotations
@@ -66,18 +68,16 @@ from heapq import heapify, heappop, heappush
 from itertools import islice
 from typing import TYPE_CHECKING
 
-from .config import DispatcherConfig
+from .config import DispatcherConfig, stall_threshold_ms
 from .types import ExecutorSnapshot
 
 if TYPE_CHECKING:
     from .state import DispatchCallContext
 
-__all__ = ["SCAN_MAX_EXECUTORS", "ExecutorState", "ExecutorTable"]
+__all__ = ["SCAN_MAX_EXECUTORS", "ExecutorState", "ExecutorTable", "is_eligible", "score"]
 
 #: Stands for "no limit" in comparisons.
 _UNLIMITED = 1 << 62
-#: ``stalled_after_ms`` of an executor that runs no call.
-_NEVER = 1 << 62
 #: Exact selection scans up to this many selectable executors, keeps a heap above.
 SCAN_MAX_EXECUTORS = 4
 
@@ -85,28 +85,33 @@ SCAN_MAX_EXECUTORS = 4
 class ExecutorState:
     """One executor as the core sees it.
 
-    ``runnable``, ``selectable`` and ``stalled_after_ms`` are derived when a
-    snapshot is applied (and ``runnable`` on every completion) so that the
-    selection loop reads one attribute per filter.
+    ``runnable``, ``selectable`` and ``stalled`` are derived when a snapshot is
+    applied (and ``runnable`` on every completion) so that the Filter reads one
+    attribute per test.
     """
 
     __slots__ = (
         "calls",
+        "closed_to_roots",
         "completed_since_snapshot",
         "executor_id",
         "healthy",
         "heartbeat_seq",
         "inflight_count",
+        "isolating",
         "last_scheduler_active_at_ms",
         "local_inflight",
         "lost",
         "memory_bytes",
         "present",
+        "reserved_for",
         "runnable",
         "runnable_count",
+        "running_call_budget_ms",
         "running_call_id",
+        "running_for_ms",
         "selectable",
-        "stalled_after_ms",
+        "stalled",
         "usable_contexts",
         "version",
     )
@@ -123,6 +128,8 @@ class ExecutorState:
         self.inflight_count = 0
         self.heartbeat_seq = -1
         self.running_call_id: str | None = None
+        self.running_for_ms = 0
+        self.running_call_budget_ms = 0
         self.last_scheduler_active_at_ms = 0
         self.memory_bytes = 0
         #: Calls the core has bound here (RUNNING or WAITING, roots and sub-calls).
@@ -134,16 +141,23 @@ class ExecutorState:
         self.runnable = 0
         #: Healthy and under the memory watermark (the snapshot-time filters).
         self.selectable = False
-        #: With a running call, the scheduler counts as stalled once ``now_ms``
-        #: passes this; ``_NEVER`` without one.
-        self.stalled_after_ms = _NEVER
+        #: The last heartbeat reported its running call past that call's stall
+        #: threshold (a wedged executor: no new work; the backstop kills it).
+        self.stalled = False
+        #: The suspect running here in isolation (:mod:`.isolation`), if any.
+        self.isolating: DispatchCallContext | None = None
+        #: The suspect this executor drains for: no new root call until it is empty.
+        self.reserved_for: DispatchCallContext | None = None
+        #: ``isolating`` or ``reserved_for`` is set: no root call may be placed here.
+        #: Invariant: ``closed_to_roots == (isolating is not None or reserved_for is not None)``.
+        self.closed_to_roots = False
         #: The bound calls by id (insertion order = bind order).
         self.calls: dict[str, DispatchCallContext] = {}
         #: Set (to a table-wide unique number) on every change of the score or
         #: filter inputs; heap entries carrying another number are out of date.
         self.version = 0
 
-    def apply(self, snap: ExecutorSnapshot, memory_watermark: int, stall_timeout_ms: int) -> None:
+    def apply(self, snap: ExecutorSnapshot, config: DispatcherConfig) -> None:
         """Take the values of a new snapshot of this executor."""
         if snap.heartbeat_seq != self.heartbeat_seq:
             self.completed_since_snapshot = 0
@@ -155,17 +169,14 @@ class ExecutorState:
         self.inflight_count = snap.inflight_count
         self.heartbeat_seq = snap.heartbeat_seq
         self.running_call_id = snap.running_call_id
+        self.running_for_ms = snap.running_for_ms
+        self.running_call_budget_ms = snap.running_call_budget_ms
         self.last_scheduler_active_at_ms = snap.last_scheduler_active_at_ms
         self.memory_bytes = snap.memory_bytes
         self.runnable = max(0, snap.runnable_count - self.completed_since_snapshot)
-        self.selectable = snap.healthy and not (
-            memory_watermark and snap.memory_bytes >= memory_watermark
-        )
-        self.stalled_after_ms = (
-            _NEVER
-            if snap.running_call_id is None
-            else snap.last_scheduler_active_at_ms + stall_timeout_ms
-        )
+        watermark = config.executor_memory_high_watermark
+        self.selectable = snap.healthy and not (watermark and snap.memory_bytes >= watermark)
+        self.stalled = is_stalled(snap, config)
 
     @property
     def headroom(self) -> int:
@@ -175,10 +186,51 @@ class ExecutorState:
         status = "lost" if self.lost else ("healthy" if self.healthy else "unhealthy")
         if not self.present:
             status += ",absent"
+        if self.stalled:
+            status += ",stalled"
+        if self.isolating is not None:
+            status += f",isolating {self.isolating.call_id}"
+        elif self.reserved_for is not None:
+            status += f",draining for {self.reserved_for.call_id}"
         return (
             f"<ExecutorState {self.executor_id} {status} inflight={self.local_inflight}"
             f" headroom={self.headroom} runnable={self.runnable} hb={self.heartbeat_seq}>"
         )
+
+
+def is_stalled(snap: ExecutorSnapshot, config: DispatcherConfig) -> bool:
+    """Whether ``snap`` reports its running call past that call's stall threshold.
+
+    Only what the heartbeat says counts (``running_for_ms``): silence is never
+    extrapolated into a stall.
+    """
+    if snap.running_call_id is None:
+        return False
+    threshold = stall_threshold_ms(config, snap.running_call_budget_ms)
+    return threshold is not None and snap.running_for_ms > threshold
+
+
+def is_eligible(ex: ExecutorState, max_inflight: int, max_runnable: int) -> bool:
+    """The Filter: whether a new root call may be placed on ``ex`` now (the one
+    eligibility predicate of every selection strategy)."""
+    inflight = ex.local_inflight
+    return (
+        ex.selectable
+        and ex.present
+        and not ex.lost
+        and not ex.closed_to_roots
+        and not ex.stalled
+        and ex.usable_contexts - inflight > 0
+        and inflight < max_inflight
+        and ex.runnable < max_runnable
+    )
+
+
+def score(ex: ExecutorState) -> tuple[int, int, int, str]:
+    """The Score key (smaller is better): the fewest calls bound, then the fewest
+    runnable, then the most headroom, then the smallest id."""
+    inflight = ex.local_inflight
+    return (inflight, ex.runnable, inflight - ex.usable_contexts, ex.executor_id)
 
 
 class ExecutorTable:
@@ -187,6 +239,7 @@ class ExecutorTable:
     __slots__ = (
         "_by_id",
         "_compact_at",
+        "_config",
         "_cursor",
         "_heap",
         "_max_inflight",
@@ -195,14 +248,14 @@ class ExecutorTable:
         "_order_twice",
         "_push_seq",
         "_sample_size",
-        "_stall_timeout_ms",
         "_use_heap",
-        "_watermark",
+        "reserved",
         "scan_max_executors",
         "select",
     )
 
     def __init__(self, config: DispatcherConfig) -> None:
+        self._config = config
         self._by_id: dict[str, ExecutorState] = {}
         #: Present, not lost, sorted by id: the candidates of ``select_executor``.
         self._order: list[ExecutorState] = []
@@ -212,8 +265,6 @@ class ExecutorTable:
         self._max_inflight = config.executor_max_inflight or _UNLIMITED
         self._max_runnable = config.executor_max_runnable or _UNLIMITED
         self._sample_size = config.executor_selection_sample_size
-        self._watermark = config.executor_memory_high_watermark
-        self._stall_timeout_ms = config.stall_timeout_ms
         #: Exact selection scans up to this many selectable executors and keeps
         #: the heap above (tests set it, then apply a snapshot, to force a path).
         self.scan_max_executors = SCAN_MAX_EXECUTORS
@@ -222,6 +273,8 @@ class ExecutorTable:
         self._use_heap = False
         self._heap: list[_HeapEntry] = []
         self._compact_at = 64
+        #: Executors draining for a suspect (``reserved_for`` set), by id.
+        self.reserved: dict[str, ExecutorState] = {}
         #: ``select_executor`` as the current policy's method, chosen when the set of
         #: selectable executors changes (one call less per release decision).
         self.select: Callable[[int], ExecutorState | None] = self._select_exact_scan
@@ -240,9 +293,19 @@ class ExecutorTable:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    @property
+    def candidates(self) -> list[ExecutorState]:
+        """Present and not lost, in id order (read-only)."""
+        return self._order
+
     def can_host_subcall(self, ex: ExecutorState) -> bool:
         """Whether a sub-call may be bound next to its parent on ``ex`` now."""
         return ex.present and ex.healthy and not ex.lost
+
+    def can_isolate(self, ex: ExecutorState) -> bool:
+        """Whether ``ex`` may take (or drain for) a suspect: the Filter without the
+        load and isolation tests."""
+        return ex.selectable and ex.present and not ex.lost and not ex.stalled
 
     # --- slots -------------------------------------------------------------------
 
@@ -261,9 +324,36 @@ class ExecutorTable:
             ex.completed_since_snapshot += 1
             if ex.runnable > 0:
                 ex.runnable -= 1
+        if ex.isolating is ctx:
+            ex.isolating = None
+            ex.closed_to_roots = ex.reserved_for is not None
         if not ex.present:
             self.forget_if_idle(ex)
         elif self._use_heap:
+            self._push(ex)
+
+    # --- isolation marks ---------------------------------------------------------------
+
+    def host_isolated(self, ex: ExecutorState, ctx: DispatchCallContext) -> None:
+        """``ctx`` (a suspect, just bound on ``ex``) runs there alone until its attempt ends."""
+        if ex.reserved_for is not None:
+            self.release_reservation(ex)
+        ex.isolating = ctx
+        ex.closed_to_roots = True
+
+    def reserve_for(self, ex: ExecutorState, ctx: DispatchCallContext) -> None:
+        """Close ``ex`` to new root calls until it drains, then host ``ctx`` there."""
+        ex.reserved_for = ctx
+        ex.closed_to_roots = True
+        self.reserved[ex.executor_id] = ex
+
+    def release_reservation(self, ex: ExecutorState) -> None:
+        """``ex`` no longer drains for a suspect (it took it, the suspect ended, or
+        ``ex`` was lost)."""
+        ex.reserved_for = None
+        ex.closed_to_roots = ex.isolating is not None
+        self.reserved.pop(ex.executor_id, None)
+        if self._use_heap and not ex.closed_to_roots:
             self._push(ex)
 
     def _push(self, ex: ExecutorState) -> None:
@@ -274,17 +364,7 @@ class ExecutorTable:
         if ex.lost:
             return
         heap = self._heap
-        heappush(
-            heap,
-            (
-                ex.runnable,
-                ex.local_inflight,
-                ex.local_inflight - ex.usable_contexts,
-                ex.executor_id,
-                ex.version,
-                ex,
-            ),
-        )
+        heappush(heap, (score(ex), ex.version, ex))
         if len(heap) > self._compact_at:
             self._rebuild_heap()
 
@@ -294,16 +374,7 @@ class ExecutorTable:
         for ex in self._order:
             self._push_seq += 1
             ex.version = self._push_seq
-            heap.append(
-                (
-                    ex.runnable,
-                    ex.local_inflight,
-                    ex.local_inflight - ex.usable_contexts,
-                    ex.executor_id,
-                    ex.version,
-                    ex,
-                )
-            )
+            heap.append((score(ex), ex.version, ex))
         heapify(heap)
         self._heap = heap
         self._compact_at = 4 * len(heap) + 64
@@ -313,22 +384,27 @@ class ExecutorTable:
     def apply_snapshots(self, snapshots: Iterable[ExecutorSnapshot]) -> None:
         """Replace the view with ``snapshots`` (executors missing become absent)."""
         by_id = self._by_id
+        config = self._config
         seen: set[str] = set()
         for snap in snapshots:
             ex = by_id.get(snap.executor_id)
             if ex is None:
                 ex = by_id[snap.executor_id] = ExecutorState(snap.executor_id)
-            ex.apply(snap, self._watermark, self._stall_timeout_ms)
+            ex.apply(snap, config)
             seen.add(snap.executor_id)
         for ex in list(by_id.values()):
             if ex.executor_id not in seen:
                 ex.present = False
+                if ex.reserved_for is not None:
+                    self.release_reservation(ex)
                 self.forget_if_idle(ex)
         self._rebuild_order()
 
     def mark_lost(self, ex: ExecutorState) -> None:
         """Exclude ``ex`` from selection until a snapshot shows it again."""
         ex.lost = True
+        if ex.reserved_for is not None:
+            self.release_reservation(ex)
         self._rebuild_order()
 
     def forget_if_idle(self, ex: ExecutorState) -> None:
@@ -362,56 +438,27 @@ class ExecutorTable:
     # --- Filter -> Score -------------------------------------------------------
 
     def is_eligible(self, ex: ExecutorState, now_ms: int) -> bool:
-        """The Filter step for one executor."""
-        inflight = ex.local_inflight
-        return (
-            ex.present
-            and not ex.lost
-            and ex.selectable
-            and ex.usable_contexts - inflight > 0
-            and inflight < self._max_inflight
-            and ex.runnable < self._max_runnable
-            and now_ms <= ex.stalled_after_ms
-        )
+        """The Filter step for one executor (``now_ms`` is kept for callers: the
+        Filter no longer depends on time)."""
+        return is_eligible(ex, self._max_inflight, self._max_runnable)
 
     def select_executor(self, now_ms: int) -> ExecutorState | None:
         """The best eligible executor for a root call, or None if none is eligible."""
         return self.select(now_ms)
 
     def _select_exact_scan(self, now_ms: int) -> ExecutorState | None:
-        """The exact best by a full scan in id order (small pools; see the module docstring)."""
+        """The exact best by a full scan (small pools; see the module docstring)."""
         max_inflight = self._max_inflight
         max_runnable = self._max_runnable
         best: ExecutorState | None = None
-        best_runnable = best_inflight = best_headroom = 0
+        best_key: tuple[int, int, int, str] | None = None
         for ex in self._order:
-            inflight = ex.local_inflight
-            headroom = ex.usable_contexts - inflight
-            runnable = ex.runnable
-            if (
-                headroom <= 0
-                or inflight >= max_inflight
-                or runnable >= max_runnable
-                or not ex.selectable
-                or now_ms > ex.stalled_after_ms
-            ):
+            if not is_eligible(ex, max_inflight, max_runnable):
                 continue
-            # Score: fewer runnable, fewer in flight, more headroom; id order breaks ties.
-            if (
-                best is None
-                or runnable < best_runnable
-                or (
-                    runnable == best_runnable
-                    and (
-                        inflight < best_inflight
-                        or (inflight == best_inflight and headroom > best_headroom)
-                    )
-                )
-            ):
+            key = score(ex)
+            if best_key is None or key < best_key:
                 best = ex
-                best_runnable = runnable
-                best_inflight = inflight
-                best_headroom = headroom
+                best_key = key
         return best
 
     def _select_from_heap(self, now_ms: int) -> ExecutorState | None:
@@ -419,20 +466,9 @@ class ExecutorTable:
         max_inflight = self._max_inflight
         max_runnable = self._max_runnable
         while heap:
-            entry = heap[0]
-            ex = entry[5]
-            if entry[4] == ex.version:
-                inflight = ex.local_inflight
-                if (
-                    ex.usable_contexts - inflight > 0
-                    and inflight < max_inflight
-                    and ex.runnable < max_runnable
-                    and ex.selectable
-                    and now_ms <= ex.stalled_after_ms
-                    and not ex.lost
-                    and ex.present
-                ):
-                    return ex
+            _key, version, ex = heap[0]
+            if version == ex.version and is_eligible(ex, max_inflight, max_runnable):
+                return ex
             # Out of date, or filtered: its next change pushes a new entry.
             heappop(heap)
         return None
@@ -443,8 +479,7 @@ class ExecutorTable:
         if n == 0:
             return None
         sample = self._sample_size
-        rotated = 0 < sample < n
-        if rotated:
+        if 0 < sample < n:
             start = self._cursor
             self._cursor = start + 1 if start + 1 < n else 0
             candidates: Iterable[ExecutorState] = islice(self._order_twice, start, start + n)
@@ -454,47 +489,14 @@ class ExecutorTable:
         max_inflight = self._max_inflight
         max_runnable = self._max_runnable
         best: ExecutorState | None = None
-        best_runnable = best_inflight = best_headroom = 0
+        best_key: tuple[int, int, int, str] | None = None
         for ex in candidates:
-            inflight = ex.local_inflight
-            headroom = ex.usable_contexts - inflight
-            runnable = ex.runnable
-            if (
-                headroom <= 0
-                or inflight >= max_inflight
-                or runnable >= max_runnable
-                or not ex.selectable
-                or now_ms > ex.stalled_after_ms
-            ):
+            if not is_eligible(ex, max_inflight, max_runnable):
                 continue
-            # Score: fewer runnable, fewer in flight, more headroom, smaller id.
-            # An unrotated scan walks in id order, so keeping the incumbent on a
-            # tie already prefers the smaller id.
-            if (
-                best is None
-                or runnable < best_runnable
-                or (
-                    runnable == best_runnable
-                    and (
-                        inflight < best_inflight
-                        or (
-                            inflight == best_inflight
-                            and (
-                                headroom > best_headroom
-                                or (
-                                    rotated
-                                    and headroom == best_headroom
-                                    and ex.executor_id < best.executor_id
-                                )
-                            )
-                        )
-                    )
-                )
-            ):
+            key = score(ex)
+            if best_key is None or key < best_key:
                 best = ex
-                best_runnable = runnable
-                best_inflight = inflight
-                best_headroom = headroom
+                best_key = key
             sample -= 1
             if sample == 0:
                 break
@@ -508,5 +510,5 @@ class ExecutorTable:
         return f"<ExecutorTable {list(self._by_id)} selectable={len(self._order)} {mode}>"
 
 
-#: (runnable, local_inflight, -headroom, executor_id, version, executor)
-_HeapEntry = tuple[int, int, int, str, int, ExecutorState]
+#: (score key, version, executor)
+_HeapEntry = tuple[tuple[int, int, int, str], int, ExecutorState]

@@ -86,6 +86,7 @@ class DispatchCallContext:
         "ancestry",
         "attempt_count",
         "attempt_seq",
+        "awaiting_isolation",
         "batch",
         "batch_idx",
         "bound",
@@ -109,7 +110,9 @@ class DispatchCallContext:
         "sf_waiters",
         "sf_waiting",
         "state",
+        "suspect",
         "task",
+        "unattributed_losses",
         "wait_handle",
     )
 
@@ -161,6 +164,14 @@ class DispatchCallContext:
         self.queued = False
         #: READY sub-call in the task's ``pending_bind_subcalls``.
         self.parked = False
+        #: Root call suspected of killing an executor (docs/security.md, "Blame"):
+        #: every later attempt runs alone on an executor (:mod:`.isolation`).
+        self.suspect = False
+        #: READY suspect in the core's isolation queue (not in the task's ready queue).
+        self.awaiting_isolation = False
+        #: Executor losses this call was bound through that named no certain culprit
+        #: (:data:`~.blame.UNATTRIBUTED_LOSSES_TO_SUSPECT` of them make it a suspect).
+        self.unattributed_losses = 0
         #: Leader only: calls waiting for this call's result.
         self.sf_waiters: list[DispatchCallContext] | None = None
         #: READY and waiting on a singleflight leader.
@@ -206,6 +217,8 @@ class DispatchCallContext:
                 ("queued", self.queued),
                 ("backoff", self.retry_armed),
                 ("parked", self.parked),
+                ("suspect", self.suspect),
+                ("awaiting-isolation", self.awaiting_isolation),
                 ("sf-waiter", self.sf_waiting),
                 ("io-wait", self.wait_handle is not None),
             )
@@ -400,9 +413,11 @@ class TaskDispatchState:
 #: The counters of :class:`DispatcherStats`, by name (a class compiled by mypyc
 #: keeps no ``__slots__`` to list them from).
 _STAT_COUNTERS: Final = (
+    "attempts_given_back",
     "bind_failures",
     "binds",
     "cache_hits",
+    "calls_blamed",
     "calls_cancelled",
     "calls_completed",
     "calls_failed",
@@ -412,6 +427,7 @@ _STAT_COUNTERS: Final = (
     "stale_events",
     "subcalls_created",
     "subcalls_rejected",
+    "suspects",
     "tasks_converged",
 )
 
@@ -436,6 +452,12 @@ class DispatcherStats:
         self.calls_failed = 0
         self.calls_cancelled = 0
         self.tasks_converged = 0
+        #: Attempts returned to calls an executor loss did not blame.
+        self.attempts_given_back = 0
+        #: Calls made suspects by a loss (each then runs in isolation).
+        self.suspects = 0
+        #: Losses of an executor running a suspect alone (its attempt spent).
+        self.calls_blamed = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}

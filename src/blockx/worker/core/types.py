@@ -28,15 +28,22 @@ from .records import Record
 
 __all__ = [
     "ERR_CANCELLED",
+    "ERR_EXECUTOR_CRASHED",
+    "ERR_EXECUTOR_WEDGED",
+    "ERR_MEMORY_EXCEEDED",
+    "ERR_PROTOCOL_ERROR",
     "ERR_RESUME_SEND_FAILED",
     "ERR_SUBCALL_CYCLE_DETECTED",
     "ERR_SUBCALL_DEPTH_EXCEEDED",
     "ERR_TRANSPORT_LOST",
+    "LOSS_CAUSES_BLAMING",
+    "LOSS_SHUTDOWN",
     "CallError",
     "CallOutcome",
     "CallSpec",
     "CallState",
     "CompletionSource",
+    "ExecutorLossReport",
     "ExecutorSnapshot",
     "FailedCall",
     "FailurePolicy",
@@ -55,6 +62,23 @@ ERR_CANCELLED: Final = "cancelled"
 ERR_RESUME_SEND_FAILED: Final = "resume_send_failed"
 ERR_SUBCALL_DEPTH_EXCEEDED: Final = "subcall_depth_exceeded"
 ERR_SUBCALL_CYCLE_DETECTED: Final = "subcall_cycle_detected"
+# The causes of an executor loss that name a guilty call (docs/security.md, "Blame").
+ERR_EXECUTOR_CRASHED: Final = "executor_crashed"
+ERR_EXECUTOR_WEDGED: Final = "executor_wedged"
+ERR_MEMORY_EXCEEDED: Final = "memory_exceeded"
+ERR_PROTOCOL_ERROR: Final = "protocol_error"
+#: The cause of a loss the worker caused on purpose: nobody is blamed.
+LOSS_SHUTDOWN: Final = "shutdown"
+#: Loss causes that make suspects of the calls that ran (all but ``shutdown``).
+LOSS_CAUSES_BLAMING: Final = frozenset(
+    {
+        ERR_TRANSPORT_LOST,
+        ERR_EXECUTOR_CRASHED,
+        ERR_EXECUTOR_WEDGED,
+        ERR_MEMORY_EXCEEDED,
+        ERR_PROTOCOL_ERROR,
+    }
+)
 
 
 class CallState(enum.Enum):
@@ -186,9 +210,37 @@ class ExecutorSnapshot:
     heartbeat_seq: int = 0
     #: The call the executor's scheduler is running, if any.
     running_call_id: str | None = None
-    #: Executor wall clock (ms) when its scheduler loop last made progress.
+    #: Executor wall clock (ms) when its scheduler loop last made progress
+    #: (informational: the wedge judgement uses ``running_for_ms``).
     last_scheduler_active_at_ms: int = 0
     memory_bytes: int = 0
+    #: How long ``running_call_id`` had been running without yielding at the
+    #: heartbeat (``Heartbeat.runningForMs``; 0 without a running call).
+    running_for_ms: int = 0
+    #: The budget the running call was granted (``Heartbeat.runningCallBudgetMs``;
+    #: 0 = unlimited: the wedge backstop never judges it).
+    running_call_budget_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorLossReport:
+    """What the runtime knows of why an executor's calls were lost (the core's view
+    of the adapter's ``ExecutorLoss``; see :mod:`.blame` for the rules it feeds).
+
+    ``cause`` is ``transport_lost``, ``executor_crashed``, ``memory_exceeded``,
+    ``executor_wedged``, ``protocol_error`` or ``shutdown``; a guilty call fails
+    with it as its error kind and ``message`` in its error.
+    """
+
+    cause: str = ERR_TRANSPORT_LOST
+    #: For people: "exited with status 1", "killed by SIGSEGV", ...
+    message: str = ""
+    #: The call that held the executor's thread when it died; None: none or unknown.
+    running_call_id: str | None = None
+    #: Whether ``running_call_id`` is certain (None and known: no call was running).
+    running_call_known: bool = False
+    #: Calls that had run user code on the executor; None: unknown (every bound call).
+    started_call_ids: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
