@@ -221,3 +221,27 @@ def test_the_black_box_names_the_running_call(
             assert {c.call_id for c in lost_calls} == {"t1/hog", "t1/other"}
 
     asyncio.run(scenario())
+
+
+class _WrappedSpawner(ProcessSpawner):
+    """A spawner whose launcher reports a signal death as 128 + N (bubblewrap does)."""
+
+    signals_as_exit_status = True
+
+
+def test_a_launcher_reporting_128_plus_a_signal_is_read_as_that_signal() -> None:
+    async def scenario() -> None:
+        rec = Recorder()
+        boxed = boxed_spawner(0, 139)
+        spawner = _WrappedSpawner(argv_factory=boxed._argv_factory)
+        async with linked_pool(rec, spawner=spawner) as (adapter, pool):
+            box = pool._slots["exec-0"].blackbox_path
+            assert box is not None
+            adapter.bind("t1/hog", "exec-0")
+            open(box + ".go", "w").close()
+            await rec.wait("lost", timeout=30)
+            loss = rec.loss()
+            assert loss.cause == "executor_crashed" and loss.message == "killed by SIGSEGV"
+            assert loss.returncode == -11
+
+    asyncio.run(scenario())

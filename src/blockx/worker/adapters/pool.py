@@ -95,6 +95,10 @@ _POLL_INTERVAL_S: Final = 0.1
 
 
 _describe_exit = describe_returncode
+#: Exit statuses a spawner with ``signals_as_exit_status`` (the sandbox) means as
+#: "killed by signal status - 128".
+_SIGNAL_STATUS_MIN: Final = 129
+_SIGNAL_STATUS_MAX: Final = 128 + 64
 #: Exits kept per slot for the adapter to ask about.
 _EXITS_KEPT: Final = 4
 
@@ -613,11 +617,20 @@ class PoolManager:
         box = None if slot.blackbox_path is None else read_blackbox(slot.blackbox_path)
         killed = slot.killed
         slot.killed = None
+        returncode = slot.last_returncode
+        if (
+            getattr(self._spawner, "signals_as_exit_status", False)
+            and returncode is not None
+            and _SIGNAL_STATUS_MIN <= returncode <= _SIGNAL_STATUS_MAX
+        ):
+            # bubblewrap reports its child's death by a signal as 128 + the signal, as a
+            # shell does: 139 is a SIGSEGV in the executor.
+            returncode = _SIGNAL_STATUS_MIN - 1 - returncode
         exit_ = ProcessExit(
             executor_id=slot.executor_id,
             generation=slot.generation,
             pid=process.pid,
-            returncode=slot.last_returncode,
+            returncode=returncode,
             blackbox=box,
             memory_killed=memory_killed,
             memory_limit_mb=self._memory_limit_mb,

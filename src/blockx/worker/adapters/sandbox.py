@@ -542,6 +542,10 @@ class SandboxSpawner:
         except OSError:
             return None
 
+    #: bubblewrap exits with 128 + N when the executor was killed by signal N (the pool
+    #: reports it as the signal).
+    signals_as_exit_status = True
+
     #: The pool's name for it: a note from here means the OOM killer ended the process
     #: (the lost era's cause is ``memory_exceeded``).
     oom_note = exit_note
