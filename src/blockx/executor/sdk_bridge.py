@@ -423,8 +423,9 @@ class SdkBridge:
         except WaitDeadlineExceededError as exc:
             exc.waiting_on = f"sub-call {function_id}"
             raise
-        except (SubcallFailedError, SubcallDepthExceededError, SubcallCycleDetectedError) as exc:
-            chain_subcall_error(exc, ctx.function_id, function_id)  # one prefix, the chain
+        except (SubcallFailedError, SubcallDepthExceededError, SubcallCycleDetectedError) as failed:
+            # (its own name: mypyc types a name once per function)
+            chain_subcall_error(failed, ctx.function_id, function_id)  # one prefix, the chain
             raise
 
     # --- code fetch --------------------------------------------------------------------
