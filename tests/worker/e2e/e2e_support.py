@@ -156,27 +156,11 @@ WEDGE_KNOBS: dict[str, Any] = {
 }
 
 
-def executor_reports_running_for() -> bool:
-    """Whether this tree's executor sends ``Heartbeat.runningForMs`` (the wedge
-    backstop judges a call only from it; docs/protocol.md)."""
-    import pathlib
-
-    import blockx.executor
-
-    root = pathlib.Path(blockx.executor.__file__).parent
-    return any("FP_RUNNING_FOR_MS" in path.read_text() for path in root.glob("*.py"))
-
-
 async def wedge_is_killed(worker: Any, sleepers: int) -> None:
     """Run one wedging call among ``sleepers`` short ones (``WEDGE_KNOBS`` config): the
     wedged executor is killed, the wedging call becomes a suspect and runs alone, wedges
     again and fails ``executor_wedged`` at once; every other call succeeds, unblamed
-    (docs/security.md, "Blame"). An expected failure with an executor that does not
-    report ``runningForMs`` yet (nothing then tells the worker a call overran)."""
-    if not executor_reports_running_for():
-        import pytest
-
-        pytest.xfail("the executor does not send Heartbeat.runningForMs yet (merging)")
+    (docs/security.md, "Blame")."""
     calls = [Call("wedge", {})] + [Call("sleeper", {"i": i, "s": 0.01}) for i in range(sleepers)]
     task = Task(
         functions={"wedge": WEDGE, "sleeper": SLEEPER},

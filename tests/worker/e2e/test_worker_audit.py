@@ -216,7 +216,8 @@ def test_a_sub_call_of_a_rejected_function_fails_with_audit_rejected(
         )
         assert result.success, result.errors
         [out] = result.outputs
-        assert out["child_error"].startswith("audit_rejected")
+        # the chain of functions once, then the child's kind (docs/sdk.md)
+        assert out["child_error"].startswith("parent → reads_a_file: audit_rejected: ")
         assert "[name.forbidden] line 4, col 12" in out["child_error"]
 
     session.run(scenario())

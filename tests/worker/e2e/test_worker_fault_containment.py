@@ -4,9 +4,8 @@
 * long CPU-bound work within its own budget is never killed, nor healthy work that
   keeps an executor busy for long;
 * a sub-call is charged what the child used, not the time it queued;
-* a bad call fails alone (``os._exit``, a wedge in C code) while its neighbours
-  succeed -- these need the executor's black box and heartbeat ``runningForMs``
-  (another worktree, merging) and are marked xfail until then;
+* a bad call fails alone (``os._exit``, a segfault, a memory hog, a wedge in C code)
+  while its neighbours succeed;
 * chaos: kill -9 of a random executor every 0.5 s through 20,000 calls: every row
   exactly once.
 """
@@ -24,7 +23,6 @@ from e2e_support import (
     WorkerSession,
     e2e_config,
     eventually,
-    executor_reports_running_for,
 )
 
 from blockx.worker.api import Call, Task, TaskPolicy
@@ -202,14 +200,6 @@ def test_a_12_s_cpu_call_with_a_30_s_budget_succeeds() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "the executor cuts a sub-call wait off when the parent's budget would run out by"
-        " wall time (blockx.executor.context wait_cut_off_at, another worktree); the"
-        " worker already charges only the child's budgetUsedMs"
-    ),
-)
 def test_a_parent_whose_child_queues_behind_a_cpu_hog_is_not_charged_the_wait() -> None:
     """One executor: a 4 s CPU hog and parents with a 2 s budget whose trivial children
     wait behind it. The parents are charged the children's own time, not the queueing."""
@@ -267,7 +257,6 @@ def test_neighbours_of_a_crash_succeed_and_the_culprit_fails_alone(code: str, sa
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="needs the executor's memory limit (merging)")
 def test_neighbours_of_a_memory_hog_succeed_and_the_hog_fails_memory_exceeded() -> None:
     config = e2e_config(**{"pool.executor_count": 2, "pool.memory_limit_mb": 256})
     with WorkerSession(config) as session:
@@ -290,11 +279,6 @@ def test_neighbours_of_a_memory_hog_succeed_and_the_hog_fails_memory_exceeded() 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    not executor_reports_running_for(),
-    run=False,  # it would burn a core for minutes to fail
-    reason="needs the executor black box and heartbeat runningForMs (merging)",
-)
 def test_a_wedge_in_c_code_fails_as_wedged_and_its_neighbours_succeed() -> None:
     config = e2e_config(**{"pool.executor_count": 2})
     with WorkerSession(config) as session:

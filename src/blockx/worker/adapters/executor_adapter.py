@@ -487,11 +487,13 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         for state in list(self._executors.values()):
             if state.connection is not None and now - state.heartbeat_at > timeout:
                 silent_ms = int((now - state.heartbeat_at) * 1000)
+                # No cause given: with an exit source the report waits for the process
+                # to exit (the orchestrator kills a silent executor at once), so its
+                # black box is read -- the call a computation in C was stuck in.
                 self._end_era(
                     state,
                     f"heartbeat timeout: none for {silent_ms} ms "
                     f"(limit {self._heartbeat_timeout_ms} ms)",
-                    "transport_lost",
                 )
                 lost.append(state.executor_id)
         self._unattached.expire(now)

@@ -268,9 +268,18 @@ class TickChecks:
         running_for = silence.running_for_ms
         budget = silence.running_call_budget_ms
         if loss is not None:
+            if loss.running_call_known and loss.running_call_id != running:
+                # The black box names another call than the last heartbeat did: the
+                # silence began before (or as) that call was switched into.
+                running, running_for, budget = loss.running_call_id, 0, 0
             running = running or loss.running_call_id
             running_for = max(running_for, loss.running_for_ms)
             budget = budget or loss.running_call_budget_ms
+        if running is not None and not budget:
+            # No heartbeat carried its budget: the budget its attempt was granted.
+            ctx = self._core.call_context(running)
+            if ctx is not None:
+                budget = ctx.budget_ms
         threshold = self._threshold_ms(budget)
         if running is None or threshold is None:
             return None
