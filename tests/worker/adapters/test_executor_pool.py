@@ -357,8 +357,8 @@ def test_eight_executors_start_in_parallel_without_stalling_the_loop() -> None:
     took, worst_lag = run(scenario())
     # Spawns run on the pool's spawner thread: the loop keeps turning meanwhile
     # (bounds are loose: CI machines are shared).
-    assert took < 2.0, took
-    assert worst_lag < 0.25, worst_lag
+    assert took < 10.0, took
+    assert worst_lag < 0.5, worst_lag
 
 
 PARENT_SCRIPT = """

@@ -160,10 +160,7 @@ def test_io_waits_through_a_real_backend_run_concurrently(session: WorkerSession
             functions={"reader": READER},
             calls=[Call("reader", {"key": i * 10, "reads": 3}) for i in range(100)],
         )
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         result = await session.worker.run_task(task)
-        elapsed = loop.time() - started
         assert result.success, result.errors
         assert result.outputs == [
             {"key": i * 10, "total": sum((i * 10 + k) * 2 for k in range(3))} for i in range(100)
@@ -171,9 +168,9 @@ def test_io_waits_through_a_real_backend_run_concurrently(session: WorkerSession
         assert BACKEND.requests - before == 300
         assert result.stats.io_calls == 300
         assert "io-task" in BACKEND.task_ids  # the handler sees the caller's task id
-        # 100 calls x 3 sequential reads of 10 ms: serial would be 3 s.
+        # 100 calls x 3 sequential reads of 10 ms: concurrent, not serial (how fast
+        # is the machine's business: the reads in flight at once say it).
         assert BACKEND.max_in_flight >= 50
-        assert elapsed < 2.0
 
     session.run(scenario())
 
@@ -232,7 +229,7 @@ CALLS_CHILD = "def _(p):\n    return function.call('reader', p)\n"
 def test_a_wait_that_outlasts_the_budget_ends_the_call_at_the_budget(
     session: WorkerSession, caplog: pytest.LogCaptureFixture, via_subcall: bool
 ) -> None:
-    backend = HangingBackend(timeout=3.0)
+    backend = HangingBackend(timeout=30.0)
 
     async def scenario() -> None:
         worker = session.worker
@@ -249,8 +246,8 @@ def test_a_wait_that_outlasts_the_budget_ends_the_call_at_the_budget(
         started = loop.time()
         result = await worker.run_task(task)
         elapsed = loop.time() - started
-        # About the budget, well under the backend's 3 s.
-        assert 0.25 <= elapsed < 2.0, elapsed
+        # About the budget (0.3 s), nowhere near the backend's 30 s.
+        assert 0.25 <= elapsed < 15.0, elapsed
         [error] = result.errors
         assert error.kind == "deadline_exceeded", error
         assert not error.retryable and error.attempts == 1  # not retried
@@ -260,8 +257,8 @@ def test_a_wait_that_outlasts_the_budget_ends_the_call_at_the_budget(
             assert "on IO blockdb.get_row (request req-" in error.message
         assert backend.requests == 1
         # Nobody waits for the answer any more: the handler's coroutine is cancelled at
-        # once (not after its 3 s), and nothing is sent for it.
-        await eventually(lambda: backend.answered == 1, timeout=1.0)
+        # once (not after its 30 s), and nothing is sent for it.
+        await eventually(lambda: backend.answered == 1, timeout=10.0)
         await asyncio.sleep(0.1)
         assert stats.resume_send_failures == failures_before
         assert stats.io_waits_released == released_before + 1
