@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from blockx.worker.adapters.sandbox import sandbox_available
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker
 from blockx.worker.config import load_config
@@ -59,11 +60,16 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.parametrize("mode", ["process", "sandbox"])
 def test_a_flood_from_user_code_leaves_fds_bounded_and_table_reads_working(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
+    if mode == "sandbox":
+        ok, reason = sandbox_available()
+        if not ok:
+            pytest.skip(f"sandbox mode unavailable here: {reason}")
     config = load_config(env={}).replace(
-        **{"pool.executor_count": 2, "pool.heartbeat_interval_s": 0.2}
+        **{"pool.executor_count": 2, "pool.heartbeat_interval_s": 0.2, "pool.spawn_mode": mode}
     )
 
     async def scenario() -> None:
