@@ -47,7 +47,7 @@ def test_arguments_over_the_frame_limit_are_refused_by_validate_and_run_alike(
 
 
 def test_the_documented_limit_is_the_checked_one() -> None:
-    from blockx.taskspec_checks import MAX_ARGS_BYTES as checked
+    from blockx.cli.taskfile_checks import MAX_ARGS_BYTES as checked
 
     assert checked == MAX_ARGS_BYTES
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import blockx
-from blockx.cli_report import _user_frames
+from blockx.cli.report import _user_frames
 
 PACKAGE = os.path.dirname(os.path.abspath(blockx.__file__))
 

@@ -1,4 +1,4 @@
-"""The writer thread of ``blockx run``'s outputs (:class:`blockx.cli_output.RowWriter`) on a
+"""The writer thread of ``blockx run``'s outputs (:class:`blockx.cli.output.RowWriter`) on a
 real pipe, in process: the loop never blocks, backpressure, order, exact accounting when
 rows are dropped, a reader that goes away."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cli_support import Pipe, drain
 
-from blockx.cli_output import OutputClosed, RowWriter
+from blockx.cli.output import OutputClosed, RowWriter
 
 
 def test_rows_keep_their_order_and_a_full_queue_makes_the_producer_wait(

@@ -1,4 +1,4 @@
-"""The writer thread of ``blockx run``'s stderr (:class:`blockx.cli_console.StderrWriter`) on a
+"""The writer thread of ``blockx run``'s stderr (:class:`blockx.cli.console.StderrWriter`) on a
 real pipe, in process: putting never blocks, a full queue drops lines and says how many
 once the writer caught up, the lines written keep their order, progress frames coalesce,
 and a reader that reads gets everything."""
@@ -14,7 +14,7 @@ import time
 
 from cli_support import Pipe, drain
 
-from blockx.cli_console import Console, StderrWriter
+from blockx.cli.console import Console, StderrWriter
 
 NOTICE = re.compile(
     rb"blockx: warning: ([\d,]+) stderr lines? dropped: stderr was not read fast enough"
@@ -151,7 +151,7 @@ def test_close_gives_up_when_the_reader_takes_nothing_for_the_grace(pipe: Pipe) 
 
 ATTACHED_SCRIPT = """
 import logging, sys, threading, warnings
-from blockx.cli_console import Console, StderrWriter
+from blockx.cli.console import Console, StderrWriter
 
 before = sys.stderr
 console = Console(sys.stderr, tty=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cli_support import EXAMPLES, REPO, blockx, clean_env, write
 
-from blockx.cli_config import DOC_BEGIN, DOC_END, generated_part, io_knob_docs, reference_markdown
+from blockx.cli.settings import DOC_BEGIN, DOC_END, generated_part, io_knob_docs, reference_markdown
 from blockx.worker.config import iter_knobs
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
 
@@ -228,7 +228,7 @@ def test_configuration_docs_list_every_knob_and_are_in_sync() -> None:
     path = REPO / "docs" / "configuration.md"
     assert generated_part(str(path)) == reference_markdown(), (
         "docs/configuration.md is out of date: run "
-        "`.venv/bin/python -m blockx.cli_config --update-docs docs/configuration.md`"
+        "`.venv/bin/python -m blockx.cli.settings --update-docs docs/configuration.md`"
     )
     text = path.read_text()
     assert DOC_BEGIN in text and DOC_END in text
@@ -244,7 +244,7 @@ def test_configuration_docs_list_every_knob_and_are_in_sync() -> None:
 
 def test_help_lists_every_exit_status_the_command_returns() -> None:
     """The help's table is made from the constants the command returns, and lists each."""
-    from blockx.cli_exit import (
+    from blockx.cli.exit_codes import (
         EXIT_FAILED,
         EXIT_OK,
         EXIT_SIGPIPE,

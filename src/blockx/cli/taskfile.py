@@ -46,7 +46,7 @@ This module owns the task model (:class:`TaskFile`, :class:`FunctionSource`,
 disk or inline) and :func:`load_task_file`, which ties the checks together.
 Parsing the document (line numbers, duplicate keys), collecting problems and
 checking the ``policy``, ``calls`` and ``io`` sections and a calls file's
-lines are :mod:`blockx.taskspec_checks`'s; :class:`SpecError` is defined
+lines are :mod:`blockx.cli.taskfile_checks`'s; :class:`SpecError` is defined
 there and re-exported here, the public import path.
 """
 
@@ -59,15 +59,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 
-# blockx.taskspec stays the import path of the public names now defined in taskspec_checks
+# blockx.cli.taskfile stays the import path of the public names now defined in taskfile_checks
 # (SpecError, MAX_PROBLEMS and the field tuples): the ``X as X`` form re-exports them.
-from blockx.taskspec_checks import CALL_FIELDS as CALL_FIELDS
-from blockx.taskspec_checks import FAILURE_POLICIES as FAILURE_POLICIES
-from blockx.taskspec_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
-from blockx.taskspec_checks import MAX_ARGS_BYTES as MAX_ARGS_BYTES
-from blockx.taskspec_checks import MAX_PROBLEMS as MAX_PROBLEMS
-from blockx.taskspec_checks import POLICY_FIELDS as POLICY_FIELDS
-from blockx.taskspec_checks import (
+from blockx.cli.taskfile_checks import CALL_FIELDS as CALL_FIELDS
+from blockx.cli.taskfile_checks import FAILURE_POLICIES as FAILURE_POLICIES
+from blockx.cli.taskfile_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
+from blockx.cli.taskfile_checks import MAX_ARGS_BYTES as MAX_ARGS_BYTES
+from blockx.cli.taskfile_checks import MAX_PROBLEMS as MAX_PROBLEMS
+from blockx.cli.taskfile_checks import POLICY_FIELDS as POLICY_FIELDS
+from blockx.cli.taskfile_checks import (
     Checker,
     SpecError,
     check_call,

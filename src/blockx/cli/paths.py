@@ -31,7 +31,7 @@ import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from blockx.taskspec import TaskFile
+from blockx.cli.taskfile import TaskFile
 
 __all__ = ["check_output_paths", "input_files"]
 

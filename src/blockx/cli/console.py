@@ -35,9 +35,9 @@ to be written as long as the reader takes something every
 
 The number and text helpers (:func:`count_text`, :func:`plural`,
 :func:`indent`, :func:`print_problems`) are shared by the progress line,
-:mod:`blockx.cli_run`, :mod:`blockx.cli_validate` and :mod:`blockx.cli_report`,
+:mod:`blockx.cli.run`, :mod:`blockx.cli.validate` and :mod:`blockx.cli.report`,
 so every count and every problem reads the same way. This module
-imports nothing from BlockX but the writer thread (:mod:`blockx.cli_writer`).
+imports nothing from BlockX but the writer thread (:mod:`blockx.cli.writer`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any, Final
 
-from blockx.cli_writer import WriterThread, open_std_stream
+from blockx.cli.writer import WriterThread, open_std_stream
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
@@ -300,7 +300,7 @@ class Console:
         self.stream.flush()
 
     def write_at_once(self, text: str) -> None:
-        """``text`` now, whatever is queued or blocked (the second signal: see cli_run)."""
+        """``text`` now, whatever is queued or blocked (the second signal: see blockx.cli.run)."""
         if self.writer is not None:
             self.writer.write_at_once(text)
         else:

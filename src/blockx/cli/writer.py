@@ -15,8 +15,8 @@ order, to a descriptor of its own::
                                           _on_idle() when the queue ran empty
 
 :class:`WriterThread` is that machinery; what a full queue means is the subclass's:
-:class:`~blockx.cli_output.RowWriter` (stdout's rows) makes the producer wait for room,
-:class:`~blockx.cli_console.StderrWriter` (log records, the progress line, the final texts)
+:class:`~blockx.cli.output.RowWriter` (stdout's rows) makes the producer wait for room,
+:class:`~blockx.cli.console.StderrWriter` (log records, the progress line, the final texts)
 drops lines and counts them, because diagnostics must never slow the work.
 
 The descriptor: stdout and stderr are duplicated — except a pipe, which is opened anew

@@ -7,11 +7,11 @@
     blockx config [--task TASK] [--json]
 
 ``python -m blockx`` is the same command. The work is done in
-:mod:`blockx.cli_run` (running, signals), :mod:`blockx.cli_validate`
-(``blockx validate``), :mod:`blockx.cli_console` (stderr: logs, the progress
-line), :mod:`blockx.cli_report` (exit statuses, failure report, summary),
-:mod:`blockx.cli_output` (the rows' writer thread),
-:mod:`blockx.cli_config` (configuration sources) and :mod:`blockx.taskspec`
+:mod:`blockx.cli.run` (running, signals), :mod:`blockx.cli.validate`
+(``blockx validate``), :mod:`blockx.cli.console` (stderr: logs, the progress
+line), :mod:`blockx.cli.report` (exit statuses, failure report, summary),
+:mod:`blockx.cli.output` (the rows' writer thread),
+:mod:`blockx.cli.settings` (configuration sources) and :mod:`blockx.cli.taskfile`
 (task files); this module is the argument parser and the dispatch.
 """
 
@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from blockx import __version__, native
-from blockx.cli_exit import EXIT_OK, EXIT_SIGPIPE, EXIT_STATUS_HELP, EXIT_USAGE
+from blockx.cli.exit_codes import EXIT_OK, EXIT_SIGPIPE, EXIT_STATUS_HELP, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
 
@@ -260,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_command(args: argparse.Namespace) -> int:
-    from blockx.cli_config import UsageError, build_settings
-    from blockx.taskspec import SpecError, load_task_file
+    from blockx.cli.settings import UsageError, build_settings
+    from blockx.cli.taskfile import SpecError, load_task_file
 
     task_io = None
     label = None
@@ -324,7 +324,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     if args.command == "run":
-        from blockx.cli_run import RunOptions, run_command
+        from blockx.cli.run import RunOptions, run_command
 
         return run_command(
             RunOptions(
@@ -341,11 +341,7 @@ def _main(argv: Sequence[str] | None) -> int:
             )
         )
     if args.command == "validate":
-        from blockx.cli_validate import validate_command
+        from blockx.cli.validate import validate_command
 
         return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
     return _config_command(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Reading a task file's document and checking its sections, for :mod:`blockx.taskspec`.
+"""Reading a task file's document and checking its sections, for :mod:`blockx.cli.taskfile`.
 
 Theory of operation
 -------------------
@@ -19,7 +19,7 @@ configuration check). :func:`parse_call_line` is one line of a
 ``calls_file``: a fast path for a well-formed line, the full check (and
 problems naming the line) otherwise.
 
-:mod:`blockx.taskspec` is the public import path: it re-exports
+:mod:`blockx.cli.taskfile` is the public import path: it re-exports
 :class:`SpecError` and the field tuples, reads the function sources and
 builds the ``TaskFile``. Nothing here reads a file.
 """

@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 The task file is loaded and checked, every line of its calls file is scanned,
 the configuration is built from the same sources as a run's — the very same
-step 1 as ``blockx run`` (:func:`blockx.cli_config.load_task_and_settings`); a problem
+step 1 as ``blockx run`` (:func:`blockx.cli.settings.load_task_and_settings`); a problem
 in any of them ends the command with exit status 2, each problem on its own
 ``blockx: error:`` line of stderr. Then every function source is compiled
-(:meth:`blockx.taskspec.TaskFile.code_problems`, the worker's own check): a
+(:meth:`blockx.cli.taskfile.TaskFile.code_problems`, the worker's own check): a
 function that cannot run is an error here, where ``blockx run`` only warns.
 ``function.call("name", ...)`` with a literal name the task does not define
 is a warning (the call would fail at run time). A valid task prints a
@@ -20,10 +20,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from blockx.cli_config import UsageError, load_task_and_settings
-from blockx.cli_console import Console, count_text, indent, print_problems
-from blockx.cli_report import EXIT_OK, EXIT_USAGE
-from blockx.taskspec import SpecError, TaskFile
+from blockx.cli.console import Console, count_text, indent, print_problems
+from blockx.cli.report import EXIT_OK, EXIT_USAGE
+from blockx.cli.settings import UsageError, load_task_and_settings
+from blockx.cli.taskfile import SpecError, TaskFile
 
 __all__ = ["validate_command"]
 

@@ -2,7 +2,7 @@
 
 :mod:`blockx.cli` prints them in its help (:data:`EXIT_STATUS_HELP` is made
 from the constants, so the help cannot drift from what the command returns);
-:mod:`blockx.cli_report` and :mod:`blockx.cli_run` return them. Nothing here
+:mod:`blockx.cli.report` and :mod:`blockx.cli.run` return them. Nothing here
 imports more than the standard library: ``blockx --help`` stays fast.
 """
 

@@ -23,7 +23,7 @@ stream and however slow the reader.
 
 The descriptor (``-o FILE`` is opened here; stdout is duplicated, or opened anew
 when it is a pipe, so the writer can wait in ``poll`` and be stopped), the thread
-and the accounting are :class:`~blockx.cli_writer.WriterThread`'s, shared with
+and the accounting are :class:`~blockx.cli.writer.WriterThread`'s, shared with
 stderr's writer. Every row is one line, so ``rows`` (fully written) is the number
 of newlines written.
 
@@ -44,7 +44,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from blockx.cli_writer import OutputClosed, WriterThread, open_std_stream
+from blockx.cli.writer import OutputClosed, WriterThread, open_std_stream
 
 __all__ = ["MAX_PENDING_BYTES", "PUT_SLICE_ROWS", "OutputClosed", "RowWriter"]
 

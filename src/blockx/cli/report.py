@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-The run (:mod:`blockx.cli_run`) fills one :class:`RunOutcome` as it goes —
+The run (:mod:`blockx.cli.run`) fills one :class:`RunOutcome` as it goes —
 the task's result, the signal that interrupted it, whether the output pipe
 closed, the rows dropped, the IO statistics, the problems found while it ran
-— and :func:`blockx.cli_run.run_command` turns it into an exit status and
+— and :func:`blockx.cli.run.run_command` turns it into an exit status and
 the texts made here from the outcome and the task file (nothing here touches
 the worker)::
 
@@ -16,7 +16,7 @@ the worker)::
     write_errors(path, spec, errors)  every failed call as JSON Lines (--errors FILE)
 
 Locations of user code in messages and stacks go through
-:meth:`blockx.taskspec.TaskFile.user_locations` (the real file and line, not
+:meth:`blockx.cli.taskfile.TaskFile.user_locations` (the real file and line, not
 the executor's ``<blockx:ID>``), and a stack in the report drops the frames
 of BlockX's own code.
 
@@ -39,10 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from blockx.cli_console import count_text, indent, plural
-from blockx.cli_exit import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
-from blockx.cli_output import RowWriter
-from blockx.taskspec import TaskFile
+from blockx.cli.console import count_text, indent, plural
+from blockx.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
+from blockx.cli.output import RowWriter
+from blockx.cli.taskfile import TaskFile
 
 __all__ = [
     "EXIT_FAILED",
@@ -68,12 +68,13 @@ MAX_ARGS_TEXT: Final = 200
 
 @dataclass(slots=True)
 class RunOutcome:
-    """What one run left for the verdict: filled by :mod:`blockx.cli_run` while it runs."""
+    """What one run left for the verdict: filled by :mod:`blockx.cli.run` while it runs."""
 
     result: Any = None
     interrupted: str | None = None
     output_closed: bool = False
-    #: Rows not written: stdout was not read within cli_run.OUTPUT_GRACE_S after an interruption.
+    #: Rows not written: stdout was not read within blockx.cli.run.OUTPUT_GRACE_S after an
+    #: interruption.
     rows_dropped: int = 0
     #: A streamed task: the calls its file holds (the pre-run check's count).
     calls_in_file: int | None = None
@@ -201,8 +202,9 @@ def failure_report(
     return "\n".join(lines)
 
 
-#: BlockX's own package directory: its frames are left out of a failure report.
-_PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
+#: BlockX's own package directory (``blockx/``, the parent of this ``blockx/cli/``): its
+#: frames are left out of a failure report.
+_PACKAGE_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _user_frames(stack: str) -> str:

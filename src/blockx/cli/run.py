@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Everything that can be wrong with the input is found before a process
 starts: the task file (and every line of its calls file) is checked, the
-configuration is built, the output paths are checked (:mod:`blockx.cli_paths`:
+configuration is built, the output paths are checked (:mod:`blockx.cli.paths`:
 writable, not a directory, never one of the task's input files) and the
 output file is opened. Then, on one event loop
 (:func:`blockx.worker.app.run`: uvloop, GC tuned)::
@@ -16,7 +16,7 @@ output file is opened. Then, on one event loop
       stream (calls_file)      -> submit(collect=False); rows written as batches settle
     worker closed, then the output drained
 
-Rows go to a :class:`~blockx.cli_output.RowWriter`: the loop encodes and
+Rows go to a :class:`~blockx.cli.output.RowWriter`: the loop encodes and
 queues them, a thread of its own writes them, so the loop never waits for
 stdout. Its queue is bounded (4 MiB); a full queue makes the row consumer
 await room (the loop runs on), which pauses a stream at its credit window.
@@ -32,20 +32,20 @@ does not read leaves queued then is dropped, counted on stderr. A second
 signal exits at once (``os._exit``), whatever the writer thread is stuck in.
 
 stderr (log records, the progress line, the final texts) goes through a
-:class:`~blockx.cli_console.StderrWriter` for the whole command: the loop never
+:class:`~blockx.cli.console.StderrWriter` for the whole command: the loop never
 waits for it either; a full queue (1 MiB) drops lines and counts them (diagnostics
 must not slow the work). The final texts are never dropped; at the end stderr gets
-:data:`~blockx.cli_console.STDERR_GRACE_S` without a byte taken before the command
+:data:`~blockx.cli.console.STDERR_GRACE_S` without a byte taken before the command
 gives up on it and exits with its status.
 
 Progress (stderr, only when it is a terminal): at most 8 redraws a second,
-drawn by :class:`~blockx.cli_console.Progress` from the dispatcher's
+drawn by :class:`~blockx.cli.console.Progress` from the dispatcher's
 per-task counters, which the run's ticker reads (:func:`_task_progress`).
 
 Exit status (the constants and the texts of the verdict — failure report,
-summary, ``--summary-json``, ``--errors`` — are :mod:`blockx.cli_report`'s):
+summary, ``--summary-json``, ``--errors`` — are :mod:`blockx.cli.report`'s):
 0 every call succeeded; 1 the task failed or a call failed (every failed
-call is reported, up to :data:`~blockx.cli_report.MAX_REPORTED`), or the
+call is reported, up to :data:`~blockx.cli.report.MAX_REPORTED`), or the
 calls file changed while it was read (:func:`_short_stream`); 2 bad
 input; 130/143 interrupted (SIGINT/SIGTERM: the task is cancelled, its
 executors are stopped); 141 the output pipe was closed (one line says so).
@@ -56,9 +56,9 @@ process holds) is abandoned, and the summary says what was left.
 
 This module owns the command's three steps (input checks, the run on the
 worker, the verdict), :class:`RunOptions` and the signal handling. stderr
-(log records, the progress line, its writer thread) is :mod:`blockx.cli_console`'s, the rows'
-writer thread :mod:`blockx.cli_output`'s; ``blockx validate`` (the input
-checks alone) is :mod:`blockx.cli_validate`.
+(log records, the progress line, its writer thread) is :mod:`blockx.cli.console`'s, the rows'
+writer thread :mod:`blockx.cli.output`'s; ``blockx validate`` (the input
+checks alone) is :mod:`blockx.cli.validate`.
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from blockx.cli_config import Settings, UsageError, load_task_and_settings
-from blockx.cli_console import (
+from blockx.cli.console import (
     PROGRESS_INTERVAL_S,
     STDERR_GRACE_S,
     Console,
@@ -86,9 +85,9 @@ from blockx.cli_console import (
     print_problems,
     setup_logging,
 )
-from blockx.cli_output import OutputClosed, RowWriter
-from blockx.cli_paths import check_output_paths
-from blockx.cli_report import (
+from blockx.cli.output import OutputClosed, RowWriter
+from blockx.cli.paths import check_output_paths
+from blockx.cli.report import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SIGPIPE,
@@ -100,7 +99,8 @@ from blockx.cli_report import (
     summary_text,
     write_errors,
 )
-from blockx.taskspec import SpecError, TaskFile, audit_supported
+from blockx.cli.settings import Settings, UsageError, load_task_and_settings
+from blockx.cli.taskfile import SpecError, TaskFile, audit_supported
 
 __all__ = [
     "EXIT_FAILED",
@@ -154,7 +154,7 @@ def _task_progress(worker: Any, handle: Any) -> tuple[int, int, int] | None:
 
 class _Interruption:
     """SIGINT/SIGTERM during the run, handled on the event loop (which never waits for
-    stdout or stderr: see :mod:`blockx.cli_output`, :mod:`blockx.cli_console`).
+    stdout or stderr: see :mod:`blockx.cli.output`, :mod:`blockx.cli.console`).
 
     The first signal is noted in ``outcome.interrupted`` and cancels ``main`` while the
     task runs or the output drains; while the worker shuts down it is only noted (the
@@ -401,8 +401,8 @@ async def _settle(handle: Any) -> Any:
 def run_command(options: RunOptions) -> int:
     """``blockx run``; returns the exit status.
 
-    stderr is written by a :class:`~blockx.cli_console.StderrWriter` from start to end
-    (when stderr is open): at the end it gets :data:`~blockx.cli_console.STDERR_GRACE_S`
+    stderr is written by a :class:`~blockx.cli.console.StderrWriter` from start to end
+    (when stderr is open): at the end it gets :data:`~blockx.cli.console.STDERR_GRACE_S`
     without a byte read before the command gives up on it and exits with its status.
     """
     stderr = sys.stderr
