@@ -693,7 +693,7 @@ class ExecutorRuntime(InboundFrames):
         return len(self._contexts)
 
     def build_heartbeat(self) -> dict[str, Any]:
-        """The ``Heartbeat`` payload (PROTOCOL.md), ``heartbeatSeq`` from 1.
+        """The ``Heartbeat`` payload (docs/protocol.md), ``heartbeatSeq`` from 1.
 
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.

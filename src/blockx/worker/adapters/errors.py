@@ -4,7 +4,7 @@ Two branches, as everywhere in BlockX (STYLE.md §6):
 
 * :class:`AdapterError` — an outcome the caller must handle: a reservation the
   adapter refused (:class:`BindError`) or a frame it could not queue
-  (:class:`SendError`). Each carries ``error_kind`` (a PROTOCOL.md error kind
+  (:class:`SendError`). Each carries ``error_kind`` (a docs/protocol.md error kind
   or an adapter-specific one) and ``retryable``; the orchestrator turns it into
   an event for the core (``ArmCallRetry`` on a failed bind, a retryable failure
   on a failed send). Nothing was reserved or queued when one is raised.

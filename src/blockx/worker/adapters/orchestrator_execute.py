@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-An ``ExecuteCall`` payload has twelve members (PROTOCOL.md). Six are the same
+An ``ExecuteCall`` payload has twelve members (docs/protocol.md). Six are the same
 for every call of one function of one task -- ``taskId``, ``functionId``,
 ``functionCodeDigest``, ``entrySelector``, ``audit``, ``debug`` --
 :func:`execute_prefix` encodes them once into a JSON fragment (the
