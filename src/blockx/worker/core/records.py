@@ -21,7 +21,8 @@ record                                      frozen dc, kw  slotted, positional
 ==========================================  =============  ====================
 
 Five of these are built per call: 5.1 µs as dataclasses against 0.95 µs, on a
-budget of ~15 µs of worker CPU per call (PERFORMANCE.md).
+worker that spends 8–15 µs of CPU per trivial call compiled
+(docs/operations.md, "Compiled modules").
 
 What a subclass keeps of the dataclass contract: value equality (same type and
 equal fields), a hash, a ``repr`` naming every field, ``__match_args__`` for
