@@ -1,6 +1,8 @@
 """The worker adapters' one error hierarchy.
 
-Two branches, as everywhere in BlockX (STYLE.md §6):
+Two branches, as in every layer of BlockX (one hierarchy per layer, keeping
+what went wrong outside apart from the caller's misuse, translated at one
+boundary):
 
 * :class:`AdapterError` — an outcome the caller must handle: a reservation the
   adapter refused (:class:`BindError`) or a frame it could not queue

@@ -21,7 +21,7 @@ Events are immutable, past-tense facts. Two shapes, for one measured reason:
   (docs/operations.md, "Compiled modules"), that difference is a tenth of the
   throughput.
 * **Everything else** (executors attaching and being lost, timers, tasks) is
-  a frozen, slotted, keyword-only dataclass, as STYLE.md asks.
+  a frozen, slotted, keyword-only dataclass, as BlockX writes events.
 
 :data:`ActorEvent` is the union of all of them.
 """

@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-STYLE.md asks for frozen, slotted, keyword-only dataclasses for events and
-commands. The records built once or more *per call* on the worker's hot path
-(``BindCall``, ``DispatchCallCmd``, ``UnbindCall``, ``CallSpec``,
+BlockX writes events and commands as frozen, slotted, keyword-only
+dataclasses: facts and orders that cannot change once made. The records built
+once or more *per call* on the worker's hot path (``BindCall``,
+``DispatchCallCmd``, ``UnbindCall``, ``CallSpec``,
 ``PreparedCall``, ...) are plain ``__slots__`` classes deriving from
 :class:`Record` instead, for one measured reason: a frozen dataclass sets every
 field through ``object.__setattr__``, and a keyword-only call binds every
