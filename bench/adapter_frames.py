@@ -7,9 +7,10 @@ fast executor peer runs in a child process (the other core) and answers every
 ExecuteCall with a CallCompleted, one write per read. Rows, interleaved and
 repeated (median of ``--rounds``):
 
-* ``bare floor`` — PERFORMANCE.md's floor: a bare uvloop ``Protocol`` that
-  decodes replies with ``FrameDecoder`` and writes each new ExecuteCall from a
-  pre-encoded template, one write per read.
+* ``bare floor`` — the floor of docs/operations.md ("The figures the design
+  is built on"): a bare uvloop ``Protocol`` that decodes replies with
+  ``FrameDecoder`` and writes each new ExecuteCall from a pre-encoded template,
+  one write per read.
 * ``adapter`` — the real thing: ``bind`` + ``send_execute_call`` (a fresh
   payload dict, encoded with orjson) for every call, the reply through the
   connection's decoder, the reservation released by the terminal frame, and
@@ -325,7 +326,7 @@ def main() -> None:
     floor_cpu = statistics.median(r.cpu_us_per_pair for r in rows["bare floor"])
     print(
         f"ExecuteCall->CallCompleted pairs/s, {args.inflight} in flight unless noted, "
-        f"median of {args.rounds} x {args.seconds:g}s (PERFORMANCE.md floor: 449,000 pairs/s).\n"
+        f"median of {args.rounds} x {args.seconds:g}s (docs/operations.md floor: 449,000 pairs/s).\n"
         "CPU = worker-side process time per pair: robust when another process shares the cores."
     )
     for name, results in rows.items():

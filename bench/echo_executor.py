@@ -1,6 +1,6 @@
 """A stand-in executor for benchmarks: answers every ExecuteCall at once, runs no code.
 
-Speaks just enough of PROTOCOL.md to measure the worker alone: a Heartbeat on
+Speaks just enough of docs/protocol.md to measure the worker alone: a Heartbeat on
 connect and every 0.5 s (``availableContexts`` = ``--executor-max-inflight``),
 and for each ``ExecuteCall`` of ``args = {"x": n}`` a ``CallCompleted`` with
 ``{"y": n + 1}`` — batched, one write per read. With ``ECHO_IO_READS=k`` each

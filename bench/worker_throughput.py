@@ -6,7 +6,7 @@ processes, the product's configuration otherwise) and through
 ``submit`` per call), interleaved, medians of ``--repeats``:
 
 * **trivial** — ``--calls`` calls of ``def _(p): return {"y": p["x"] + 1}``;
-  the reference peer of PERFORMANCE.md, ``multiprocessing.Pool.imap(chunksize=1)``,
+  the reference peer of docs/operations.md, ``multiprocessing.Pool.imap(chunksize=1)``,
   runs too (the target is 2x the best per-call peer);
 * **io** — ``--io-calls`` calls, each doing 5 sequential reads against a backend
   that answers after 2 ms. BlockX: the reads are ``blockx.sdk.db.get`` and the
@@ -17,7 +17,7 @@ processes, the product's configuration otherwise) and through
   it does 2 calls at a time). The ideal is ``in flight / (5 x 2 ms)``. The
   peer a user would pick for such work runs it too: a ``ThreadPoolExecutor``
   with as many threads as BlockX has calls in flight, each call sleeping
-  through its reads (PERFORMANCE.md: 10,400 calls/s on the reference machines).
+  through its reads (docs/operations.md: 10,400 calls/s on the reference machines).
   One more BlockX row serves the same reads the way ``blockx run`` does: each
   task's reads go through a ``TaskIOScope`` (read cache, shared flights,
   statistics) to an ``IOBackend`` with the same 2 ms timer.

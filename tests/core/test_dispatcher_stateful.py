@@ -409,7 +409,7 @@ class DispatcherMachine(RuleBasedStateMachine):
             return  # already waiting (on IO or a sub-call)
         if ctx.children:
             # A sub-call asked for before the bind was confirmed is still pending (the
-            # call stayed RUNNING): at most one pending request per call (PROTOCOL.md
+            # call stayed RUNNING): at most one pending request per call (docs/protocol.md
             # invariant 2), so it sends no IO wait until that one is answered.
             return
         rt.run(rt.core.handle_call_waiting(call_id, rt.running[call_id].attempt_seq))

@@ -1,5 +1,5 @@
 """A test-side worker: listens on a real Unix socket, spawns ``python -m blockx.executor``,
-and speaks PROTOCOL.md to it.
+and speaks docs/protocol.md to it.
 
 Two ways to drive it:
 

@@ -16,7 +16,7 @@ and ``queued`` says it sits in a run queue; the state turns ``RUNNING`` when
 the scheduler switches into it. ``RUNNABLE`` therefore only means "admitted,
 never run". A ``DONE`` context is removed from the table at once.
 
-Budget accounting (PROTOCOL.md invariant 4: CPU + IO wait + sub-call + sleep,
+Budget accounting (docs/protocol.md invariant 4: CPU + IO wait + sub-call + sleep,
 never queueing): ``cpu_s`` sums the slices the scheduler ran the greenlet,
 ``wait_ms`` sums ``ResumeCall.budgetUsedMs`` of IO and sub-call waits,
 ``sleep_s`` sums cooperative sleeps. Time spent queued (``queue_wait_s``) is
@@ -400,7 +400,7 @@ class ExecContext:
         self.finished = False  # the terminal outcome was decided (sent or suppressed)
         self.greenlet: greenlet | None = None
         self.bridge: SdkBridge | None = None
-        # At most one pending request per context (PROTOCOL.md invariant 2).
+        # At most one pending request per context (docs/protocol.md invariant 2).
         self.pending_request_id: str | None = None
         self.code_fetch_follower = False  # WAITING_FUNCTION_CODE without a request of its own
         self.sleep_token = 0

@@ -8,7 +8,7 @@ the executor's reader thread. :data:`decode_inbound` is the reader's
 :class:`~blockx.wire.FrameDecoder` ``typed`` hook: a body that starts the way
 the worker writes an ExecuteCall (``{"messageType":"ExecuteCall",``) is decoded
 straight into :class:`ExecuteCallFrame` by msgspec, which checks every type
-PROTOCOL.md gives (``callBudgetMs`` an int, ``ancestry`` a list of strings,
+docs/protocol.md gives (``callBudgetMs`` an int, ``ancestry`` a list of strings,
 ...); the range checks msgspec cannot express follow (a budget past
 ``MAX_BUDGET_MS`` takes the generic path, which clamps it). The runtime then
 builds the call's context from the struct's attributes
@@ -52,7 +52,7 @@ __all__ = [
 
 
 class ExecutePayload(msgspec.Struct):
-    """An ExecuteCall payload; field names are PROTOCOL.md's keys, defaults its defaults."""
+    """An ExecuteCall payload; field names are docs/protocol.md's keys, defaults its defaults."""
 
     taskId: str
     functionId: str
@@ -69,7 +69,7 @@ class ExecutePayload(msgspec.Struct):
 
 
 class ExecuteCallFrame(msgspec.Struct, tag=keys.MT_EXECUTE_CALL, tag_field=keys.F_MESSAGE_TYPE):
-    """A whole ExecuteCall envelope (unknown members are ignored, as PROTOCOL.md says)."""
+    """A whole ExecuteCall envelope (unknown members are ignored, as docs/protocol.md says)."""
 
     callId: str
     payload: ExecutePayload

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-PERFORMANCE.md: a fresh greenlet costs ~8 µs (CPython allocates and frees a
-16 KiB stack block per greenlet), a reused one ~0.5 µs. The seed's "one
+A fresh greenlet costs ~8 µs (CPython allocates and frees a 16 KiB stack
+block per greenlet), a reused one ~0.5 µs (docs/operations.md, "The figures
+the design is built on"). The seed's "one
 greenlet per context" is kept with a pool: a context gets a greenlet when it
 is first switched in (:meth:`ResidentGreenletPool.take`) and holds it until its
 call ends.

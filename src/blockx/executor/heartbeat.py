@@ -4,7 +4,7 @@ every ``--heartbeat-interval`` seconds (:class:`HeartbeatThread`).
 Theory of operation
 -------------------
 :func:`heartbeat_payload` turns a snapshot of the runtime (its resident
-contexts, counters and metrics) into the ``Heartbeat`` payload of PROTOCOL.md.
+contexts, counters and metrics) into the ``Heartbeat`` payload of docs/protocol.md.
 It only reads: ``ExecutorRuntime.build_heartbeat`` calls it from the
 heartbeat thread while the scheduler runs, with a list copy of the contexts
 table taken under the GIL.
@@ -67,7 +67,7 @@ def heartbeat_payload(
     running_for_ms: int = 0,
     running_call_budget_ms: int = 0,
 ) -> dict[str, Any]:
-    """The ``Heartbeat`` payload (PROTOCOL.md) for a snapshot of resident ``contexts``.
+    """The ``Heartbeat`` payload (docs/protocol.md) for a snapshot of resident ``contexts``.
 
     ``runnableCount`` counts contexts queued to run (admitted, resumed or woken);
     ``availableContexts`` is ``max(0, max_inflight - inflight)``, or 1<<30 when

@@ -24,7 +24,7 @@ Theory of operation
 * **Code fetch** — on a compile-cache miss :meth:`~ModuleRegistry.load_callable`
   asks ``source_loader(function_id, digest)`` (the SDK bridge's singleflight
   ``CallWaiting(function_code)``, which may suspend the calling greenlet).
-* **Entry resolution** (PROTOCOL.md "Entry point"): ``entrySelector`` when it
+* **Entry resolution** (docs/protocol.md, "Entry point"): ``entrySelector`` when it
   names a top-level ``def``; else the functionId's last segment (after the last
   ``/`` or ``.``); else ``def _`` (or ``_ = f``); else the first public ``def``.
 

@@ -5,7 +5,7 @@
   ``dumps_wire``'s rules: ``NotSerializableError`` →
   ``output_not_serializable``). The frame size is checked exactly, so an
   output over 16 MiB fails that call as ``payload_too_large`` instead of
-  reaching the session (PROTOCOL.md: never the connection).
+  reaching the session (docs/protocol.md: never the connection).
 * :func:`describe_failure` classifies an exception that ended a call into
   ``(errorKind, retryable, errorMessage, errorStack, localVars)``. The stack
   shows the user's frames only (``<blockx:functionId>`` with their source

@@ -38,10 +38,10 @@ Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
   ``handle_inbound_message`` and the per-``messageType`` readers behind it
   (typed ``ExecuteCall`` / ``ResumeCall`` frames, dict envelopes), which drop
   or fail malformed input and call the entry points above;
-* :mod:`.greenlet_pool` — the resident greenlets (PERFORMANCE.md: a fresh
-  greenlet costs ~8 µs, a reused one ~0.5 µs). Each loops "take a context, run
-  it to its terminal frame, switch back ``CALL_FINISHED``"; one whose user
-  code will not die is discarded, never reused;
+* :mod:`.greenlet_pool` — the resident greenlets (docs/operations.md: a
+  fresh greenlet costs ~8 µs, a reused one ~0.5 µs). Each loops "take a
+  context, run it to its terminal frame, switch back ``CALL_FINISHED``"; one
+  whose user code will not die is discarded, never reused;
 * :mod:`.deadline` — ``SIGALRM`` preemption of calls that overrun their budget
   in pure CPU work (armed before each switch into a budgeted call, disarmed
   when the scheduler goes idle; the handler raises only into a ``RUNNING``
@@ -693,7 +693,7 @@ class ExecutorRuntime(InboundFrames):
         return len(self._contexts)
 
     def build_heartbeat(self) -> dict[str, Any]:
-        """The ``Heartbeat`` payload (PROTOCOL.md), ``heartbeatSeq`` from 1.
+        """The ``Heartbeat`` payload (docs/protocol.md), ``heartbeatSeq`` from 1.
 
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.

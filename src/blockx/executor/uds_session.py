@@ -35,7 +35,7 @@ Invariants:
 * Once the connection is gone (EOF, a protocol error from the peer, a failed
   write, :meth:`UDSSession.close`) ``is_connected()`` is False for good,
   ``send_message`` raises :class:`ConnectionError` and the main loop is woken.
-  There is no reconnect (PROTOCOL.md, "Disconnects").
+  There is no reconnect (docs/protocol.md, "Disconnects").
 * No lost wake-ups: :meth:`drain_incoming` clears ``_wake`` (when set) *before*
   it takes the frames, and the reader appends *before* it sets ``_wake``. At
   worst a wake-up is spurious: the frames it announced were already taken.

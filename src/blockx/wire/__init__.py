@@ -1,4 +1,4 @@
-"""The worker⇄executor wire protocol (PROTOCOL.md), shared by both sides.
+"""The worker⇄executor wire protocol (docs/protocol.md), shared by both sides.
 
 IO-free: frames are built and parsed here, sockets live with their owners.
 

@@ -5,7 +5,7 @@ Two branches, never mixed:
 * :class:`ProtocolError` — the *peer* misbehaved: a frame that is too large,
   truncated, not UTF-8, not JSON, not an envelope, or a payload of the wrong
   shape. The receiver logs it and closes the connection; the transport-lost
-  path does the rest (PROTOCOL.md, "Frames").
+  path does the rest (docs/protocol.md, "Frames").
 * :class:`EncodeError` — *our caller* handed us something that cannot go on the
   wire: a value JSON cannot hold, or a frame over the size limit. Nothing was
   sent; the caller fails that one call with :attr:`EncodeError.error_kind`.
@@ -73,7 +73,7 @@ class PayloadError(ProtocolError):
 class UnknownMessageTypeError(WireError):
     """A well-formed envelope of a type this version does not know.
 
-    Not a :class:`ProtocolError`: PROTOCOL.md says such frames are logged and
+    Not a :class:`ProtocolError`: docs/protocol.md says such frames are logged and
     dropped, and the connection carries on.
     """
 

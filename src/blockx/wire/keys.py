@@ -1,9 +1,9 @@
 """Every name that travels on the worker⇄executor wire, spelled once.
 
-PROTOCOL.md is the contract; this module is its vocabulary. Both the worker and
+docs/protocol.md is the contract; this module is its vocabulary. Both the worker and
 the executor import these constants instead of writing string literals, so a
-renamed key is a one-line change that a test (``tests/wire/test_keys.py``)
-compares against PROTOCOL.md's tables.
+renamed key is a one-line change that a test (``tests/wire/test_messages.py``)
+compares against docs/protocol.md's headings and tables.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ ERR_EXECUTOR_CRASHED: Final = "executor_crashed"
 ERR_MEMORY_EXCEEDED: Final = "memory_exceeded"
 
 #: Whether a failure of each kind may be retried, when nothing more specific is
-#: known (PROTOCOL.md, "Retryable by default"). ``io_error`` is absent on
+#: known (docs/protocol.md, "Retryable by default"). ``io_error`` is absent on
 #: purpose: the IO backend decides.
 RETRYABLE_BY_DEFAULT: Final[dict[str, bool]] = {
     ERR_EXECUTOR_CAPACITY_EXHAUSTED: True,

@@ -1,4 +1,4 @@
-"""Typed messages: one frozen dataclass per payload of PROTOCOL.md.
+"""Typed messages: one frozen dataclass per payload of docs/protocol.md.
 
 The hot paths of the worker and the executor read envelopes as plain dicts with
 the constants of :mod:`blockx.wire.keys` (bench/wire_codec.py measured building
@@ -147,7 +147,7 @@ class Payload:
         return cached
 
     def to_wire(self) -> dict[str, Any]:
-        """The payload as a dict with PROTOCOL.md's keys."""
+        """The payload as a dict with docs/protocol.md's keys."""
         return {key: getattr(self, name) for name, key, _check, _required in self._fields()}
 
     @classmethod

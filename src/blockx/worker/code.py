@@ -75,7 +75,7 @@ _COMPILE_CACHE_ENTRIES: Final = 1024
 
 
 def source_digest(source: str) -> str:
-    """``sha256:<64 hex>`` of the UTF-8 source (PROTOCOL.md ``functionCodeDigest``)."""
+    """``sha256:<64 hex>`` of the UTF-8 source (docs/protocol.md ``functionCodeDigest``)."""
     return "sha256:" + hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 

@@ -1,5 +1,5 @@
 """Protocol contract: ExecuteCall validation, inbound control messages, admission replies,
-and every Heartbeat field (PROTOCOL.md)."""
+and every Heartbeat field (docs/protocol.md)."""
 
 from __future__ import annotations
 

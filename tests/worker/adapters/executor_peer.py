@@ -1,4 +1,4 @@
-"""A test-side executor: a small asyncio client speaking PROTOCOL.md to the adapter.
+"""A test-side executor: a small asyncio client speaking docs/protocol.md to the adapter.
 
 It runs on the test's own event loop (the adapter's), records every frame the
 worker sends, and sends whatever frames a test scripts — valid or not.

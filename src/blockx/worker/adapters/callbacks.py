@@ -29,9 +29,10 @@ orchestrator) sets :attr:`AdapterCallbacks.on_call_frames` and
 ``on_call_completed`` / ``on_call_failed`` / ``on_call_waiting`` call each; and
 the control frames one flush handed to the transport arrive in one
 ``on_controls_sent`` call. Per frame that is a tuple append instead of a
-callback and an event (PERFORMANCE.md: the worker's budget is a few µs per
-call). The order guarantees above hold across both forms: the batch is
-delivered before any later callback of the same connection.
+callback and an event (docs/operations.md, "Compiled modules": the worker
+spends 8–15 µs of CPU per trivial call). The order guarantees above hold
+across both forms: the batch is delivered before any later callback of the
+same connection.
 """
 
 from __future__ import annotations

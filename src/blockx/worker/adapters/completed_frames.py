@@ -49,7 +49,7 @@ _MISSING_OUTPUT: Final = msgspec.Raw(b"null")
 
 
 class CompletedPayload(msgspec.Struct):
-    """The members of a CallCompleted payload the worker reads (PROTOCOL.md's names)."""
+    """The members of a CallCompleted payload the worker reads (docs/protocol.md's names)."""
 
     attemptSeq: int
     taskId: str | None = None
@@ -69,7 +69,7 @@ class CompletedPayload(msgspec.Struct):
 
 
 class CompletedFrame(msgspec.Struct, tag=keys.MT_CALL_COMPLETED, tag_field=keys.F_MESSAGE_TYPE):
-    """A whole CallCompleted envelope (unknown members ignored, as PROTOCOL.md says)."""
+    """A whole CallCompleted envelope (unknown members ignored, as docs/protocol.md says)."""
 
     callId: str
     payload: CompletedPayload

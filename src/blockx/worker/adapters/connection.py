@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The seed gives every connection a reader goroutine and a writer goroutine. In
 asyncio both are this one protocol object, with no task and no future per
-frame (PERFORMANCE.md: a Task + Future per call costs ~9 µs):
+frame (docs/operations.md: a Task + Future per call costs ~9 µs):
 
 * **Reader** — :meth:`ExecutorConnection.data_received` feeds the connection's
   :class:`~blockx.wire.FrameDecoder` and hands every frame the read completed

@@ -1,10 +1,12 @@
 """The worker adapters' one error hierarchy.
 
-Two branches, as everywhere in BlockX (STYLE.md §6):
+Two branches, as in every layer of BlockX (one hierarchy per layer, keeping
+what went wrong outside apart from the caller's misuse, translated at one
+boundary):
 
 * :class:`AdapterError` — an outcome the caller must handle: a reservation the
   adapter refused (:class:`BindError`) or a frame it could not queue
-  (:class:`SendError`). Each carries ``error_kind`` (a PROTOCOL.md error kind
+  (:class:`SendError`). Each carries ``error_kind`` (a docs/protocol.md error kind
   or an adapter-specific one) and ``retryable``; the orchestrator turns it into
   an event for the core (``ArmCallRetry`` on a failed bind, a retryable failure
   on a failed send). Nothing was reserved or queued when one is raised.

@@ -25,8 +25,8 @@ every batch of frames one read completed arrives in :meth:`InboundHandlers.on_fr
   an object, ``attemptSeq`` an int >= 1 (not ``"1"``, 0, null or a bool) and not
   later than the attempt the worker sent, ``output`` present on
   ``CallCompleted``, ``errorKind`` a non-empty string on ``CallFailed``, the
-  optional members of their PROTOCOL.md types;
-* anything else — logged and dropped (PROTOCOL.md).
+  optional members of their docs/protocol.md types;
+* anything else — logged and dropped (docs/protocol.md, "Envelope").
 
 The hot path reads envelopes as dicts (bench/wire_codec.py: a typed payload
 per frame costs several times the decode). Heartbeats (one a second) and

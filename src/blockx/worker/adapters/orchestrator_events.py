@@ -17,10 +17,11 @@ Events are immutable, past-tense facts. Two shapes, for one measured reason:
   every control frame of one flush, :class:`ControlsDelivered`) are
   ``NamedTuple`` classes. A frozen keyword-only dataclass costs 1.9 µs to build
   against 0.65 µs for a NamedTuple (Python 3.11, measured with ``timeit``);
-  at a few events per call and a budget of a few µs of worker CPU per call
-  (PERFORMANCE.md), that difference is a tenth of the throughput.
+  at a few events per call and 8–15 µs of worker CPU per trivial call compiled
+  (docs/operations.md, "Compiled modules"), that difference is a tenth of the
+  throughput.
 * **Everything else** (executors attaching and being lost, timers, tasks) is
-  a frozen, slotted, keyword-only dataclass, as STYLE.md asks.
+  a frozen, slotted, keyword-only dataclass, as BlockX writes events.
 
 :data:`ActorEvent` is the union of all of them.
 """

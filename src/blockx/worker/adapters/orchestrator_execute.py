@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-An ``ExecuteCall`` payload has twelve members (PROTOCOL.md). Six are the same
+An ``ExecuteCall`` payload has twelve members (docs/protocol.md). Six are the same
 for every call of one function of one task -- ``taskId``, ``functionId``,
 ``functionCodeDigest``, ``entrySelector``, ``audit``, ``debug`` --
 :func:`execute_prefix` encodes them once into a JSON fragment (the
@@ -14,7 +14,8 @@ in as they are), ``callKey``, ``parentCallId``, ``ancestry``,
 
 Why: building the payload dict and encoding the whole envelope (then framing
 it) costs 1.14 µs per call on the worker's box; the join costs 0.71 µs
-(``timeit``, best of 5), on a budget of a few µs per call (PERFORMANCE.md).
+(``timeit``, best of 5), on a worker that spends 8–15 µs of CPU per trivial
+call compiled (docs/operations.md, "Compiled modules").
 The bytes decode to exactly the envelope the dict form encodes
 (tests/worker/adapters/test_orchestrator_execute.py); only member order
 differs, which JSON does not see.

@@ -91,7 +91,7 @@ class OutboundSends:
     ) -> None:
         """Queue an ``ExecuteCall`` for a bound call; never blocks.
 
-        ``payload`` is the ExecuteCall payload dict (PROTOCOL.md keys; values
+        ``payload`` is the ExecuteCall payload dict (docs/protocol.md keys; values
         from user code may be ``orjson.Fragment``) or a typed
         :class:`blockx.wire.ExecuteCall`. Raises :class:`ExecutorUnavailableError`,
         :class:`CallNotBoundError` (no

@@ -31,7 +31,7 @@ Every process is started so that it cannot outlive the worker:
   from a thread that outlives the process (the pool's spawner thread), never
   from a short-lived one.
 
-And the executor exits by itself when its socket closes (PROTOCOL.md,
+And the executor exits by itself when its socket closes (docs/protocol.md,
 "Disconnects"), which covers a worker that dies before the signal is armed.
 
 ``spawn`` is synchronous and returns as soon as the child has exec'd

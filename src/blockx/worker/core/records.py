@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-STYLE.md asks for frozen, slotted, keyword-only dataclasses for events and
-commands. The records built once or more *per call* on the worker's hot path
-(``BindCall``, ``DispatchCallCmd``, ``UnbindCall``, ``CallSpec``,
+BlockX writes events and commands as frozen, slotted, keyword-only
+dataclasses: facts and orders that cannot change once made. The records built
+once or more *per call* on the worker's hot path (``BindCall``,
+``DispatchCallCmd``, ``UnbindCall``, ``CallSpec``,
 ``PreparedCall``, ...) are plain ``__slots__`` classes deriving from
 :class:`Record` instead, for one measured reason: a frozen dataclass sets every
 field through ``object.__setattr__``, and a keyword-only call binds every
@@ -21,7 +22,8 @@ record                                      frozen dc, kw  slotted, positional
 ==========================================  =============  ====================
 
 Five of these are built per call: 5.1 µs as dataclasses against 0.95 µs, on a
-budget of ~15 µs of worker CPU per call (PERFORMANCE.md).
+worker that spends 8–15 µs of CPU per trivial call compiled
+(docs/operations.md, "Compiled modules").
 
 What a subclass keeps of the dataclass contract: value equality (same type and
 equal fields), a hash, a ``repr`` naming every field, ``__match_args__`` for

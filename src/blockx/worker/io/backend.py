@@ -19,7 +19,7 @@ statistics; a backend only does the work, in two steps:
    :class:`Reply` with ``error`` set; an exception escaping ``execute`` is a bug
    and answers ``io_error`` (not retryable).
 
-Errors follow PROTOCOL.md: kind ``io_error``, ``retryable`` as the backend
+Errors follow docs/protocol.md: kind ``io_error``, ``retryable`` as the backend
 says — transient failures (a lost connection, a timeout, a busy lock, HTTP 5xx
 or 429) are retryable; a bad table name, bad params, a JSON-RPC error object
 are not.

@@ -68,7 +68,7 @@ __all__ = [
     "no_io_handler",
 ]
 
-#: Error kind of a failed IO wait (PROTOCOL.md: retryable as the backend says).
+#: Error kind of a failed IO wait (docs/protocol.md: retryable as the backend says).
 ERR_IO_ERROR: Final = keys.ERR_IO_ERROR
 
 
