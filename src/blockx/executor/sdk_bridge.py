@@ -55,6 +55,7 @@ from blockx.sdk.runtime import NoProviderError
 from blockx.wire import encode_frame
 from blockx.wire.frames import encode_frame_with_value
 from blockx.wire.keys import (
+    ERR_DEADLINE_EXCEEDED,
     ERR_FUNCTION_CODE_FETCH_FAILED,
     ERR_INTERNAL_ERROR,
     ERR_SUBCALL_CYCLE_DETECTED,
@@ -618,8 +619,31 @@ class SdkBridge:
         if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
             ctx.check_safe_point()
         if resumed.error is not None:
+            if (
+                wait_kind == WAIT_SUBCALL
+                and ctx.budget_ms
+                and resumed.error.get(FP_ERROR_KIND_FIELD) == ERR_DEADLINE_EXCEEDED
+            ):
+                raise self._grant_spent(ctx, request_id, resumed.budget_used_ms)
             raise _map_resume_error(wait_kind, resumed.error)
         return resumed.result
+
+    @staticmethod
+    def _grant_spent(
+        ctx: ExecContext, request_id: str, child_used_ms: int
+    ) -> WaitDeadlineExceededError:
+        """A child that ran out of its budget used up what this call granted it: all the
+        budget this call had left. So this call's budget is used up too, whatever the
+        rounding of the two figures says: it ends as ``deadline_exceeded`` (not as
+        ``subcall_failed``, which would depend on a fraction of a millisecond)."""
+        ctx.expires_at = -math.inf  # every later safe point trips
+        return WaitDeadlineExceededError(
+            REASON_BUDGET_EXHAUSTED,
+            used_ms=ctx.budget_used_ms(),
+            budget_ms=ctx.budget_ms,
+            waited_ms=child_used_ms,
+            request_id=request_id,
+        )
 
     @staticmethod
     def _cut_off(ctx: ExecContext, state: ExecState, request_id: str) -> WaitDeadlineExceededError:

@@ -492,8 +492,11 @@ class TestWaitCutOff:
         assert h.payload("c1")[keys.FP_BUDGET_USED_MS] == 90  # 50 ms CPU + the child's 40
         assert h.rt.stats()["waits_cut_off"] == 0
 
+    # The child was granted the 150 ms left and ran out of them; whether its figure
+    # rounds to 149 or 150 ms, the caller's budget is used up: deadline_exceeded.
+    @pytest.mark.parametrize("child_used_ms", [149, 150])
     def test_a_child_out_of_its_granted_budget_fails_the_caller_through_its_answer(
-        self, h: Harness
+        self, h: Harness, child_used_ms: int
     ) -> None:
         h.execute(
             "c1",
@@ -504,11 +507,13 @@ class TestWaitCutOff:
         h.run()
         (wait,) = h.waits("c1", keys.WAIT_SUBCALL)
         error = {"kind": keys.ERR_DEADLINE_EXCEEDED, "message": "child out", "retryable": False}
-        h.resume(wait, error=error, budget_used_ms=150)
+        h.resume(wait, error=error, budget_used_ms=child_used_ms)
         h.run()
         failure = h.failure("c1")
-        assert failure[keys.FP_BUDGET_USED_MS] == 200
-        assert failure[keys.FP_ERROR_KIND] in (keys.ERR_SUBCALL_FAILED, keys.ERR_DEADLINE_EXCEEDED)
+        assert failure[keys.FP_BUDGET_USED_MS] == 50 + child_used_ms  # what was used, no more
+        assert failure[keys.FP_ERROR_KIND] == keys.ERR_DEADLINE_EXCEEDED
+        assert "call budget of 200 ms ran out" in failure[keys.FP_ERROR_MESSAGE]
+        assert "sub-call pricer" in failure[keys.FP_ERROR_MESSAGE]
 
     def test_an_io_wait_timer_never_cuts_off_a_later_subcall_wait(self, h: Harness) -> None:
         source = dedent(
