@@ -52,12 +52,6 @@ _STOP: Final = None
 _Job = tuple[TableOp, asyncio.Future[Reply], asyncio.AbstractEventLoop]
 
 
-def _deliver(results: list[tuple[asyncio.Future[Reply], Reply]]) -> None:
-    for future, reply in results:
-        if not future.done():
-            future.set_result(reply)
-
-
 def _is_locked(exc: BaseException) -> bool:
     """SQLite gave up waiting for another connection's lock (its busy timeout)."""
     text = str(exc).lower()
@@ -127,13 +121,16 @@ class SQLiteEngine:
             return future
         if self._sqlite_thread is None:
             self._start()
-        self.in_flight += 1
-        future.add_done_callback(self._answered)
+        self.in_flight += 1  # down again as its reply is delivered (_deliver)
         self._queue.put((op, future, loop))
         return future
 
-    def _answered(self, _future: asyncio.Future[Reply]) -> None:
-        self.in_flight -= 1
+    def _deliver(self, results: list[tuple[asyncio.Future[Reply], Reply]]) -> None:
+        """On the loop: a batch of replies (a future cancelled meanwhile is skipped)."""
+        self.in_flight -= len(results)
+        for future, reply in results:
+            if not future.done():
+                future.set_result(reply)
 
     def _start(self) -> None:
         with self._lock:
@@ -249,7 +246,7 @@ class SQLiteEngine:
             by_loop.setdefault(loop, []).append((future, reply))
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(self._deliver, items)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
 
