@@ -19,7 +19,7 @@ from blockx.wire.blackbox import (
 
 def _die_while_running(path: str) -> None:
     writer = BlackboxWriter(path)
-    writer.running(b"t1/c7", 3)
+    writer.enter(writer.record_of("t1/c7", 3))
     os._exit(1)  # no clean-up: the mapping is all that is left
 
 
@@ -35,13 +35,13 @@ def test_a_process_that_dies_while_a_call_runs_names_it(tmp_path: Path) -> None:
 def test_idle_clears_the_running_call_and_a_cause_is_kept(tmp_path: Path) -> None:
     path = str(tmp_path / "bb")
     writer = BlackboxWriter(path)
-    writer.running("t/é".encode(), 1)
+    writer.enter(writer.record_of("t/é", 1))
     assert read_blackbox(path) == BlackboxRecord("t/é", 1, CAUSE_NONE)
-    writer.idle()
+    writer.leave()
     writer.set_cause(CAUSE_MEMORY_EXCEEDED)
     assert read_blackbox(path) == BlackboxRecord(None, 0, CAUSE_MEMORY_EXCEEDED)
-    writer.running(b"a-longer-id/c1", 2)
-    writer.running(b"short", 5)  # a shorter id after a longer one reads back exactly
+    writer.enter(writer.record_of("a-longer-id/c1", 2))
+    writer.enter(writer.record_of("short", 5))  # a shorter id after a longer one reads back exactly
     assert read_blackbox(path) == BlackboxRecord("short", 5, CAUSE_MEMORY_EXCEEDED)
     writer.close()
     assert os.path.getsize(path) == BLACKBOX_SIZE
@@ -50,7 +50,7 @@ def test_idle_clears_the_running_call_and_a_cause_is_kept(tmp_path: Path) -> Non
 def test_an_overlong_id_is_cut_not_written_past_the_end(tmp_path: Path) -> None:
     path = str(tmp_path / "bb")
     writer = BlackboxWriter(path)
-    writer.running(b"x" * (BLACKBOX_SIZE * 2), 1)
+    writer.enter(writer.record_of("x" * (BLACKBOX_SIZE * 2), 1))
     record = read_blackbox(path)
     assert record is not None and record.call_id == "x" * MAX_CALL_ID_BYTES
     writer.close()

@@ -185,12 +185,15 @@ def _run(args: ExecutorArgs) -> int:
 
 
 def _run_contained(args: ExecutorArgs) -> int:
-    from blockx.wire.blackbox import CAUSE_DESCRIPTORS_EXHAUSTED, EXIT_DESCRIPTORS_EXHAUSTED
+    from blockx.wire.blackbox import (
+        CAUSE_DESCRIPTORS_EXHAUSTED,
+        EXIT_DESCRIPTORS_EXHAUSTED,
+        BlackboxWriter,
+    )
 
     from .containment import (
         PAUSE_CLOCK,
         ProcessWatchdog,
-        SwitchBlackbox,
         is_descriptor_exhaustion,
         limit_address_space,
         limit_open_files,
@@ -204,10 +207,10 @@ def _run_contained(args: ExecutorArgs) -> int:
         except (ValueError, OSError) as exc:
             _log.critical("executor start-up failed: cannot set RLIMIT_NOFILE: %s", exc)
             return EXIT_STARTUP_FAILED
-    blackbox: SwitchBlackbox | None = None
+    blackbox: BlackboxWriter | None = None
     if args.blackbox_path:
         try:
-            blackbox = SwitchBlackbox(args.blackbox_path)
+            blackbox = BlackboxWriter(args.blackbox_path)
         except OSError as exc:
             _log.critical("executor start-up failed: cannot open the black box: %s", exc)
             return EXIT_STARTUP_FAILED

@@ -73,7 +73,8 @@ if TYPE_CHECKING:
     from collections import OrderedDict
     from collections.abc import Callable
 
-    from .containment import SwitchBlackbox
+    from blockx.wire.blackbox import BlackboxWriter
+
     from .deadline import DeadlineAlarm
     from .greenlet_pool import ResidentGreenletPool
     from .module_registry import ModuleRegistry
@@ -110,7 +111,7 @@ class CallRunner:
     # races a switch sees at worst a newer stamp (a shorter runningForMs).
     _switched_in_at: float
     _running_budget_left_ms: float
-    _blackbox: SwitchBlackbox | None
+    _blackbox: BlackboxWriter | None
     #: Set when a call failed for want of file descriptors: the process shell then
     #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
     descriptors_exhausted: bool

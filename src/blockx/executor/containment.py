@@ -53,7 +53,6 @@ import logging
 import os
 import resource
 import signal
-import struct
 import sys
 import threading
 import time
@@ -63,7 +62,6 @@ from typing import Final
 from blockx.wire.blackbox import (
     CAUSE_MEMORY_EXCEEDED,
     EXIT_MEMORY_EXCEEDED,
-    MAX_CALL_ID_BYTES,
     BlackboxWriter,
 )
 
@@ -73,7 +71,6 @@ __all__ = [
     "WATCHDOG_INTERVAL_S",
     "PauseClock",
     "ProcessWatchdog",
-    "SwitchBlackbox",
     "become_subreaper",
     "exit_now",
     "is_descriptor_exhaustion",
@@ -96,49 +93,6 @@ _STALE_AFTER_S: Final = 0.5
 #: How long after a long gap between ticks the budget alarm still holds its fire.
 _GAP_HOLD_S: Final = 1.0
 _DESCRIPTOR_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE})
-
-
-# --- the black box, at every switch ------------------------------------------------
-
-_ATTEMPT: Final = struct.Struct(">I")
-#: The length field (offset 8, big-endian u32) as a ctypes view: a store to it costs
-#: ~20 ns, a slice assignment into the map ~300 ns.
-_LengthField = ctypes.c_uint32.__ctype_be__
-
-
-class SwitchBlackbox(BlackboxWriter):
-    """The scheduler's black box writer (layout: ``blockx.wire.blackbox``): a call's
-    record is packed once (:meth:`record_of`, kept on its context); a switch in is
-    one slice assignment into the map and one store to the length field
-    (:meth:`enter`), a switch back one store (:meth:`leave`).
-    ``BlackboxWriter.running`` packs and slices afresh each time (~2 µs a switch)."""
-
-    __slots__ = ("_length",)
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
-        self._length = _LengthField.from_buffer(self._map, 8)
-
-    @staticmethod
-    def record_of(call_id: str, attempt_seq: int) -> tuple[bytes, int]:
-        """``(attemptSeq + call id bytes, the id's length)`` for :meth:`enter`."""
-        encoded = call_id.encode("utf-8", "replace")[:MAX_CALL_ID_BYTES]
-        return _ATTEMPT.pack(attempt_seq & 0xFFFFFFFF) + encoded, len(encoded)
-
-    def enter(self, record: tuple[bytes, int]) -> None:
-        """Name the call about to hold the thread: its attemptSeq and id first, the
-        length last (a reader of a dead writer never sees a length without its bytes)."""
-        body, length = record
-        self._map[12 : 12 + len(body)] = body
-        self._length.value = length
-
-    def leave(self) -> None:
-        """Control is back in the scheduler: no call is named."""
-        self._length.value = 0
-
-    def close(self) -> None:
-        del self._length  # the ctypes view pins the map: released before it closes
-        super().close()
 
 
 # --- children ------------------------------------------------------------------------

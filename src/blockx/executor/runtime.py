@@ -92,10 +92,11 @@ from typing import Any, Final, Protocol
 
 from blockx.sdk.runtime import set_provider
 from blockx.wire import decode_frame, encode_frame
+from blockx.wire.blackbox import BlackboxWriter
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
 from .call_runner import admission_failure
-from .containment import PauseClock, SwitchBlackbox
+from .containment import PauseClock
 from .context import (
     CUT_OFF_STATES,
     RESUME_KIND_BY_STATE,
@@ -178,7 +179,7 @@ class ExecutorRuntime(InboundFrames):
     long after admission ends as ``deadline_exceeded``.
 
     ``process_instance_id`` defaults to 12 hex digits of a uuid4; it prefixes
-    every ``requestId``. ``blackbox`` (``containment.SwitchBlackbox``)
+    every ``requestId``. ``blackbox`` (``blockx.wire.blackbox.BlackboxWriter``)
     is written around every switch into a call's greenlet: the call holding the
     thread is named in it, none between switches.
 
@@ -208,7 +209,7 @@ class ExecutorRuntime(InboundFrames):
         monotonic: Callable[[], float] | None = None,
         registry: ModuleRegistry | None = None,
         call_timeout_ms: int = 0,
-        blackbox: SwitchBlackbox | None = None,
+        blackbox: BlackboxWriter | None = None,
     ) -> None:
         if max_inflight < 0 or max_runnable < 0 or call_timeout_ms < 0:
             raise ValueError("max_inflight, max_runnable and call_timeout_ms must be >= 0")

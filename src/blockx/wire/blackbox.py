@@ -28,6 +28,7 @@ for the two functions that open the file; both sides import it.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -63,8 +64,9 @@ EXIT_MEMORY_EXCEEDED: Final = 87
 EXIT_DESCRIPTORS_EXHAUSTED: Final = 88
 
 _HEADER: Final = struct.Struct(">4sIII")
-_LENGTH: Final = struct.Struct(">I")
-_ZERO: Final = b"\0\0\0\0"
+_U32: Final = struct.Struct(">I")
+#: The length field, stored through a ctypes view of the map: one store a switch.
+_LengthField = ctypes.c_uint32.__ctype_be__
 
 
 class BlackboxRecord(NamedTuple):
@@ -80,12 +82,14 @@ class BlackboxRecord(NamedTuple):
 class BlackboxWriter:
     """The executor's side: a mapped black box, written at every greenlet switch.
 
-    ``running(call_id_bytes, attempt_seq)`` before switching into a call's greenlet,
-    ``idle()`` when control is back in the scheduler. Both are a slice assignment or
-    two; neither raises once the writer is open.
+    A call's record is packed once (:meth:`record_of`, kept on its context); before
+    switching into the call's greenlet :meth:`enter` writes it (one slice assignment,
+    then one store to the length field), and when control is back in the scheduler
+    :meth:`leave` zeroes the length (one store): ~0.3 µs a switch. Neither raises once
+    the writer is open.
     """
 
-    __slots__ = ("_fd", "_map")
+    __slots__ = ("_fd", "_length", "_map")
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -97,27 +101,33 @@ class BlackboxWriter:
             raise
         self._fd = fd
         _HEADER.pack_into(self._map, 0, MAGIC, CAUSE_NONE, 0, 0)
+        self._length = _LengthField.from_buffer(self._map, 8)
 
     def __repr__(self) -> str:
         return f"BlackboxWriter(fd={self._fd})"
 
-    def running(self, call_id: bytes, attempt_seq: int) -> None:
-        n = len(call_id)
-        if n > MAX_CALL_ID_BYTES:
-            n = MAX_CALL_ID_BYTES
-            call_id = call_id[:n]
-        m = self._map
-        m[16 : 16 + n] = call_id
-        m[12:16] = _LENGTH.pack(attempt_seq & 0xFFFFFFFF)
-        m[8:12] = _LENGTH.pack(n)
+    @staticmethod
+    def record_of(call_id: str, attempt_seq: int) -> tuple[bytes, int]:
+        """``(attemptSeq + call id bytes, the id's length)`` for :meth:`enter`."""
+        encoded = call_id.encode("utf-8", "replace")[:MAX_CALL_ID_BYTES]
+        return _U32.pack(attempt_seq & 0xFFFFFFFF) + encoded, len(encoded)
 
-    def idle(self) -> None:
-        self._map[8:12] = _ZERO
+    def enter(self, record: tuple[bytes, int]) -> None:
+        """Name the call about to hold the thread: its attemptSeq and id first, the
+        length last (a reader of a dead writer never sees a length without its bytes)."""
+        body, length = record
+        self._map[12 : 12 + len(body)] = body
+        self._length.value = length
+
+    def leave(self) -> None:
+        """Control is back in the scheduler: no call is named."""
+        self._length.value = 0
 
     def set_cause(self, cause: int) -> None:
-        self._map[4:8] = _LENGTH.pack(cause)
+        self._map[4:8] = _U32.pack(cause)
 
     def close(self) -> None:
+        del self._length  # the ctypes view pins the map: released before it closes
         try:
             self._map.close()
         finally:

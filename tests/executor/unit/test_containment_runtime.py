@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from executor_harness import Harness
 
-from blockx.executor.containment import PauseClock, SwitchBlackbox, is_descriptor_exhaustion
+from blockx.executor.containment import PauseClock, is_descriptor_exhaustion
 from blockx.wire import keys
-from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
+from blockx.wire.blackbox import BLACKBOX_SIZE, BlackboxWriter, read_blackbox
 
 
 def _boxed(make_harness: Any, tmp_path: Path) -> tuple[Harness, str, dict[str, Any]]:
     path = str(tmp_path / "box")
     holder: dict[str, Any] = {"path": path, "read": read_blackbox}
-    h = make_harness(blackbox=SwitchBlackbox(path), prelude={"holder": holder}, max_inflight=0)
+    h = make_harness(blackbox=BlackboxWriter(path), prelude={"holder": holder}, max_inflight=0)
     holder["rt"] = h.rt
     return h, path, holder
 
@@ -208,7 +208,7 @@ def test_the_switch_writer_writes_what_the_wire_reader_reads(
     tmp_path: Path, call_id: str, attempt_seq: int
 ) -> None:
     path = str(tmp_path / "box")
-    box = SwitchBlackbox(path)
+    box = BlackboxWriter(path)
     try:
         box.enter(box.record_of("t1/longer-call-before" * 5, 9))
         box.enter(box.record_of(call_id, attempt_seq))

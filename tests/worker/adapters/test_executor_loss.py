@@ -172,7 +172,7 @@ s.sendall(encode_frame({keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT, keys.F_PAYLOAD: 
 s.recv(1)  # attached (the HeartbeatAck)
 while not os.path.exists(box_path + ".go"):
     import time; time.sleep(0.01)
-box.running(b"t1/hog", 4)
+box.enter(box.record_of("t1/hog", 4))
 box.set_cause(int(cause))
 os._exit(int(status))
 """
