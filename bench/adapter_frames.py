@@ -42,8 +42,8 @@ import orjson
 import uvloop
 
 from blockx.wire import FrameDecoder, encode_frame, keys
-from blockx.worker.adapters.callbacks import AdapterCallbacks
-from blockx.worker.adapters.executor_adapter import ExecutorAdapter
+from blockx.worker.link.adapter import ExecutorAdapter
+from blockx.worker.link.callbacks import AdapterCallbacks
 
 _U32 = struct.Struct(">I")
 

@@ -164,7 +164,7 @@ def batched(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
 
 def resume_frame(call_id: str, request_id: str, budget_used_ms: int = 0) -> Frame:
     """The ResumeCall answering a wait, as a dict envelope (the generic path); the
-    worker writes the same envelope (adapters/outbound.py's send_resume_call)."""
+    worker writes the same envelope (link/outbound.py's send_resume_call)."""
     return Frame(
         {
             keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,

@@ -35,11 +35,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blockx.worker.adapters.spawner import ProcessSpawner
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
+from blockx.worker.pool.spawner import ProcessSpawner
 from worker_throughput import READS, DelayedBackend, echo_argv
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'

@@ -54,13 +54,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blockx.wire import encode_frame
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
 from blockx.worker.io.config import load_io_config
 from blockx.worker.io.registry import IOSubsystem
+from blockx.worker.pool.spawner import ExecutorLaunchSpec
 from worker_throughput import DelayedBackend, DelayedIOBackend, product_io
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
@@ -254,31 +254,31 @@ class FakeExecutor:
 PHASES = (
     ("submit (encode args, prepare)", "blockx.worker.app:Worker", "submit"),
     # A one-shot list's chunks after the first are checked and prepared by its driver.
-    ("submit (encode args, prepare)", "blockx.worker.one_shot:OneShotCalls", "_chunk_specs"),
+    ("submit (encode args, prepare)", "blockx.worker.actor.one_shot:OneShotCalls", "_chunk_specs"),
     (
         "submit (encode args, prepare)",
         "blockx.worker.core.dispatcher:DispatcherCore",
         "prepare_call_batch_with_digests",
     ),
     ("inbound: decode (wire)", "blockx.wire.frames:FrameDecoder", "feed"),
-    ("inbound: adapter", "blockx.worker.adapters.handlers:InboundHandlers", "on_frames"),
+    ("inbound: adapter", "blockx.worker.link.handlers:InboundHandlers", "on_frames"),
     (
         "actor: commit",
-        "blockx.worker.adapters.orchestrator_tasks:TaskEvents",
+        "blockx.worker.actor.tasks:TaskEvents",
         "_apply_task_submitted",
     ),
-    ("actor: commit", "blockx.worker.adapters.orchestrator_tasks:TaskEvents", "_apply_call_chunk"),
+    ("actor: commit", "blockx.worker.actor.tasks:TaskEvents", "_apply_call_chunk"),
     (
         "actor: completions",
-        "blockx.worker.adapters.orchestrator:Orchestrator",
+        "blockx.worker.actor.orchestrator:Orchestrator",
         "_apply_call_frames",
     ),
     (
         "actor: completions",
-        "blockx.worker.adapters.orchestrator:Orchestrator",
+        "blockx.worker.actor.orchestrator:Orchestrator",
         "_apply_attempt_completed",
     ),
-    ("actor: bind+send", "blockx.worker.adapters.orchestrator:Orchestrator", "_execute_bind"),
+    ("actor: bind+send", "blockx.worker.actor.orchestrator:Orchestrator", "_execute_bind"),
     ("core: completions", "blockx.worker.core.dispatcher:DispatcherCore", "handle_call_completed"),
     (
         "core: binds confirmed",
@@ -287,21 +287,21 @@ PHASES = (
     ),
     (
         "actor: resumes",
-        "blockx.worker.adapters.orchestrator_waits:WaitHandling",
+        "blockx.worker.actor.waits:WaitHandling",
         "_apply_controls_delivered",
     ),
     (
         "actor: resumes",
-        "blockx.worker.adapters.orchestrator_waits:WaitHandling",
+        "blockx.worker.actor.waits:WaitHandling",
         "_apply_control_delivered",
     ),
-    ("actor: waits", "blockx.worker.adapters.orchestrator_waits:WaitHandling", "_apply_waits"),
+    ("actor: waits", "blockx.worker.actor.waits:WaitHandling", "_apply_waits"),
     (
         "actor: waits",
-        "blockx.worker.adapters.orchestrator_waits:WaitHandling",
+        "blockx.worker.actor.waits:WaitHandling",
         "_apply_call_suspended",
     ),
-    ("flush notes", "blockx.worker.adapters.connection:ExecutorConnection", "_report_flushed"),
+    ("flush notes", "blockx.worker.link.connection:ExecutorConnection", "_report_flushed"),
     ("IO futures answered (bench backend)", "worker_throughput:_TimerBatches", "_fire"),
     ("actor: decisions", "blockx.worker.core.dispatcher:DispatcherCore", "dispatch_ready"),
     ("core: completions", "blockx.worker.core.dispatcher:DispatcherCore", "handle_calls_completed"),
@@ -312,11 +312,11 @@ PHASES = (
     ),
     ("core: commit", "blockx.worker.core.dispatcher:DispatcherCore", "commit_call_phase"),
     ("core: commit", "blockx.worker.core.dispatcher:DispatcherCore", "commit_call_chunk"),
-    ("actor: run commands", "blockx.worker.adapters.orchestrator:Orchestrator", "_run"),
-    ("actor: bind+send", "blockx.worker.adapters.orchestrator:Orchestrator", "_execute_binds"),
+    ("actor: run commands", "blockx.worker.actor.orchestrator:Orchestrator", "_run"),
+    ("actor: bind+send", "blockx.worker.actor.orchestrator:Orchestrator", "_execute_binds"),
     ("actor: convergence", "blockx.worker.core.dispatcher:DispatcherCore", "flush_dirty_tasks"),
-    ("actor: run (total)", "blockx.worker.adapters.orchestrator:Orchestrator", "_run_actor"),
-    ("flush (write)", "blockx.worker.adapters.connection:ExecutorConnection", "_flush"),
+    ("actor: run (total)", "blockx.worker.actor.orchestrator:Orchestrator", "_run_actor"),
+    ("flush (write)", "blockx.worker.link.connection:ExecutorConnection", "_flush"),
     ("result", "blockx.worker.app:Worker", "_result"),
 )
 

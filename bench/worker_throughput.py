@@ -65,13 +65,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.helpers.pipelined_driver import process_cpu_seconds
 
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
 from blockx.worker.io import IOResult
 from blockx.worker.io.backend import PreparedRequest, Reply
 from blockx.worker.io.registry import BackendRegistry, IOSubsystem
+from blockx.worker.pool.spawner import ExecutorLaunchSpec, ProcessSpawner
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
 READS = 5

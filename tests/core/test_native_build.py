@@ -56,7 +56,7 @@ def test_the_install_compiled_every_listed_module_when_a_compiler_is_at_hand() -
     assert isinstance(modules, dict)
     for hot in (  # one per compiled package
         "blockx.worker.core.dispatcher",
-        "blockx.worker.adapters.orchestrator",
+        "blockx.worker.actor.orchestrator",
         "blockx.worker.io.scope",
         "blockx.executor.runtime",
         "blockx.wire.frames",

@@ -25,12 +25,12 @@ from e2e_support import (  # noqa: E402
     wedge_is_killed,
 )
 
-from blockx.worker.adapters.sandbox import (  # noqa: E402
+from blockx.worker.pool.sandbox import (  # noqa: E402
     SandboxSettings,
     SandboxSpawner,
     sandbox_available,
 )
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec  # noqa: E402
+from blockx.worker.pool.spawner import ExecutorLaunchSpec  # noqa: E402
 
 __all__ = [
     "SANDBOX_OK",

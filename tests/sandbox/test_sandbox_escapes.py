@@ -31,8 +31,8 @@ from sandbox_support import (
 )
 
 import blockx
-from blockx.worker.adapters.sandbox import CHILD_ENV_KEYS
 from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.pool.sandbox import CHILD_ENV_KEYS
 
 pytestmark = [pytest.mark.timeout(60), needs_sandbox]
 

@@ -27,8 +27,8 @@ from sandbox_support import (
 )
 from sandbox_support import WorkerSession as Session
 
-from blockx.worker.adapters.sandbox import SandboxSpawner
 from blockx.worker.api import Call, Task
+from blockx.worker.pool.sandbox import SandboxSpawner
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -16,15 +16,16 @@ from sandbox_support import SANDBOX_OK, SANDBOX_REASON, needs_sandbox
 from tests.helpers.fake_worker import FakeWorker, IoReply
 
 from blockx.wire import Frame, keys
-from blockx.worker.adapters.cgroups import (
+from blockx.worker.config import ConfigError, load_config
+from blockx.worker.errors import PoolError
+from blockx.worker.pool.cgroups import (
     CgroupError,
     ResourceLimits,
     parse_mountinfo,
     parse_proc_cgroup,
     plan_limits,
 )
-from blockx.worker.adapters.errors import PoolError
-from blockx.worker.adapters.sandbox import (
+from blockx.worker.pool.sandbox import (
     CHILD_ENV_KEYS,
     SandboxSettings,
     SandboxSpawner,
@@ -33,8 +34,7 @@ from blockx.worker.adapters.sandbox import (
     python_read_roots,
     sandbox_available,
 )
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec, spawner_for_mode
-from blockx.worker.config import ConfigError, load_config
+from blockx.worker.pool.spawner import ExecutorLaunchSpec, spawner_for_mode
 
 pytestmark = [pytest.mark.timeout(60)]
 

@@ -17,8 +17,9 @@
 
 A task's ``calls`` is either a list/tuple (a *one-shot* task: one call phase,
 outputs in call order; registered chunk by chunk so that a long list does not
-hold the event loop, see :mod:`blockx.worker.one_shot`) or any other iterable or async iterable (a
-*stream*: registered in batches of ``StreamBuild.BatchMaxRows`` under the
+hold the event loop, see :mod:`blockx.worker.actor.one_shot`) or any other
+iterable or async iterable (a *stream*: registered in batches of
+``StreamBuild.BatchMaxRows`` under the
 ``MaxOutstandingBatches`` credit window; :meth:`TaskHandle.rows
 <blockx.worker.app.TaskHandle.rows>` yields its rows as batches settle, so
 memory stays flat however long the stream).

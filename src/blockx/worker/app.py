@@ -17,7 +17,7 @@ A task goes through :meth:`Worker.submit`:
 1. **off the actor** — its sources are checked and pinned
    (:func:`~blockx.worker.code.build_task_code_view`), and a one-shot task's
    calls checked, encoded canonically and prepared (``prepare_*_with_digests``,
-   pure) chunk by chunk, one chunk per loop turn (:mod:`blockx.worker.one_shot`):
+   pure) chunk by chunk, one chunk per loop turn (:mod:`blockx.worker.actor.one_shot`):
    the first chunk in ``submit``, the others by the task's driver;
 2. **admission** — at most ``EXECUTOR_TASK_SLOTS`` tasks are in their executor
    phase at once; the others wait for a slot;
@@ -48,6 +48,16 @@ import random
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
+from blockx.worker.actor.events import (
+    StreamBatchProduced,
+    StreamFinished,
+    StreamOpened,
+    TaskCancelRequested,
+    TaskSubmitted,
+)
+from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args
+from blockx.worker.actor.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
+from blockx.worker.actor.task_run import TaskRun
 from blockx.worker.api import (
     Call,
     Task,
@@ -68,20 +78,9 @@ from blockx.worker.core import (
     TaskMode,
 )
 from blockx.worker.io import BackendRouter, IOHandler, no_io_handler
-from blockx.worker.one_shot import OneShotCalls, as_call, encode_call_args
-from blockx.worker.task_run import TaskRun
-
-from .adapters.executor_adapter import ExecutorAdapter
-from .adapters.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
-from .adapters.orchestrator_events import (
-    StreamBatchProduced,
-    StreamFinished,
-    StreamOpened,
-    TaskCancelRequested,
-    TaskSubmitted,
-)
-from .adapters.pool import PoolManager
-from .adapters.spawner import ExecutorSpawner
+from blockx.worker.link.adapter import ExecutorAdapter
+from blockx.worker.pool.manager import PoolManager
+from blockx.worker.pool.spawner import ExecutorSpawner
 
 __all__ = ["TaskHandle", "Worker", "run", "run_task_sync", "tune_gc"]
 
@@ -419,7 +418,7 @@ class Worker:
         :meth:`TaskHandle.rows` instead (flat memory for long streams).
         Raises :class:`~blockx.worker.api.TaskSpecError` for a malformed task.
         A one-shot list longer than one registration chunk
-        (:data:`~blockx.worker.one_shot.ONE_SHOT_CHUNK_CALLS` calls) is checked
+        (:data:`~blockx.worker.actor.one_shot.ONE_SHOT_CHUNK_CALLS` calls) is checked
         chunk by chunk after ``submit`` returns: a bad call past the first chunk
         raises the same ``TaskSpecError`` from :meth:`TaskHandle.result` (and so
         from ``run_task``), and none of the task's calls is registered.

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from .config_kinds import (
+from blockx.worker.config_kinds import (
     NON_NEGATIVE,
     POSITIVE,
     Bool,

@@ -13,7 +13,7 @@ from executor_harness import Harness
 from blockx.executor.context import ExecContext, InvalidExecuteCall, ResumePayload
 from blockx.executor.execute_frames import ExecuteCallFrame, ResumeCallFrame, decode_inbound
 from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire
-from blockx.worker.adapters.orchestrator_execute import execute_body, execute_prefix
+from blockx.worker.actor.execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
 
 DIGEST = "sha256:" + "ab" * 32

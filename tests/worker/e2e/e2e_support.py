@@ -19,10 +19,10 @@ from typing import Any
 
 from tests.helpers.processes import process_is_gone
 
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec, ProcessSpawner
 from blockx.worker.api import Call, Task, TaskPolicy
 from blockx.worker.app import Worker
 from blockx.worker.config import WorkerConfig, load_config
+from blockx.worker.pool.spawner import ExecutorLaunchSpec, ProcessSpawner
 
 try:
     import uvloop

@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(120),
     skip_if_compiled(
-        "blockx.worker.adapters.orchestrator",
+        "blockx.worker.actor.orchestrator",
         "it keeps a DispatcherCore and refuses the checking proxy",
     ),
 ]

@@ -113,9 +113,7 @@ def session() -> Iterator[WorkerSession]:
         yield s
 
 
-@skip_if_compiled(
-    "blockx.worker.adapters.executor_adapter", "its sends cannot be replaced by a spy"
-)
+@skip_if_compiled("blockx.worker.link.adapter", "its sends cannot be replaced by a spy")
 def test_rejected_functions_fail_without_reaching_an_executor(session: WorkerSession) -> None:
     async def scenario() -> None:
         worker = session.worker

@@ -27,9 +27,9 @@ from e2e_support import (
     wedge_is_killed,
 )
 
-from blockx.worker.adapters.pool import SlotState
-from blockx.worker.adapters.spawner import ExecutorLaunchSpec, executor_command
 from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.pool.manager import SlotState
+from blockx.worker.pool.spawner import ExecutorLaunchSpec, executor_command
 
 pytestmark = [pytest.mark.timeout(120)]
 

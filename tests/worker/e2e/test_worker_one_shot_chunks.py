@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from e2e_support import ADDER, WorkerSession, e2e_config
 
-from blockx.worker import task_run as task_run_module
+from blockx.worker.actor import task_run as task_run_module
+from blockx.worker.actor.one_shot import ONE_SHOT_CHUNK_CALLS as CHUNK
+from blockx.worker.actor.one_shot import OneShotCalls
 from blockx.worker.api import Call, Task, TaskPolicy, TaskSpecError
 from blockx.worker.app import TaskHandle
 from blockx.worker.core import DispatcherCore
-from blockx.worker.one_shot import ONE_SHOT_CHUNK_CALLS as CHUNK
-from blockx.worker.one_shot import OneShotCalls
 
 pytestmark = [pytest.mark.timeout(180)]
 

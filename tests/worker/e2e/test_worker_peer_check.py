@@ -16,8 +16,8 @@ import pytest
 from e2e_support import ADDER, WorkerSession, e2e_config
 
 from blockx.wire import FrameDecoder, encode_frame, keys
-from blockx.worker.adapters.pool import _descends_from
 from blockx.worker.api import Call, Task
+from blockx.worker.pool.manager import _descends_from
 
 pytestmark = [pytest.mark.timeout(120)]
 

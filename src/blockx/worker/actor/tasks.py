@@ -1,0 +1,161 @@
+"""Task events: registering tasks and streams with the core, and their outcome commands.
+
+Theory of operation
+-------------------
+(seed: ``orchestrator_phases.go``, the actor's side.) A task reaches the actor
+as :class:`TaskSubmitted` (a one-shot phase, prepared off the actor; a long
+list's first chunk, its other chunks following as :class:`CallChunkPrepared`,
+one per loop turn: see ``blockx/worker/actor/one_shot.py``) or :class:`StreamOpened`
+followed by :class:`StreamBatchProduced` per batch and :class:`StreamFinished`.
+Registering pins the task's code view (the adapter's function-code resolver
+answers from it) and files its :class:`~blockx.worker.actor.task_run.TaskRun` under
+the task id the core and the executors see; committing hands the calls to the
+core.
+
+The core's verdicts on a task come back as commands and are handed to the
+run: ``StopCallProduction`` (the producer stops), ``BatchSettled`` (a stream
+batch's rows and failures; one credit back) and, exactly once,
+``ConvergeTaskCalls`` — after which the run is forgotten and the code view
+released. :class:`TaskCancelRequested` is ``handle_task_cancelled``.
+
+A commit the core refuses (a duplicate task id, a batch past the credit
+window, a chunk the phase has no room for) fails the run or cancels the task;
+it never stops the actor. A chunk or batch arriving after its task converged
+(cancelled meanwhile) is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from blockx.worker.core import (
+    BatchSettled,
+    ConvergeTaskCalls,
+    DispatcherError,
+    StopCallProduction,
+)
+from blockx.worker.mypyc_markers import trait
+
+if TYPE_CHECKING:
+    from blockx.worker.actor.events import (
+        CallChunkPrepared,
+        StreamBatchProduced,
+        StreamFinished,
+        StreamOpened,
+        TaskCancelRequested,
+        TaskSubmitted,
+    )
+    from blockx.worker.actor.task_run import TaskRun
+    from blockx.worker.code import FunctionCodeView
+    from blockx.worker.core import DispatchCommand, DispatcherCore
+
+__all__ = ["TaskEvents"]
+
+_log = logging.getLogger("blockx.worker.orchestrator")
+
+
+@trait
+class TaskEvents:
+    """Mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator`: tasks."""
+
+    # Provided by Orchestrator.
+    _core: DispatcherCore
+    _code_view: FunctionCodeView
+    _tasks: dict[str, TaskRun]
+    _output_limited: int
+
+    def _run(self, commands: list[DispatchCommand]) -> None:
+        raise NotImplementedError
+
+    # --- commands -------------------------------------------------------------------------
+
+    def _execute_stop_production(self, cmd: StopCallProduction) -> None:
+        run = self._tasks.get(cmd.task_id)
+        if run is not None:
+            run.production_stopped(cmd.failure)
+
+    def _execute_batch_settled(self, cmd: BatchSettled) -> None:
+        run = self._tasks.get(cmd.task_id)
+        if run is not None:
+            run.batch_settled(cmd)
+
+    def _execute_converge(self, cmd: ConvergeTaskCalls) -> None:
+        run = self._tasks.pop(cmd.task_id, None)
+        self._code_view.release(cmd.task_id)
+        if run is None:
+            return
+        if run.max_output_bytes is not None:
+            self._output_limited -= 1
+        run.converged(cmd)
+
+    # --- events -----------------------------------------------------------------------------
+
+    def _register(self, run: TaskRun) -> bool:
+        if run.task_id in self._tasks:
+            run.done.set_exception(DispatcherError(f"task {run.task_id!r} is already running"))
+            return False
+        view = run.code
+        self._code_view.pin(run.task_id, view)
+        self._tasks[run.task_id] = run
+        if run.max_output_bytes is not None:
+            self._output_limited += 1
+        return True
+
+    def _unregister(self, run: TaskRun, error: BaseException) -> None:
+        self._tasks.pop(run.task_id, None)
+        self._code_view.release(run.task_id)
+        if run.max_output_bytes is not None:
+            self._output_limited -= 1
+        if not run.done.done():
+            run.done.set_exception(error)
+        run.changed.set()
+
+    def _apply_task_submitted(self, event: TaskSubmitted) -> None:
+        run = event.run
+        if not self._register(run):
+            return
+        try:
+            self._run(self._core.commit_call_phase(event.prepared))
+        except DispatcherError as exc:
+            self._unregister(run, exc)
+
+    def _apply_call_chunk(self, event: CallChunkPrepared) -> None:
+        run = event.run
+        if self._tasks.get(run.task_id) is not run:
+            return  # refused or converged (cancelled) meanwhile
+        try:
+            self._run(self._core.commit_call_chunk(event.prepared))
+        except DispatcherError as exc:
+            _log.error("task %s: call chunk refused: %s", run.user_task_id, exc)
+            self._run(self._core.handle_task_cancelled(run.task_id, f"call chunk refused: {exc}"))
+
+    def _apply_stream_opened(self, event: StreamOpened) -> None:
+        run = event.run
+        if not self._register(run):
+            return
+        try:
+            self._run(
+                self._core.commit_call_stream(run.task_id, instance=run.instance, policy=run.policy)
+            )
+        except DispatcherError as exc:
+            self._unregister(run, exc)
+
+    def _apply_stream_batch(self, event: StreamBatchProduced) -> None:
+        run = event.run
+        if self._tasks.get(run.task_id) is not run:
+            return  # converged (cancelled) meanwhile
+        try:
+            self._run(self._core.commit_call_batch(event.prepared))
+        except DispatcherError as exc:
+            _log.error("task %s: stream batch refused: %s", run.user_task_id, exc)
+            self._run(self._core.handle_task_cancelled(run.task_id, f"stream batch refused: {exc}"))
+
+    def _apply_stream_finished(self, event: StreamFinished) -> None:
+        run = event.run
+        if self._tasks.get(run.task_id) is not run:
+            return
+        self._run(self._core.finish_call_stream(run.task_id))
+
+    def _apply_task_cancel(self, event: TaskCancelRequested) -> None:
+        self._run(self._core.handle_task_cancelled(event.task_id, event.reason))

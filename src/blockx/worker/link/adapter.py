@@ -1,0 +1,720 @@
+"""ExecutorAdapter: the worker's side of every executor connection (seed: ``adapters/executor``).
+
+Theory of operation
+-------------------
+The adapter listens on a Unix socket in a private directory. Executors connect
+(``--socket-path``); a connection is anonymous until its first valid
+``Heartbeat``, which *attaches* it to ``payload.executorId``. Each attach starts
+a new *era* of that executor id: a reconnect ends the previous era, whose
+reservations are dropped and whose calls are reported lost.
+
+What the adapter owns, per executor id (:class:`ExecutorState`):
+
+* the current :class:`~blockx.worker.link.connection.ExecutorConnection`
+  (reader: frames in batches; writer: outbox of 256, 64 frames per write);
+* :class:`~blockx.worker.link.reservations.Reservations` — the calls bound
+  there (``bind`` / ``bind_subcall`` / ``unbind`` / ``mark_draining``),
+  released by the executor's terminal frame (transport truth);
+* the latest heartbeat and the terminal frames seen since, from which
+  :meth:`ExecutorAdapter.snapshots` derives the dispatcher's view.
+
+Inbound frames are handled in the protocol's ``data_received``, one batch per
+read, with no task or future per frame; each fact becomes one synchronous
+callback (:class:`~blockx.worker.link.callbacks.AdapterCallbacks`) that
+the orchestrator turns into an event for its actor. ``function_code`` waits
+never reach the orchestrator: the adapter answers them itself through the
+function-code resolver. That half lives in :mod:`.handlers`
+(:class:`~blockx.worker.link.handlers.InboundHandlers`); the sends
+(``send_execute_call*``, ``send_resume_call``, ``send_cancel_call``, ``flush``)
+in :mod:`.outbound`; both are mixed into :class:`ExecutorAdapter`.
+
+An executor id is accepted only from the process the peer check allows
+(:meth:`ExecutorAdapter.set_peer_check`; the worker's pool: the slot's process
+or its descendant, by ``SO_PEERCRED``).
+
+An era ends — reservations taken, snapshot unhealthy, then
+``on_executor_lost(executor_id, lost_calls, reason, loss)`` — when:
+
+* the connection closes (EOF, reset, a failed write);
+* the peer sends a malformed frame (a :class:`~blockx.wire.ProtocolError`, or a
+  call frame of the wrong shape: logged, counted in ``protocol_errors``,
+  connection closed);
+* no heartbeat arrived for ``heartbeat_timeout_ms`` (checked every
+  ``heartbeat_check_interval_ms`` by the adapter's own timer — a round that
+  fires late because the event loop stalled is skipped, so heartbeats queued
+  meanwhile are read first — or by the orchestrator's tick through
+  :meth:`ExecutorAdapter.check_heartbeat_timeouts`);
+* the same executor id attaches on a new connection.
+
+``loss`` (:class:`~blockx.worker.link.loss.ExecutorLoss`) says why, as far as
+the worker can tell. A connection that simply ended (EOF) usually ends before
+the pool has seen its process exit: with an exit source (the pool,
+:meth:`ExecutorAdapter.set_exit_source`) the report then waits — on the event
+loop, never blocking it — up to ``exit_wait_ms`` for the exit status and black
+box, and the cause comes from them (``executor_crashed``, ``memory_exceeded``,
+``executor_wedged`` for a process the pool killed on the worker's order,
+``shutdown``). A new attach of the same executor id sends a waiting report out
+first, so an era's report always precedes the next era's attach.
+
+Unattached connections: at most ``max_unattached`` at a time (the oldest is
+dropped for a new one), and each is dropped unless it sends a valid Heartbeat
+within ``attach_timeout_ms`` of connecting (code inside an executor can reach
+the socket; it must not be able to spend the worker's descriptors). The listen
+backlog (``max(16, 2 * max_unattached)``) bounds what one loop iteration
+accepts before that rule runs; an executor that finds it full retries.
+
+Threading: every method runs on the event loop thread that called
+:meth:`ExecutorAdapter.start`. Nothing here blocks.
+
+Errors: ``bind*`` raise a :class:`~blockx.worker.errors.BindError`
+and ``send_*`` a :class:`~blockx.worker.errors.SendError` (both
+carry ``error_kind`` and ``retryable``); nothing was reserved or queued then.
+An :class:`~blockx.wire.EncodeError` from ``send_*`` means the payload itself
+cannot go on the wire: fail that call with ``error.error_kind``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Final
+
+from blockx.wire import ProtocolError
+from blockx.worker.errors import (
+    AdapterUsageError,
+    ExecutorCapacityError,
+    ExecutorUnavailableError,
+)
+from blockx.worker.link.callbacks import AdapterCallbacks, FunctionCodeResolver, PeerCheck
+from blockx.worker.link.connection import (
+    DEFAULT_FRAMES_PER_WRITE,
+    DEFAULT_OUTBOX_DEPTH,
+    ControlSend,
+    ExecutorConnection,
+)
+from blockx.worker.link.handlers import InboundHandlers
+from blockx.worker.link.loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
+from blockx.worker.link.outbound import OutboundSends
+from blockx.worker.link.snapshot import ExecutorSnapshot
+from blockx.worker.link.state import ExecutorState, build_snapshot
+from blockx.worker.link.unattached import UnattachedConnections
+from blockx.worker.mypyc_markers import mypyc_attr
+
+__all__ = [
+    "DEFAULT_ATTACH_TIMEOUT_MS",
+    "DEFAULT_EXIT_WAIT_MS",
+    "DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS",
+    "DEFAULT_HEARTBEAT_TIMEOUT_MS",
+    "DEFAULT_MAX_UNATTACHED",
+    "SOCKET_NAME",
+    "ExecutorAdapter",
+]
+
+_log = logging.getLogger("blockx.worker.adapter")
+
+#: Seed default of ``executor.Config.HeartbeatTimeoutMs`` (WorkerConfig couples
+#: it to the scheduler stall timeout: stall + 5000).
+DEFAULT_HEARTBEAT_TIMEOUT_MS: Final = 10_000
+#: How often the adapter's own timer checks heartbeat ages.
+DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS: Final = 500
+#: Unattached connections held at once (the oldest is dropped for a new one).
+DEFAULT_MAX_UNATTACHED: Final = 8
+#: A connection that sent no valid Heartbeat this long after connecting is dropped.
+DEFAULT_ATTACH_TIMEOUT_MS: Final = 2000
+#: How long a lost era's report waits for its process's exit status.
+DEFAULT_EXIT_WAIT_MS: Final = 1500
+#: The listening socket's file name inside the adapter's private directory.
+SOCKET_NAME: Final = "worker.sock"
+#: ``sun_path`` holds 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH_BYTES: Final = 107
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ExecutorAdapter(OutboundSends, InboundHandlers):
+    """The UDS listener and every executor connection; see the module docstring.
+
+    Build it, optionally set callbacks and the function-code resolver, then
+    ``await start()`` (or ``async with``). ``socket_path`` is what executors get
+    as ``--socket-path``.
+    """
+
+    def __init__(
+        self,
+        *,
+        callbacks: AdapterCallbacks | None = None,
+        function_code_resolver: FunctionCodeResolver | None = None,
+        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        heartbeat_check_interval_ms: int | None = DEFAULT_HEARTBEAT_CHECK_INTERVAL_MS,
+        outbox_depth: int = DEFAULT_OUTBOX_DEPTH,
+        frames_per_write: int = DEFAULT_FRAMES_PER_WRITE,
+        write_buffer_high_water: int | None = None,
+        socket_dir: str | os.PathLike[str] | None = None,
+        max_unattached: int = DEFAULT_MAX_UNATTACHED,
+        attach_timeout_ms: int = DEFAULT_ATTACH_TIMEOUT_MS,
+        exit_wait_ms: int = DEFAULT_EXIT_WAIT_MS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``heartbeat_check_interval_ms=None`` disables the adapter's own timer (the
+        orchestrator then calls :meth:`check_heartbeat_timeouts` on its tick).
+        ``socket_dir`` is where the private socket directory is created
+        (default: the system temp dir). ``max_unattached`` / ``attach_timeout_ms``
+        bound connections that have not attached; ``exit_wait_ms`` is how long a lost
+        era's report waits for the exit status (module docstring). ``clock`` returns
+        monotonic seconds."""
+        if heartbeat_timeout_ms <= 0:
+            raise ValueError(f"heartbeat_timeout_ms must be positive, got {heartbeat_timeout_ms}")
+        if max_unattached < 1 or attach_timeout_ms <= 0 or exit_wait_ms < 0:
+            raise ValueError(
+                "max_unattached and attach_timeout_ms must be positive, exit_wait_ms >= 0"
+            )
+        if heartbeat_check_interval_ms is not None and heartbeat_check_interval_ms <= 0:
+            raise ValueError("heartbeat_check_interval_ms must be positive or None")
+        if outbox_depth < 1 or frames_per_write < 1:
+            raise ValueError("outbox_depth and frames_per_write must be positive")
+        self._callbacks = callbacks or AdapterCallbacks()
+        self._resolver = function_code_resolver
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._heartbeat_timeout_s = heartbeat_timeout_ms / 1000.0
+        self._check_interval_s = (
+            None if heartbeat_check_interval_ms is None else heartbeat_check_interval_ms / 1000.0
+        )
+        self._outbox_depth = outbox_depth
+        self._frames_per_write = frames_per_write
+        self._write_buffer_high_water = write_buffer_high_water
+        self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
+        self._clock = clock
+        self._backlog = max(16, 2 * max_unattached)
+        self._exit_wait_s = exit_wait_ms / 1000.0
+        #: Where exit statuses come from (:meth:`set_exit_source`).
+        self._exit_source: ProcessExitSource | None = None
+        #: Lost eras whose report waits for their process's exit, by executor id.
+        self._pending_losses: dict[str, tuple[EraEnd, asyncio.TimerHandle]] = {}
+        #: Connections not attached yet (at most max_unattached, each for a while).
+        self._unattached = UnattachedConnections(max_unattached, attach_timeout_ms / 1000.0)
+        self._executors: dict[str, ExecutorState] = {}
+        self._connections: set[ExecutorConnection] = set()
+        self._next_connection_id = 1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._socket_dir: str | None = None
+        self._socket_path: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0
+        self._started = False
+        self._closing = False
+        #: Set by :meth:`expect_disconnects`: the worker is stopping its executors.
+        self._stopping = False
+        #: Who may attach as which executor id (:meth:`set_peer_check`).
+        self._peer_check: PeerCheck | None = None
+        self.refused_attaches = 0
+        # Counters, for tests, benches and logs.
+        self.protocol_errors = 0
+        self.unknown_frames = 0
+        self.stale_terminal_frames = 0
+        self.function_code_answered = 0
+        self.eras_ended = 0
+
+    def __repr__(self) -> str:
+        attached = sum(1 for s in self._executors.values() if s.connection is not None)
+        status = "closed" if self._closing else ("listening" if self._started else "new")
+        return (
+            f"ExecutorAdapter({status}, {self._socket_path!r}, attached={attached}/"
+            f"{len(self._executors)}, connections={len(self._connections)})"
+        )
+
+    # --- configuration ---------------------------------------------------------------
+
+    def set_callbacks(self, callbacks: AdapterCallbacks) -> None:
+        """Replace the orchestrator's callbacks (takes effect for the next frame)."""
+        self._callbacks = callbacks
+
+    def set_function_code_resolver(self, resolver: FunctionCodeResolver | None) -> None:
+        self._resolver = resolver
+
+    @property
+    def dropped_unattached(self) -> int:
+        """Connections dropped before attaching: over the limit, or no Heartbeat in time."""
+        return self._unattached.dropped
+
+    @property
+    def heartbeat_timeout_ms(self) -> int:
+        return self._heartbeat_timeout_ms
+
+    @property
+    def socket_path(self) -> str:
+        """The listening socket (``--socket-path`` for executors). Only after :meth:`start`."""
+        if self._socket_path is None:
+            raise AdapterUsageError("the adapter is not started")
+        return self._socket_path
+
+    @property
+    def socket_dir(self) -> str:
+        """The private directory holding only the socket (what a sandbox mounts)."""
+        if self._socket_dir is None:
+            raise AdapterUsageError("the adapter is not started")
+        return self._socket_dir
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Create the private socket directory, listen, start the heartbeat timer.
+
+        Returns the socket path. Raises :class:`AdapterUsageError` if called twice
+        and :class:`ValueError` if the socket path would not fit ``sun_path``.
+        """
+        if self._started:
+            raise AdapterUsageError("ExecutorAdapter.start() called twice")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        socket_dir = tempfile.mkdtemp(prefix="blockx-worker-", dir=self._socket_parent)
+        path = os.path.join(socket_dir, SOCKET_NAME)
+        if len(os.fsencode(path)) > _MAX_SOCKET_PATH_BYTES:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise ValueError(
+                f"socket path {path!r} is longer than the {_MAX_SOCKET_PATH_BYTES} bytes a Unix "
+                "socket allows; choose a shorter socket directory"
+            )
+        self._socket_dir = socket_dir
+        self._socket_path = path
+        try:
+            # The backlog also caps how many connections asyncio accepts in one loop
+            # iteration (before on_connection_made can drop any): a flood holds at most
+            # about max_unattached + 2 x backlog of the worker's descriptors at once.
+            self._server = await self._loop.create_unix_server(
+                self._new_connection, path, backlog=self._backlog
+            )
+        except BaseException:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise
+        if self._check_interval_s is not None:
+            self._schedule_tick()
+        _log.info("executor adapter listening on %s", path)
+        return path
+
+    def set_peer_check(self, check: PeerCheck | None) -> None:
+        """Vet every attach: ``check(executor_id, peer_pid)`` returns None to accept, or
+        why the connecting process may not be that executor (the connection is then
+        closed as a protocol error and nothing is attached). ``peer_pid`` is None for a
+        transport without a Unix socket. The worker passes its pool's check: only the
+        process it started for a slot (or a descendant, e.g. inside bubblewrap) may attach
+        as that slot's executor.
+        """
+        self._peer_check = check
+
+    def set_exit_source(self, source: ProcessExitSource | None) -> None:
+        """Where lost eras learn how their process ended (the worker passes its pool).
+
+        With none, a connection that ends is reported at once as ``transport_lost``.
+        """
+        self._exit_source = source
+        if source is not None:
+            source.add_exit_listener(self._on_process_exit)
+
+    def expect_disconnects(self) -> None:
+        """The worker is stopping its executors: their connections ending is expected.
+
+        Lost executors are still reported to the callbacks, but logged at debug
+        level instead of as a warning (a clean shutdown prints nothing alarming).
+        """
+        self._stopping = True
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, remove the socket and its directory.
+
+        Reservations are dropped silently: no ``on_executor_lost`` and no
+        ``on_control_failed`` callbacks are made from here on. Idempotent.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        server = self._server
+        if server is not None:
+            server.close()
+        for state in self._executors.values():
+            if state.connection is not None:
+                self._end_era(state, "worker adapter closed")
+        for _era, exit_timer in self._pending_losses.values():
+            exit_timer.cancel()
+        self._pending_losses.clear()
+        self._unattached.close()
+        for conn in list(self._connections):
+            conn.abort("worker adapter closed")
+        if server is not None:
+            await server.wait_closed()
+        # Let the aborted transports run connection_lost before the loop moves on.
+        await asyncio.sleep(0)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+        _log.info("executor adapter closed")
+
+    async def __aenter__(self) -> ExecutorAdapter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # --- reservations ---------------------------------------------------------------------
+
+    def bind(self, call_id: str, executor_id: str) -> None:
+        """Reserve a context on ``executor_id`` for a root call.
+
+        Raises :class:`ExecutorUnavailableError` (no live connection) or
+        :class:`ExecutorCapacityError` (every usable context reserved). Re-binding
+        a call already reserved there is a new attempt: it keeps the one
+        reservation and clears draining.
+        """
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            raise self._unavailable(state, executor_id, call_id)
+        reservations = state.reservations
+        if not reservations.bind_within(call_id, state.capacity):
+            raise ExecutorCapacityError(
+                executor_id, call_id=call_id, reserved=len(reservations), usable=state.capacity
+            )
+
+    def bind_subcall(self, call_id: str, parent_call_id: str, executor_id: str) -> None:
+        """Reserve a context for a sub-call on its parent's executor.
+
+        Allowed while the parent holds a live (bound, not draining) reservation
+        there, even at capacity (the executor exempts sub-calls too). Raises
+        :class:`ExecutorUnavailableError` or :class:`ParentNotResidentError`.
+        """
+        self._live_state(executor_id, call_id).reservations.bind_subcall(call_id, parent_call_id)
+
+    def unbind(self, call_id: str, executor_id: str) -> bool:
+        """Release a reservation (idempotent with the terminal-frame release).
+
+        A draining reservation is kept until the executor's terminal frame.
+        True if a reservation was released.
+        """
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.unbind(call_id)
+
+    def mark_draining(self, call_id: str, executor_id: str) -> bool:
+        """Mark a reservation draining (the call is being cancelled); False if none."""
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.mark_draining(call_id)
+
+    def is_draining(self, call_id: str, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and state.reservations.is_draining(call_id)
+
+    def is_reserved(self, call_id: str, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and call_id in state.reservations
+
+    def reserved_calls(self, executor_id: str) -> tuple[str, ...]:
+        """Call ids holding a reservation on ``executor_id``, in bind order."""
+        state = self._executors.get(executor_id)
+        return () if state is None else state.reservations.call_ids()
+
+    # --- views -----------------------------------------------------------------------------------
+
+    def snapshots(self) -> list[ExecutorSnapshot]:
+        """One snapshot per executor id ever attached, sorted by id (lost ones unhealthy)."""
+        now = self._clock()
+        return [
+            self._snapshot(self._executors[executor_id], now)
+            for executor_id in sorted(self._executors)
+            if self._executors[executor_id].heartbeat is not None
+        ]
+
+    def snapshot(self, executor_id: str) -> ExecutorSnapshot | None:
+        state = self._executors.get(executor_id)
+        if state is None or state.heartbeat is None:
+            return None
+        return self._snapshot(state, self._clock())
+
+    def is_attached(self, executor_id: str) -> bool:
+        state = self._executors.get(executor_id)
+        return state is not None and state.connection is not None
+
+    def attached_executor_ids(self) -> list[str]:
+        return sorted(e for e, s in self._executors.items() if s.connection is not None)
+
+    def connection(self, executor_id: str) -> ExecutorConnection | None:
+        """The attached connection (its counters are useful in tests and benches)."""
+        state = self._executors.get(executor_id)
+        return None if state is None else state.connection
+
+    def forget_executor(self, executor_id: str) -> bool:
+        """Drop a lost executor id from :meth:`snapshots` (e.g. its pool slot stopped).
+
+        An attached executor is not forgotten (False); disconnect it first.
+        """
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is not None:
+            return False
+        del self._executors[executor_id]
+        return True
+
+    def disconnect(
+        self,
+        executor_id: str,
+        reason: str = "disconnected by the worker",
+        *,
+        cause: LossCause = "transport_lost",
+    ) -> bool:
+        """End the executor's current era now (closes the connection; lost path runs,
+        reported at once with ``cause``)."""
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            return False
+        self._end_era(state, reason, cause)
+        return True
+
+    def check_heartbeat_timeouts(self, now: float | None = None) -> list[str]:
+        """End the era of every executor silent for longer than the heartbeat timeout.
+
+        Also closes connections that sent no heartbeat within the timeout of
+        connecting. Returns the executor ids declared lost. ``now`` is monotonic
+        seconds from the adapter's clock (default: read it).
+        """
+        if now is None:
+            now = self._clock()
+        timeout = self._heartbeat_timeout_s
+        lost: list[str] = []
+        for state in list(self._executors.values()):
+            if state.connection is not None and now - state.heartbeat_at > timeout:
+                silent_ms = int((now - state.heartbeat_at) * 1000)
+                # No cause given: with an exit source the report waits for the process
+                # to exit (the orchestrator kills a silent executor at once), so its
+                # black box is read -- the call a computation in C was stuck in.
+                self._end_era(
+                    state,
+                    f"heartbeat timeout: none for {silent_ms} ms "
+                    f"(limit {self._heartbeat_timeout_ms} ms)",
+                )
+                lost.append(state.executor_id)
+        self._unattached.expire(now)
+        return lost
+
+    # --- internals: connections --------------------------------------------------------------
+
+    def _new_connection(self) -> ExecutorConnection:
+        conn = ExecutorConnection(
+            self,
+            connection_id=self._next_connection_id,
+            opened_at=self._clock(),
+            outbox_depth=self._outbox_depth,
+            frames_per_write=self._frames_per_write,
+        )
+        self._next_connection_id += 1
+        return conn
+
+    def _schedule_tick(self) -> None:
+        assert self._loop is not None and self._check_interval_s is not None
+        self._tick_due = self._clock() + self._check_interval_s
+        self._timer = self._loop.call_later(self._check_interval_s, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        interval = self._check_interval_s
+        assert interval is not None
+        late = self._clock() - self._tick_due
+        try:
+            if late > interval:
+                # The event loop stalled. uvloop runs due timers before it polls the
+                # sockets, so heartbeats that arrived meanwhile are still unread:
+                # judge silence only after they had a turn.
+                _log.warning("event loop stalled %.0f ms; heartbeat check deferred", late * 1000)
+            else:
+                self.check_heartbeat_timeouts()
+        finally:
+            if not self._closing:
+                self._schedule_tick()
+
+    def _live_state(self, executor_id: str, call_id: str | None) -> ExecutorState:
+        state = self._executors.get(executor_id)
+        if state is None or state.connection is None:
+            raise self._unavailable(state, executor_id, call_id)
+        return state
+
+    @staticmethod
+    def _unavailable(
+        state: ExecutorState | None, executor_id: str, call_id: str | None
+    ) -> ExecutorUnavailableError:
+        if state is None:
+            reason = "never attached"
+        else:
+            reason = state.lost_reason or "not attached"
+        return ExecutorUnavailableError(executor_id, call_id=call_id, reason=reason)
+
+    def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
+        return build_snapshot(state, now, self._heartbeat_timeout_ms)
+
+    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
+        """The transport-lost path: detach, take the reservations, close, then report.
+
+        ``cause`` None: the connection just ended; the report waits for the process's
+        exit when there is an exit source (the module docstring), else it is
+        ``transport_lost`` (``shutdown`` while the worker stops its executors).
+        """
+        conn = state.connection
+        if conn is None:
+            return
+        state.connection = None
+        state.lost_reason = reason
+        lost = state.reservations.take_all()
+        self.eras_ended += 1
+        if not self._closing:
+            _log.log(
+                logging.DEBUG if self._stopping else logging.WARNING,
+                "executor %s lost (era %d): %s; %d in-flight call(s)",
+                state.executor_id,
+                state.era,
+                reason,
+                len(lost),
+                extra={"executorId": state.executor_id},
+            )
+        # Pending control frames fail first (on_control_failed), then the era ends.
+        conn.abort(reason)
+        if self._closing:
+            return
+        heartbeat = state.heartbeat
+        era = EraEnd(
+            executor_id=state.executor_id,
+            era=state.era,
+            generation=state.generation,
+            lost=lost,
+            reason=reason,
+            started=frozenset(c.call_id for c in lost if c.started),
+            running_call_id=None if heartbeat is None else heartbeat.running_call_id,
+            running_for_ms=0 if heartbeat is None else heartbeat.running_for_ms,
+            running_call_budget_ms=0 if heartbeat is None else heartbeat.running_call_budget_ms,
+        )
+        if cause is None and self._stopping:
+            cause = "shutdown"
+        source = self._exit_source
+        if cause is not None or source is None or state.generation is None:
+            self._report_loss(era, era.link_loss(cause or "transport_lost", reason))
+            return
+        exit_ = source.exit_of(state.executor_id, state.generation)
+        if exit_ is not None:
+            self._report_loss(era, era.exit_loss(exit_))
+            return
+        # The connection ended before the pool saw the process exit: wait a little.
+        self._flush_pending_loss(state.executor_id)  # (none: an attach flushes it)
+        assert self._loop is not None
+        timer = self._loop.call_later(self._exit_wait_s, self._exit_wait_expired, era)
+        self._pending_losses[state.executor_id] = (era, timer)
+
+    def _report_loss(self, era: EraEnd, loss: ExecutorLoss) -> None:
+        executor_id = era.executor_id
+        quiet = self._stopping or loss.cause == "shutdown"
+        _log.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "executor %s era %d ended: %s: %s (running %s%s; %d call(s) lost, %d started)",
+            executor_id,
+            era.era,
+            loss.cause,
+            loss.message,
+            loss.running_call_id,
+            "" if loss.running_call_known else "?",
+            len(era.lost),
+            len(loss.started_call_ids),
+            extra={"executorId": executor_id, "lossCause": loss.cause},
+        )
+        try:
+            self._callbacks.on_executor_lost(executor_id, era.lost, era.reason, loss)
+        except Exception:
+            _log.exception("on_executor_lost callback failed for %s", executor_id)
+
+    def _on_process_exit(self, exit_: ProcessExit) -> None:
+        """The exit source saw a process exit: a report waiting for it goes out."""
+        waiting = self._pending_losses.get(exit_.executor_id)
+        if waiting is None or waiting[0].generation != exit_.generation or self._closing:
+            return
+        del self._pending_losses[exit_.executor_id]
+        era, timer = waiting
+        timer.cancel()
+        self._report_loss(era, era.exit_loss(exit_))
+
+    def _exit_wait_expired(self, era: EraEnd) -> None:
+        waiting = self._pending_losses.get(era.executor_id)
+        if waiting is None or waiting[0] is not era or self._closing:
+            return
+        del self._pending_losses[era.executor_id]
+        why = f"its process had not exited {self._exit_wait_s:.1f} s later"
+        self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
+
+    def _flush_pending_loss(self, executor_id: str) -> None:
+        """Report a waiting era now (its executor id attaches again)."""
+        waiting = self._pending_losses.pop(executor_id, None)
+        if waiting is not None:
+            era, timer = waiting
+            timer.cancel()
+            why = "a new connection attached before its exit was seen"
+            self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
+
+    def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
+        self.protocol_errors += 1
+        reason = f"protocol error: {error}"
+        state = conn.state
+        executor_id = state.executor_id if state is not None else None
+        _log.error(
+            "%r: %s; closing the connection",
+            conn,
+            reason,
+            extra={"errorType": type(error).__name__, "executorId": executor_id},
+        )
+        if state is not None and state.connection is conn:
+            self._end_era(state, reason, "protocol_error")
+        else:
+            self._unattached.forget(conn)
+            conn.abort(reason)
+
+    # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
+
+    def on_connection_made(self, conn: ExecutorConnection) -> None:
+        if self._closing:
+            conn.abort("worker adapter closed")
+            return
+        assert self._loop is not None
+        self._unattached.admit(conn, self._loop)
+        self._connections.add(conn)
+        transport = conn._transport
+        if self._write_buffer_high_water is not None and transport is not None:
+            transport.set_write_buffer_limits(high=self._write_buffer_high_water)
+        _log.debug("executor connection #%d opened", conn.connection_id)
+
+    def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
+        self._connections.discard(conn)
+        self._unattached.forget(conn)
+        state = conn.state
+        if state is not None and state.connection is conn:
+            self._end_era(state, conn.close_reason or "connection lost")
+
+    def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
+        self._protocol_error(conn, error)
+
+    def on_attached(self, conn: ExecutorConnection) -> None:
+        """The connection attached (handlers): it no longer counts as unattached."""
+        self._unattached.forget(conn)
+
+    def on_controls_flushed(self, notes: list[ControlSend]) -> None:
+        callbacks = self._callbacks
+        if callbacks.on_controls_sent is not None:
+            callbacks.on_controls_sent(notes)
+            return
+        on_control_sent = callbacks.on_control_sent
+        for note in notes:
+            try:
+                on_control_sent(note)
+            except Exception:
+                _log.exception("on_control_sent callback failed for %r", note)
+
+    def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None:
+        if not self._closing:
+            self._callbacks.on_control_failed(note, error)
