@@ -16,6 +16,7 @@ from sandbox_support import SANDBOX_OK, SANDBOX_REASON, needs_sandbox
 from tests.helpers.fake_worker import FakeWorker, IoReply
 
 from blockx.wire import Frame, keys
+from blockx.wire.launch import ExecutorArgs
 from blockx.worker.config import ConfigError, load_config
 from blockx.worker.errors import PoolError
 from blockx.worker.pool.cgroups import (
@@ -25,6 +26,7 @@ from blockx.worker.pool.cgroups import (
     parse_proc_cgroup,
     plan_limits,
 )
+from blockx.worker.pool.launch import ExecutorLaunchSpec
 from blockx.worker.pool.sandbox import (
     CHILD_ENV_KEYS,
     SandboxSettings,
@@ -34,7 +36,7 @@ from blockx.worker.pool.sandbox import (
     python_read_roots,
     sandbox_available,
 )
-from blockx.worker.pool.spawner import ExecutorLaunchSpec, spawner_for_mode
+from blockx.worker.pool.spawner import spawner_for_mode
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -136,7 +138,9 @@ def test_the_bubblewrap_command() -> None:
     spawner = SandboxSpawner(
         SandboxSettings(memory_mb=0, cpus=0, pids_max=0), environ={"DATABASE_URL": "x"}
     )
-    spec = ExecutorLaunchSpec(executor_id="exec-3", socket_path="/tmp/blockx-w-1/worker.sock")
+    spec = ExecutorLaunchSpec(
+        args=ExecutorArgs(executor_id="exec-3", socket_path="/tmp/blockx-w-1/worker.sock")
+    )
     argv = spawner.command(spec)
     text = " ".join(argv)
     for option in (
@@ -172,9 +176,11 @@ def test_the_bubblewrap_command() -> None:
 def test_the_black_box_is_the_one_file_bound_read_write() -> None:
     spawner = SandboxSpawner(SandboxSettings(memory_mb=0, cpus=0, pids_max=0))
     spec = ExecutorLaunchSpec(
-        executor_id="exec-3",
-        socket_path="/tmp/blockx-w-1/worker.sock",
-        blackbox_path="/tmp/blockx-w-1/exec-3.blackbox",
+        args=ExecutorArgs(
+            executor_id="exec-3",
+            socket_path="/tmp/blockx-w-1/worker.sock",
+            blackbox_path="/tmp/blockx-w-1/exec-3.blackbox",
+        )
     )
     argv = spawner.command(spec)
     writable = [argv[i + 1 : i + 3] for i, a in enumerate(argv) if a in ("--bind", "--dev-bind")]
@@ -323,11 +329,13 @@ class _SandboxedFakeWorker(FakeWorker):
 
     def command(self) -> list[str]:
         spec = ExecutorLaunchSpec(
-            executor_id=self.executor_id,
-            socket_path=self.socket_path,
-            max_inflight=self.max_inflight,
-            max_runnable=self.max_runnable,
-            heartbeat_interval_s=self.heartbeat_interval,
+            args=ExecutorArgs(
+                executor_id=self.executor_id,
+                socket_path=self.socket_path,
+                executor_max_inflight=self.max_inflight,
+                executor_max_runnable=self.max_runnable,
+                heartbeat_interval=float(self.heartbeat_interval),
+            )
         )
         spawner = SandboxSpawner(
             SandboxSettings(memory_mb=0, cpus=0, pids_max=0),

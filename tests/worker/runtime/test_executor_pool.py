@@ -287,9 +287,9 @@ def test_from_config_passes_the_seed_flags(tmp_path: Path) -> None:
         sys.executable, "-m", "blockx.executor",
         "--executor-id", "exec-1",
         "--socket-path", str(tmp_path / "worker.sock"),
+        "--heartbeat-interval", "0.5",
         "--executor-max-inflight", "64",
         "--executor-max-runnable", "32",
-        "--heartbeat-interval", "0.5",
         "--blackbox-path", str(tmp_path / "exec-1.blackbox"),
         "--memory-limit-mb", "700",
         "--max-open-files", "512",
@@ -364,12 +364,12 @@ def test_eight_executors_start_in_parallel_without_stalling_the_loop() -> None:
 PARENT_SCRIPT = """
 import asyncio, os, signal, sys
 sys.path[:0] = {paths!r}
-from blockx.worker.pool import spawner as spawner_module
+from blockx.worker.pool import launch
 from blockx.worker.pool.manager import PoolManager
 from blockx.worker.pool.spawner import ProcessSpawner
 
 if {force_prctl!r}:
-    spawner_module._setpriv_path = lambda: None
+    launch.setpriv_path = lambda: None
 
 async def main():
     pool = PoolManager(

@@ -75,12 +75,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
+from blockx.wire.launch import ExecutorArgs
 from blockx.worker.errors import AdapterUsageError, SpawnError
 from blockx.worker.link.loss import LossCause, ProcessExit, describe_returncode
 from blockx.worker.pool import process_tree
+from blockx.worker.pool.launch import ExecutorLaunchSpec
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
-from blockx.worker.pool.spawner import ExecutorLaunchSpec, ExecutorSpawner, ProcessSpawner
+from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner
 
 if TYPE_CHECKING:
     from blockx.worker.config import WorkerConfig
@@ -149,10 +151,11 @@ class PoolManager:
         self._spawner: ExecutorSpawner = spawner or ProcessSpawner()
         if memory_limit_mb < 0 or max_open_files < 0:
             raise ValueError("memory_limit_mb and max_open_files must be >= 0")
-        self._launch = {
-            "max_inflight": max_inflight,
-            "max_runnable": max_runnable,
-            "heartbeat_interval_s": heartbeat_interval_s,
+        #: The executors' flags every spawn shares (blockx.wire.launch.ExecutorArgs).
+        self._launch: dict[str, Any] = {
+            "executor_max_inflight": max_inflight,
+            "executor_max_runnable": max_runnable,
+            "heartbeat_interval": float(heartbeat_interval_s),
             "memory_limit_mb": memory_limit_mb,
             "max_open_files": max_open_files,
         }
@@ -469,19 +472,18 @@ class PoolManager:
                 _log.exception("on_slot_state callback failed for %s", slot.executor_id)
 
     def _spec(self, slot: _Slot, generation: int) -> ExecutorLaunchSpec:
-        kwargs: dict[str, Any] = dict(self._launch)
-        if self._python is not None:
-            kwargs["python"] = self._python
-        if self._mark_prefix is not None:
-            kwargs["run_mark"] = process_tree.mark_of(
-                self._mark_prefix, slot.executor_id, generation
-            )
-        return ExecutorLaunchSpec(
+        args = ExecutorArgs(
             executor_id=slot.executor_id,
             socket_path=self._socket_path,
             blackbox_path=self._reset_blackbox(slot),
-            **kwargs,
+            **self._launch,
         )
+        run_mark = None
+        if self._mark_prefix is not None:
+            run_mark = process_tree.mark_of(self._mark_prefix, slot.executor_id, generation)
+        if self._python is not None:
+            return ExecutorLaunchSpec(args=args, python=self._python, run_mark=run_mark)
+        return ExecutorLaunchSpec(args=args, run_mark=run_mark)
 
     def _reset_blackbox(self, slot: _Slot) -> str | None:
         """A zeroed black box for the next process (None: the directory is not writable)."""

@@ -81,7 +81,7 @@ from blockx.worker.pool.cgroups import (
     ResourceLimits,
     plan_limits,
 )
-from blockx.worker.pool.spawner import ExecutorLaunchSpec, _prctl, executor_flags
+from blockx.worker.pool.launch import PR_SET_PDEATHSIG, ExecutorLaunchSpec, libc_prctl
 
 if TYPE_CHECKING:
     from blockx.worker.config import PoolConfig
@@ -132,7 +132,6 @@ _EXECUTOR_PACKAGES: Final = ("blockx", "greenlet", "orjson", "msgspec")
 #: Top-level links or directories bound like ``/usr`` (merged-/usr systems link them).
 _SYSTEM_DIRS: Final = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 _PROBE_TIMEOUT_S: Final = 15.0
-_PR_SET_PDEATHSIG: Final = 1
 _SIGKILL: Final = 9
 
 
@@ -394,7 +393,7 @@ def _child_setup(
 ) -> None:
     """``preexec_fn``: runs in the forked child before ``exec(bwrap)``; no locks, no lookups."""
     if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     for fd in cgroup_fds:
         os.write(fd, b"0")  # "this process" joins the cgroup
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -498,7 +497,7 @@ class SandboxSpawner:
             # The executor's black box: the one file of the directory it may write.
             argv += ["--bind", spec.blackbox_path, spec.blackbox_path]
         argv += ["--chdir", "/tmp", "--remount-ro", "/", "--"]
-        argv += [spec.python, "-I", "-c", _bootstrap(self._import_roots), *executor_flags(spec)]
+        argv += [spec.python, "-I", "-c", _bootstrap(self._import_roots), *spec.args.to_argv()]
         return argv
 
     # --- spawning ------------------------------------------------------------------------------
@@ -520,7 +519,7 @@ class SandboxSpawner:
         try:
             for path in procs_files:
                 fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-            preexec = functools.partial(_child_setup, tuple(fds), plan.rlimit_as, _prctl())
+            preexec = functools.partial(_child_setup, tuple(fds), plan.rlimit_as, libc_prctl())
             return subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

@@ -8,7 +8,10 @@ spawn mode: a bare ``python -m blockx.executor`` with the seed's flags,
 inheriting the worker's environment. The ``sandbox`` mode is
 :class:`~blockx.worker.pool.sandbox.SandboxSpawner` (bubblewrap, a
 whitelisted environment, cgroup/rlimit limits); :func:`spawner_for_mode`
-picks one by ``EXECUTOR_SPAWN_MODE``.
+picks one by ``EXECUTOR_SPAWN_MODE`` (it imports the sandbox module only
+when asked for it; the sandbox imports nothing from here). What a spawn
+starts — interpreter, flags, run mark — is an
+:class:`~blockx.worker.pool.launch.ExecutorLaunchSpec` (re-exported here).
 
 A spawner may also have ``exit_note(executor_id) -> str | None`` (why the
 slot's last process died, when it knows: the pool adds it to its log line)
@@ -24,7 +27,8 @@ Every process is started so that it cannot outlive the worker:
 * **parent-death signal** (``PR_SET_PDEATHSIG`` = SIGKILL): if the worker dies
   without cleaning up — even by SIGKILL — the kernel kills the executor. Set
   by exec'ing through util-linux ``setpriv --pdeathsig KILL`` when available;
-  otherwise by a ``preexec_fn`` calling ``prctl`` through ctypes. ``setpriv``
+  otherwise by a ``preexec_fn`` calling ``prctl`` through ctypes (both
+  found by :mod:`.launch`, which the sandbox uses too). ``setpriv``
   keeps ``subprocess``'s fast vfork path: measured 0.45 ms per spawn against
   7 ms for fork + ``preexec_fn`` in a worker with 200 MB resident.
   The signal fires when the *thread* that spawned the process ends, so spawn
@@ -41,18 +45,16 @@ everything else. It is thread-safe: the pool calls it on its spawner thread.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from blockx.worker.errors import PoolError, SpawnError
+from blockx.worker.pool import launch
+from blockx.worker.pool.launch import ExecutorLaunchSpec, executor_command
 from blockx.worker.pool.process_tree import MARK_ENV
 
 if TYPE_CHECKING:
@@ -63,59 +65,8 @@ __all__ = [
     "ExecutorSpawner",
     "ProcessSpawner",
     "executor_command",
-    "executor_flags",
     "spawner_for_mode",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecutorLaunchSpec:
-    """Everything one executor process is started with."""
-
-    executor_id: str
-    socket_path: str
-    max_inflight: int = 128
-    max_runnable: int = 128
-    heartbeat_interval_s: float = 1.0
-    python: str = field(default_factory=lambda: sys.executable)
-    #: The executor's black box (blockx.wire.blackbox); None: none.
-    blackbox_path: str | None = None
-    #: The executor's memory limit, MB; 0 = none.
-    memory_limit_mb: int = 0
-    #: RLIMIT_NOFILE of the executor; 0 = inherited.
-    max_open_files: int = 0
-    #: The executor's mark (``process_tree.MARK_ENV``), inherited by whatever it
-    #: starts, so the pool can find those processes after it died; None: unmarked.
-    run_mark: str | None = None
-
-
-def executor_flags(spec: ExecutorLaunchSpec) -> list[str]:
-    """The seed's executor flags (``--executor-id ... --heartbeat-interval ...``) and ours."""
-    extra: list[str] = []
-    if spec.blackbox_path is not None:
-        extra += ["--blackbox-path", spec.blackbox_path]
-    if spec.memory_limit_mb:
-        extra += ["--memory-limit-mb", str(spec.memory_limit_mb)]
-    if spec.max_open_files:
-        extra += ["--max-open-files", str(spec.max_open_files)]
-    return [
-        "--executor-id",
-        spec.executor_id,
-        "--socket-path",
-        spec.socket_path,
-        "--executor-max-inflight",
-        str(spec.max_inflight),
-        "--executor-max-runnable",
-        str(spec.max_runnable),
-        "--heartbeat-interval",
-        repr(float(spec.heartbeat_interval_s)),
-        *extra,
-    ]
-
-
-def executor_command(spec: ExecutorLaunchSpec) -> list[str]:
-    """``python -m blockx.executor`` with the seed's flags."""
-    return [spec.python, "-m", "blockx.executor", *executor_flags(spec)]
 
 
 class ExecutorSpawner(Protocol):
@@ -132,45 +83,6 @@ class ExecutorSpawner(Protocol):
         them to the worker's log). Raises :class:`SpawnError`.
         """
         ...
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-@functools.cache
-def _setpriv_path() -> str | None:
-    """util-linux ``setpriv`` if it knows ``--pdeathsig`` (util-linux >= 2.33)."""
-    path = shutil.which("setpriv")
-    if path is None:
-        return None
-    try:
-        result = subprocess.run(
-            [path, "--help"], capture_output=True, timeout=5, check=False, text=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if "--pdeathsig" in result.stdout else None
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _set_pdeathsig_in_child() -> None:
-    """``preexec_fn``: runs in the forked child before exec; only a pre-resolved ctypes call."""
-    prctl = _PRCTL_IN_CHILD
-    if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
-# Resolved in the parent, so the child does no lookup (and takes no lock) before exec.
-_PRCTL_IN_CHILD: Callable[..., int] | None = None
 
 
 class ProcessSpawner:
@@ -202,7 +114,7 @@ class ProcessSpawner:
     def __repr__(self) -> str:
         how = (
             "setpriv"
-            if self._pdeathsig and _setpriv_path()
+            if self._pdeathsig and launch.setpriv_path()
             else ("prctl" if self._pdeathsig else "none")
         )
         return f"ProcessSpawner(pdeathsig={how}, custom_argv={self._argv_factory is not None})"
@@ -229,16 +141,13 @@ class ProcessSpawner:
         program = shutil.which(argv[0], path=env.get("PATH"))
         if program is None:
             raise SpawnError(spec.executor_id, f"{argv[0]}: no such executable")
-        preexec: Callable[[], None] | None = None
+        preexec: Callable[[], object] | None = None
         if self._pdeathsig:
-            setpriv = _setpriv_path()
+            setpriv = launch.setpriv_path()
             if setpriv is not None:
                 argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]
             else:
-                global _PRCTL_IN_CHILD
-                _PRCTL_IN_CHILD = _prctl()
-                if _PRCTL_IN_CHILD is not None:
-                    preexec = _set_pdeathsig_in_child
+                preexec = launch.pdeathsig_preexec()
         try:
             return subprocess.Popen(
                 argv,

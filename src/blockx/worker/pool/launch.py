@@ -1,0 +1,117 @@
+"""What one executor process is started with, for every spawn mode.
+
+Theory of operation
+-------------------
+:class:`ExecutorLaunchSpec` is one spawn: the interpreter, the executor's
+command line (:class:`blockx.wire.launch.ExecutorArgs`, the one definition
+both sides share) and the run mark (``process_tree.MARK_ENV``). Both spawners
+build their argv from it — :mod:`.spawner` (``process`` mode) with
+:func:`executor_command`, :mod:`.sandbox` with the same flags behind its own
+interpreter bootstrap — and both arm the parent-death signal with the helpers
+here. The spawners import this module and never each other's internals.
+
+**Parent-death signal** (``PR_SET_PDEATHSIG`` = SIGKILL): if the worker dies
+without cleaning up — even by SIGKILL — the kernel kills the executor.
+:func:`setpriv_path` finds util-linux ``setpriv --pdeathsig`` (an exec
+wrapper: keeps ``subprocess``'s fast vfork path); :func:`libc_prctl` is the
+``prctl`` a ``preexec_fn`` calls instead (resolved in the parent, so the child
+does no lookup and takes no lock between fork and exec); :func:`pdeathsig_preexec`
+is that ``preexec_fn``. The signal fires when the *thread* that spawned the
+process ends: spawn from a thread that outlives the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from blockx.wire.launch import ExecutorArgs
+
+__all__ = [
+    "PR_SET_PDEATHSIG",
+    "ExecutorLaunchSpec",
+    "executor_command",
+    "libc_prctl",
+    "pdeathsig_preexec",
+    "setpriv_path",
+]
+
+#: ``prctl`` option: the signal the process gets when its parent (thread) dies.
+PR_SET_PDEATHSIG: Final = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorLaunchSpec:
+    """Everything one executor process is started with."""
+
+    #: The executor's command line (``--executor-id``, ``--socket-path``, ...).
+    args: ExecutorArgs
+    python: str = field(default_factory=lambda: sys.executable)
+    #: The executor's mark (``process_tree.MARK_ENV``), inherited by whatever it
+    #: starts, so the pool can find those processes after it died; None: unmarked.
+    run_mark: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ExecutorLaunchSpec({self.args.executor_id!r}, mark={self.run_mark!r})"
+
+    @property
+    def executor_id(self) -> str:
+        return self.args.executor_id
+
+    @property
+    def socket_path(self) -> str:
+        return self.args.socket_path
+
+    @property
+    def blackbox_path(self) -> str | None:
+        """The executor's black box (blockx.wire.blackbox); None: none."""
+        return self.args.blackbox_path
+
+
+def executor_command(spec: ExecutorLaunchSpec) -> list[str]:
+    """``python -m blockx.executor`` with the spec's flags."""
+    return [spec.python, "-m", "blockx.executor", *spec.args.to_argv()]
+
+
+@functools.cache
+def setpriv_path() -> str | None:
+    """util-linux ``setpriv`` if it knows ``--pdeathsig`` (util-linux >= 2.33)."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        result = subprocess.run(
+            [path, "--help"], capture_output=True, timeout=5, check=False, text=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--pdeathsig" in result.stdout else None
+
+
+@functools.cache
+def libc_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` through ctypes (None: not Linux, or not found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def pdeathsig_preexec() -> Callable[[], object] | None:
+    """A ``preexec_fn`` arming SIGKILL on parent death (None: no ``prctl`` here).
+
+    Call it in the parent: the child then runs one pre-resolved ctypes call.
+    """
+    prctl = libc_prctl()
+    if prctl is None:
+        return None
+    return functools.partial(prctl, PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
