@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The adapter builds one :class:`ExecutorLoss` for every era that ends while the
 adapter is open, once it knows what it can about the process: its exit status
-(the pool's :class:`ProcessExit`), the call its black box names
+(the pool's :class:`~blockx.worker.pool.exits.ProcessExit`), the call its black box names
 (``blockx.wire.blackbox``), its cgroup's OOM count. The actor turns it into the
 blame rules of docs/security.md: calls that had not started are dispatched
 again without spending an attempt; suspects are retried alone; the call found
@@ -29,17 +29,23 @@ This module is pure: no clock, no IO.
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, Protocol
+from typing import TYPE_CHECKING
 
 from blockx.wire.blackbox import (
     CAUSE_DESCRIPTORS_EXHAUSTED,
     CAUSE_MEMORY_EXCEEDED,
     EXIT_DESCRIPTORS_EXHAUSTED,
     EXIT_MEMORY_EXCEEDED,
-    BlackboxRecord,
+)
+
+# The pool's facts, re-exported: the link's modules name them from here.
+from blockx.worker.pool.exits import (
+    LOSS_CAUSES,
+    LossCause,
+    ProcessExit,
+    ProcessExitSource,
+    describe_returncode,
 )
 
 if TYPE_CHECKING:
@@ -55,16 +61,6 @@ __all__ = [
     "describe_returncode",
     "loss_from_exit",
 ]
-
-LossCause = Literal[
-    "transport_lost",  # the connection ended; nothing says a call caused it
-    "executor_crashed",  # the process died of itself: an exit status or a signal
-    "memory_exceeded",  # over its memory limit (its own watchdog, the cgroup, the OOM killer)
-    "executor_wedged",  # killed by the worker for a call that outran its budget
-    "protocol_error",  # the executor sent a malformed frame; the worker closed it
-    "shutdown",  # the worker or the pool stopped it on purpose
-]
-LOSS_CAUSES: Final[frozenset[str]] = frozenset(LossCause.__args__)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,60 +89,6 @@ class ExecutorLoss:
     running_call_budget_ms: int = 0
     #: The process's exit status when it was known (negative: killed by that signal).
     returncode: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProcessExit:
-    """One executor process's end, as its pool saw it (after reaping it)."""
-
-    executor_id: str
-    #: The pool slot's spawn count when this process started (1, 2, ...).
-    generation: int
-    pid: int
-    #: ``Popen.returncode``: the exit status, or minus the killing signal; None: unknown.
-    returncode: int | None
-    #: The process's black box, read after it exited (None: missing or never written).
-    blackbox: BlackboxRecord | None = None
-    #: The sandbox's cgroup counted an OOM kill during this process's life.
-    memory_killed: bool = False
-    #: The memory limit the process ran under, MB (0: none).
-    memory_limit_mb: int = 0
-    #: Why the pool killed it on the worker's order, and the cause to report then.
-    killed_why: str | None = None
-    killed_cause: LossCause | None = None
-    #: The pool was stopping (SIGTERM to every executor).
-    stopping: bool = False
-    #: The spawner's note on the exit (the sandbox: the OOM killer's verdict).
-    note: str | None = None
-
-
-class ProcessExitSource(Protocol):
-    """Where the adapter learns how an executor process ended (the pool implements it)."""
-
-    def running_generation(self, executor_id: str) -> int | None:
-        """The generation of the slot's running process (None: none runs)."""
-        ...
-
-    def exit_of(self, executor_id: str, generation: int) -> ProcessExit | None:
-        """That process's exit, once it has been reaped; None while it runs."""
-        ...
-
-    def add_exit_listener(self, listener: Callable[[ProcessExit], None]) -> None:
-        """Call ``listener(exit)`` on the event loop thread after every reaped process."""
-        ...
-
-
-def describe_returncode(returncode: int | None) -> str:
-    """``exited with status 1`` / ``killed by SIGSEGV`` / ``exited (status unknown)``."""
-    if returncode is None:
-        return "exited (status unknown)"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exited with status {returncode}"
 
 
 def loss_from_exit(

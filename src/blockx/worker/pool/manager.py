@@ -21,7 +21,7 @@ any      ``stop()``                                   STOPPED
 A spawn that fails counts as an exit. ``kill_executor`` (the wedge backstop)
 SIGKILLs the slot's process tree and group; the exit then restarts it as above.
 
-How a process ended is kept as a :class:`~blockx.worker.link.loss.ProcessExit`
+How a process ended is kept as a :class:`~blockx.worker.pool.exits.ProcessExit`
 (exit status, the black box it left, the sandbox's OOM verdict, whether the pool
 killed it on the worker's order and why) and handed to every exit listener; the
 pool is the adapter's exit source (``ExecutorAdapter.set_exit_source``), which
@@ -77,8 +77,8 @@ from typing import TYPE_CHECKING, Any, Final
 from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
 from blockx.wire.launch import ExecutorArgs
 from blockx.worker.errors import AdapterUsageError, SpawnError
-from blockx.worker.link.loss import LossCause, ProcessExit, describe_returncode
 from blockx.worker.pool import process_tree
+from blockx.worker.pool.exits import LossCause, ProcessExit, describe_returncode
 from blockx.worker.pool.launch import ExecutorLaunchSpec
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot

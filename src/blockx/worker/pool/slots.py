@@ -14,7 +14,7 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass
 
-from blockx.worker.link.loss import LossCause, ProcessExit
+from blockx.worker.pool.exits import LossCause, ProcessExit
 from blockx.worker.pool.output import OutputReader
 
 __all__ = ["SlotInfo", "SlotState"]
