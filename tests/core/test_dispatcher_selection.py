@@ -7,8 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockx.worker.core import DispatcherConfig, ExecutorSnapshot
-from blockx.worker.core.selection import ExecutorState, ExecutorTable
-from blockx.worker.core.state import DispatchCallContext, InstanceState, TaskDispatchState
+from blockx.worker.core.selection import ExecutorTable
+from blockx.worker.core.state import (
+    DispatchCallContext,
+    ExecutorState,
+    InstanceState,
+    TaskDispatchState,
+)
 from blockx.worker.core.types import FailurePolicy, PreparedCall, TaskMode
 
 #: The task the selection tests' calls belong to (a compiled core takes only real contexts).

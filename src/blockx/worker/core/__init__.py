@@ -44,8 +44,13 @@ from .errors import (
 )
 from .keys import PROCESS_SUBCALL_IDS, SubcallIdSequence, call_key
 from .registration import PreparedCallBatch, PreparedCallPhase
-from .selection import ExecutorState
-from .state import DispatchCallContext, DispatcherStats, StreamBatch, TaskDispatchState
+from .state import (
+    DispatchCallContext,
+    DispatcherStats,
+    ExecutorState,
+    StreamBatch,
+    TaskDispatchState,
+)
 from .types import (
     ERR_CANCELLED,
     ERR_EXECUTOR_CRASHED,

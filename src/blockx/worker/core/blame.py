@@ -58,8 +58,7 @@ from .lifecycle import (
     requeue_front,
 )
 from .release import unbind_attempt
-from .selection import ExecutorState
-from .state import DispatchCallContext, move
+from .state import DispatchCallContext, ExecutorState, move
 from .types import (
     ERR_EXECUTOR_WEDGED,
     ERR_MEMORY_EXCEEDED,

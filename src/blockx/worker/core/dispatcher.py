@@ -208,8 +208,7 @@ from .registration import (
     prepare_calls,
 )
 from .release import dispatch_decisions, dispatch_one, unbind_attempt
-from .selection import ExecutorState
-from .state import DispatchCallContext, DispatcherStats, TaskDispatchState
+from .state import DispatchCallContext, DispatcherStats, ExecutorState, TaskDispatchState
 from .subcalls import admit_subcall, rebind_parked
 from .types import (
     CallError,

@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .lifecycle import CoreState, live_roots
-from .selection import ExecutorState
-from .state import DispatchCallContext, TaskDispatchState
+from .state import DispatchCallContext, ExecutorState, TaskDispatchState
 from .types import CallState
 
 __all__ = ["check_core_invariants"]

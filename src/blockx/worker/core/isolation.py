@@ -31,8 +31,7 @@ from __future__ import annotations
 
 from .commands import DispatchCommand
 from .lifecycle import CoreState, bind_call, mark_dirty
-from .selection import ExecutorState
-from .state import DispatchCallContext
+from .state import DispatchCallContext, ExecutorState
 
 __all__ = ["place_isolated"]
 

@@ -54,8 +54,8 @@ from .config import DispatcherConfig
 from .fairness import ReadyScheduler
 from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
-from .selection import ExecutorState, ExecutorTable
-from .state import DispatchCallContext, DispatcherStats, TaskDispatchState, move
+from .selection import ExecutorTable
+from .state import DispatchCallContext, DispatcherStats, ExecutorState, TaskDispatchState, move
 from .types import (
     ERR_CANCELLED,
     CallError,

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`ExecutorTable` keeps one :class:`ExecutorState` per executor: the last
+:class:`ExecutorTable` keeps one :class:`~.state.ExecutorState` per executor: the last
 :class:`~blockx.worker.core.types.ExecutorSnapshot` the adapter reported
 (heartbeat-derived, up to 500 ms old) plus what the core knows better and
 sooner -- the calls it bound there itself (``local_inflight``, ``calls``) and
@@ -66,148 +66,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from heapq import heapify, heappop, heappush
 from itertools import islice
-from typing import TYPE_CHECKING
 
-from .config import DispatcherConfig, stall_threshold_ms
+from .config import DispatcherConfig
+from .state import DispatchCallContext, ExecutorState
 from .types import ExecutorSnapshot
 
-if TYPE_CHECKING:
-    from .state import DispatchCallContext
-
-__all__ = ["SCAN_MAX_EXECUTORS", "ExecutorState", "ExecutorTable", "is_eligible", "score"]
+__all__ = ["SCAN_MAX_EXECUTORS", "ExecutorTable", "is_eligible", "score"]
 
 #: Stands for "no limit" in comparisons.
 _UNLIMITED = 1 << 62
 #: Exact selection scans up to this many selectable executors, keeps a heap above.
 SCAN_MAX_EXECUTORS = 4
-
-
-class ExecutorState:
-    """One executor as the core sees it.
-
-    ``runnable``, ``selectable`` and ``stalled`` are derived when a snapshot is
-    applied (and ``runnable`` on every completion) so that the Filter reads one
-    attribute per test.
-    """
-
-    __slots__ = (
-        "calls",
-        "closed_to_roots",
-        "completed_since_snapshot",
-        "executor_id",
-        "healthy",
-        "heartbeat_seq",
-        "inflight_count",
-        "isolating",
-        "last_scheduler_active_at_ms",
-        "local_inflight",
-        "lost",
-        "memory_bytes",
-        "present",
-        "reserved_for",
-        "runnable",
-        "runnable_count",
-        "running_call_budget_ms",
-        "running_call_id",
-        "running_for_ms",
-        "selectable",
-        "stalled",
-        "usable_contexts",
-        "version",
-    )
-
-    def __init__(self, executor_id: str) -> None:
-        self.executor_id = executor_id
-        #: In the latest snapshot.
-        self.present = False
-        #: Declared lost (``handle_executor_lost``) and not seen in a snapshot since.
-        self.lost = False
-        self.healthy = False
-        self.usable_contexts = 0
-        self.runnable_count = 0
-        self.inflight_count = 0
-        self.heartbeat_seq = -1
-        self.running_call_id: str | None = None
-        self.running_for_ms = 0
-        self.running_call_budget_ms = 0
-        self.last_scheduler_active_at_ms = 0
-        self.memory_bytes = 0
-        #: Calls the core has bound here (RUNNING or WAITING, roots and sub-calls).
-        self.local_inflight = 0
-        #: Terminal reports for calls here since the snapshot's heartbeat.
-        self.completed_since_snapshot = 0
-        #: ``max(0, runnable_count - completed_since_snapshot)``: the heartbeat's
-        #: runnable count with completion compensation.
-        self.runnable = 0
-        #: Healthy and under the memory watermark (the snapshot-time filters).
-        self.selectable = False
-        #: The last heartbeat reported its running call past that call's stall
-        #: threshold (a wedged executor: no new work; the backstop kills it).
-        self.stalled = False
-        #: The suspect running here in isolation (:mod:`.isolation`), if any.
-        self.isolating: DispatchCallContext | None = None
-        #: The suspect this executor drains for: no new root call until it is empty.
-        self.reserved_for: DispatchCallContext | None = None
-        #: ``isolating`` or ``reserved_for`` is set: no root call may be placed here.
-        #: Invariant: ``closed_to_roots == (isolating is not None or reserved_for is not None)``.
-        self.closed_to_roots = False
-        #: The bound calls by id (insertion order = bind order).
-        self.calls: dict[str, DispatchCallContext] = {}
-        #: Set (to a table-wide unique number) on every change of the score or
-        #: filter inputs; heap entries carrying another number are out of date.
-        self.version = 0
-
-    def apply(self, snap: ExecutorSnapshot, config: DispatcherConfig) -> None:
-        """Take the values of a new snapshot of this executor."""
-        if snap.heartbeat_seq != self.heartbeat_seq:
-            self.completed_since_snapshot = 0
-        self.present = True
-        self.lost = False
-        self.healthy = snap.healthy
-        self.usable_contexts = snap.usable_contexts
-        self.runnable_count = snap.runnable_count
-        self.inflight_count = snap.inflight_count
-        self.heartbeat_seq = snap.heartbeat_seq
-        self.running_call_id = snap.running_call_id
-        self.running_for_ms = snap.running_for_ms
-        self.running_call_budget_ms = snap.running_call_budget_ms
-        self.last_scheduler_active_at_ms = snap.last_scheduler_active_at_ms
-        self.memory_bytes = snap.memory_bytes
-        self.runnable = max(0, snap.runnable_count - self.completed_since_snapshot)
-        watermark = config.executor_memory_high_watermark
-        self.selectable = snap.healthy and not (watermark and snap.memory_bytes >= watermark)
-        self.stalled = is_stalled(snap, config)
-
-    @property
-    def headroom(self) -> int:
-        return self.usable_contexts - self.local_inflight
-
-    def __repr__(self) -> str:
-        status = "lost" if self.lost else ("healthy" if self.healthy else "unhealthy")
-        if not self.present:
-            status += ",absent"
-        if self.stalled:
-            status += ",stalled"
-        if self.isolating is not None:
-            status += f",isolating {self.isolating.call_id}"
-        elif self.reserved_for is not None:
-            status += f",draining for {self.reserved_for.call_id}"
-        return (
-            f"<ExecutorState {self.executor_id} {status} inflight={self.local_inflight}"
-            f" headroom={self.headroom} runnable={self.runnable} hb={self.heartbeat_seq}>"
-        )
-
-
-def is_stalled(snap: ExecutorSnapshot, config: DispatcherConfig) -> bool:
-    """Whether ``snap`` reports its running call past that call's stall threshold.
-
-    Only what the heartbeat says counts (``running_for_ms``): silence is never
-    extrapolated into a stall.
-    """
-    if snap.running_call_id is None:
-        return False
-    threshold = stall_threshold_ms(config, snap.running_call_budget_ms)
-    return threshold is not None and snap.running_for_ms > threshold
 
 
 def is_eligible(ex: ExecutorState, max_inflight: int, max_runnable: int) -> bool:

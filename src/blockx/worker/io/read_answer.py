@@ -4,20 +4,29 @@ It lives apart from :mod:`.scope` so that the scope can be compiled with mypyc
 while this class stays interpreted: a native class cannot subclass the C
 ``asyncio.Future`` (awaiting the compiled subclass fails), and mypyc cannot
 build it as a non-native class either. Keep this module out of the compiled set.
+
+The scope imports this module, never the reverse: what a ReadAnswer needs of
+its flight (to leave it) is :class:`FlightWaiters`, which the scope's flight
+implements.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .handler import IOResult
 
-if TYPE_CHECKING:
-    from .scope import _Flight
+__all__ = ["FlightWaiters", "ReadAnswer"]
 
-__all__ = ["ReadAnswer"]
+
+class FlightWaiters(Protocol):
+    """What an answer future needs of its flight (the scope's ``_Flight``)."""
+
+    def waiter_left(self) -> None:
+        """This waiter's future was cancelled: one waiter fewer."""
+        ...
 
 
 class ReadAnswer(asyncio.Future[IOResult]):
@@ -29,8 +38,8 @@ class ReadAnswer(asyncio.Future[IOResult]):
     """
 
     __slots__ = ("direct", "flight")
-    #: The flight while it runs; None once it ended (see :meth:`_Flight.let_go`).
-    flight: _Flight | None
+    #: The flight while it runs; None once it ended (the scope's ``_Flight.let_go``).
+    flight: FlightWaiters | None
     #: The callback :meth:`deliver_to` registered, until it is called.
     direct: Callable[[ReadAnswer], object] | None
 
