@@ -204,9 +204,9 @@ def test_what_a_worker_killed_with_sigkill_left_is_killed_at_the_next_pool_start
         worker.kill()
         worker.wait()
     # The worker is gone (its executor with it: the parent-death signal); the child that
-    # left the group lives on, reparented.
-    time.sleep(0.3)
-    assert not process_is_gone(child)
+    # left the group lives on, reparented, until a pool starts. Not asserted alive here:
+    # kill_orphans is machine-wide, so a pool another test starts at this moment may be the
+    # one that kills it (the same code); what must hold is that it is gone once a pool started.
 
     async def scenario() -> None:
         rec = Recorder()
