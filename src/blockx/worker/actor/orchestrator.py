@@ -53,25 +53,27 @@ runs of completions, waits and resumes to the core's batch entry points
 **Parts, by composition.** The orchestrator owns the event queue, the actor
 run, the command table, the dispatch path (binds, ExecuteCalls, unbinds,
 cancels, retry timers), the tick timer and executor attach/loss. The rest is
-in parts it builds, each an object holding exactly what it needs (the way
-h11's ``Connection`` holds a ``ConnectionState``)::
+in parts it builds in ``__init__``, each an object holding exactly what it
+needs (the way h11's ``Connection`` holds a ``ConnectionState``)::
 
-    stats     = OrchestratorStats()                       # .stats: counters
-    runs      = TaskRuns()                                # .runs: live tasks table
-    snapshots = SnapshotSync(core, adapter, run)          # .snapshot_sync
-    waits     = Waits(core, adapter, runs, stats, run, post, fail_attempt)   # .waits
+    stats     = OrchestratorStats()                     # stats.py: counters
+    runs      = TaskRuns()                              # runs.py: the live tasks table
+    snapshots = SnapshotSync(core, adapter, run)        # snapshot_sync.py
+    waits     = Waits(core, adapter, runs, stats, run, post, fail_attempt)      # waits.py
     attempts  = AttemptEnds(core, runs, stats, waits, snapshots, run, fail_attempt)
-    tasks     = Tasks(core, code_view, runs, run)         # .tasks
-    tick      = Tick(core, adapter, snapshots, stats, pool, tick_interval)   # .tick
+    tasks     = Tasks(core, code_view, runs, run)       # tasks.py
+    tick      = Tick(core, adapter, snapshots, stats, pool, tick_interval_s)  # tick.py
 
 ``run`` (execute commands), ``post`` (queue an event) and ``fail_attempt`` (at
 this run's ``now_ms``) are the orchestrator's bound methods: no part holds the
-orchestrator or imports this module. The event and command tables map each
-type straight to the part's bound method, so applying an event is one call
-into the part (a native method call when compiled). State each part owns:
-``Waits`` the released IO waits; ``Tick`` the wedge backstop's eras, verdicts,
-sightings and silences; ``SnapshotSync`` the executors synced while draining;
-``TaskRuns`` the runs (written only by ``Tasks``).
+orchestrator, and none imports this module. The event and command tables map
+each type straight to the part's bound method (no forwarding method between);
+parts call each other through typed attributes (native calls when compiled).
+State each part owns: ``Waits`` the released IO waits; ``Tick`` the wedge
+backstop's eras, verdicts, sightings and silences; ``SnapshotSync`` which
+executors were synced while draining; ``TaskRuns`` the runs, written only by
+``Tasks``. The parts are attributes of the same names, for inspection (tests);
+only the actor calls into them.
 
 Ownership: :attr:`Orchestrator.in_actor` is true exactly while the actor runs,
 on the event loop thread that started it; tests wrap the core in a proxy that
