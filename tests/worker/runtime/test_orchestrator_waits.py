@@ -15,6 +15,7 @@ from tests.helpers.compiled import skip_if_compiled
 
 from blockx.wire import keys
 from blockx.worker.actor.events import TaskCancelRequested
+from blockx.worker.actor.orchestrator import Orchestrator
 from blockx.worker.actor.task_run import TaskRun
 from blockx.worker.api import Call, TaskPolicy
 from blockx.worker.code import source_digest
@@ -305,7 +306,7 @@ def test_a_task_scopes_read_left_unanswered_is_abandoned_quietly(
             stats = rig.orchestrator.stats
             assert stats.io_waits_released == 1
             await asyncio.sleep(0.02)  # the cancelled answer's callback: it answers nobody
-            assert not rig.orchestrator._released_waits
+            assert not rig.orchestrator.waits.released_waits
             assert stats.stale_waits == 0 and stats.resume_send_failures == 0
             assert peer.of_type(keys.MT_RESUME_CALL) == []
             assert scope.stats.operation("blockdb", "get_row").abandoned == 1
@@ -357,7 +358,7 @@ def test_a_wait_sharing_a_released_future_gets_an_error_not_silence(run) -> None
             converged = await task.done
             assert converged.failed_count == 2
             assert rig.orchestrator.stats.io_waits_released == 1
-            assert not rig.orchestrator._released_waits  # the released wait's key is used up
+            assert not rig.orchestrator.waits.released_waits  # the released wait's key is used up
 
     run(scenario())
 
@@ -494,23 +495,25 @@ def test_a_subcall_result_that_cannot_be_sent_fails_the_parent_as_resume_send_fa
 def test_the_snapshot_is_refreshed_before_a_lost_executors_calls_fail(run) -> None:
     # Seed: on executor loss, refresh the snapshot first, then fail its calls (retryable).
     async def scenario() -> None:
-        async with OrchestratorRig() as rig:
-            order: list[str] = []
-            core = rig.core
+        rig = OrchestratorRig()
+        order: list[str] = []
+        core = rig.core
 
-            class Recording:
-                def __getattr__(self, name: str) -> Any:
-                    attr = getattr(core, name)
-                    if name not in ("handle_executor_snapshot_updated", "handle_executor_lost"):
-                        return attr
+        class Recording:
+            def __getattr__(self, name: str) -> Any:
+                attr = getattr(core, name)
+                if name not in ("handle_executor_snapshot_updated", "handle_executor_lost"):
+                    return attr
 
-                    def recording(*args: Any) -> Any:
-                        order.append(name)
-                        return attr(*args)
+                def recording(*args: Any) -> Any:
+                    order.append(name)
+                    return attr(*args)
 
-                    return recording
+                return recording
 
-            rig.orchestrator._core = Recording()  # type: ignore[assignment]
+        # Built again around the recording core: each part holds the core it is given.
+        rig.orchestrator = Orchestrator(Recording(), rig.adapter, rig.code_view)  # type: ignore[arg-type]
+        async with rig:
             peer = await rig.peer()
             rig.submit({"child": CHILD}, [Call("child", 1)], policy=TaskPolicy(max_attempts=1))
             await peer.wait_frames(keys.MT_EXECUTE_CALL)

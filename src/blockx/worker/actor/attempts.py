@@ -1,12 +1,20 @@
 """Attempt outcomes: the executors' terminal frames applied to the core, in batches.
 
-A mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator` (the
-dispatch actor), like :mod:`.orchestrator_waits`; it runs on the actor only.
+:class:`AttemptEnds` is a part of the
+:class:`~blockx.worker.actor.orchestrator.Orchestrator` (the dispatch actor),
+built by it with the core, the live tasks table, the counters, the
+:class:`~blockx.worker.actor.waits.Waits` part (a read's ``CallWaiting`` frames
+are handed to it), the :class:`~blockx.worker.actor.snapshot_sync.SnapshotSync`
+(an executor with draining reservations is synced again first), and the
+orchestrator's ``run`` and ``fail_attempt``. It owns no state of its own. The
+orchestrator calls its ``apply_*`` methods for :class:`CallFramesReceived`,
+:class:`AttemptCompleted`, :class:`AttemptFailed` and :class:`RetryDue`; it runs
+on the actor only.
 
 One read of an executor's connection arrives as one :class:`CallFramesReceived`
 event: its ``CallCompleted`` / ``CallWaiting`` / ``CallFailed`` frames in frame
 order. Runs of completions go to the core as one ``handle_calls_completed``,
-runs of waits as one ``handle_calls_waiting`` (:mod:`.orchestrator_waits`);
+runs of waits as one ``handle_calls_waiting`` (:mod:`.waits`);
 a failure is applied on its own, between them, so the core sees every frame
 in order -- batching only saves per-event overhead. A completion's output is
 re-encoded right-sized (kept-alive ``orjson.dumps`` results fragment the heap;
@@ -18,6 +26,7 @@ task's output bytes and stops the task when they pass its limit.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from blockx.wire import keys
@@ -26,13 +35,14 @@ from blockx.worker.core import CallError, CompletedCall, DispatchCommand, Dispat
 from blockx.worker.json_values import encode_output, encode_output_fast
 from blockx.worker.link.callbacks import CallFrame
 from blockx.worker.link.completed_frames import CompletedPayload
-from blockx.worker.mypyc_markers import trait
 
 if TYPE_CHECKING:
-    from blockx.worker.actor.orchestrator import OrchestratorStats
-    from blockx.worker.actor.task_run import TaskRun
+    from blockx.worker.actor.runs import TaskRuns
+    from blockx.worker.actor.snapshot_sync import SnapshotSync
+    from blockx.worker.actor.stats import OrchestratorStats
+    from blockx.worker.actor.waits import Waits
 
-__all__ = ["AttemptEvents"]
+__all__ = ["AttemptEnds"]
 
 _log = logging.getLogger("blockx.worker.orchestrator")
 
@@ -46,29 +56,38 @@ _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _encode_output: Final = encode_output_fast
 
 
-@trait
-class AttemptEvents:
-    """Mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator`: attempt ends."""
+class AttemptEnds:
+    """Attempt ends (see the module docstring); a part of the
+    :class:`~blockx.worker.actor.orchestrator.Orchestrator`, which builds it.
 
-    # Provided by Orchestrator.
-    _core: DispatcherCore
-    _tasks: dict[str, TaskRun]
-    _now_ms: int
-    _output_limited: int  # live tasks with an output limit
-    _drain_synced: dict[str, int]
-    stats: OrchestratorStats
+    ``run`` executes the commands the core answers with and ``fail_attempt(call_id,
+    attempt_seq, error, budget_used_ms)`` fails an attempt at the actor run's time:
+    the orchestrator's bound methods.
+    """
 
-    def _run(self, commands: list[DispatchCommand]) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        core: DispatcherCore,
+        runs: TaskRuns,
+        stats: OrchestratorStats,
+        waits: Waits,
+        snapshots: SnapshotSync,
+        *,
+        run: Callable[[list[DispatchCommand]], None],
+        fail_attempt: Callable[[str, int, CallError, int], None],
+    ) -> None:
+        self._core = core
+        self._runs = runs
+        self._stats = stats
+        self._waits = waits
+        self._snapshots = snapshots
+        self._run = run
+        self._fail_attempt = fail_attempt
 
-    # WaitHandling's and Orchestrator's: both precede this mixin in the MRO.
-    def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return f"AttemptEnds({self._runs!r})"
 
-    def _resync_if_drained(self, executor_id: str) -> None:
-        raise NotImplementedError
-
-    def _apply_call_frames(self, event: CallFramesReceived) -> None:
+    def apply_call_frames(self, event: CallFramesReceived) -> None:
         """One read's call frames, in order: runs of completions go to the core as one
         ``handle_calls_completed``, runs of waits as one ``handle_calls_waiting``.
 
@@ -76,8 +95,7 @@ class AttemptEvents:
         the rest still applied); only the core calls are batched.
         """
         executor_id = event.executor_id
-        if self._drain_synced and executor_id in self._drain_synced:
-            self._resync_if_drained(executor_id)  # a cancelled call's context may be free
+        self._snapshots.resync_if_drained(executor_id)  # a cancelled call's context may be free
         completions: list[CompletedCall] = []
         waits: list[CallFrame] = []
         for frame in event.frames:
@@ -85,11 +103,11 @@ class AttemptEvents:
             try:
                 if message_type == _MT_CALL_COMPLETED:
                     if waits:
-                        self._apply_waits(executor_id, waits)
+                        self._waits.apply_waits(executor_id, waits)
                         waits = []
                     payload = frame[2]
                     if isinstance(payload, CompletedPayload):  # typed: the output stays JSON
-                        if self._output_limited or payload.debugOutput is not None:
+                        if self._runs.output_limited or payload.debugOutput is not None:
                             if completions:
                                 self._complete_calls(completions)
                                 completions = []
@@ -113,7 +131,7 @@ class AttemptEvents:
                         output_json = _encode_output(payload.get(_FP_OUTPUT))
                     except (TypeError, ValueError, OverflowError):
                         output_json = encode_output(payload.get(_FP_OUTPUT))
-                    if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
+                    if self._runs.output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
                         if completions:
                             self._complete_calls(completions)
                             completions = []
@@ -139,25 +157,25 @@ class AttemptEvents:
                         self._complete_calls(completions)
                         completions = []
                     if waits:
-                        self._apply_waits(executor_id, waits)
+                        self._waits.apply_waits(executor_id, waits)
                         waits = []
-                    self._apply_attempt_failed(AttemptFailed(executor_id, frame[1], frame[2]))
+                    self.apply_attempt_failed(AttemptFailed(executor_id, frame[1], frame[2]))
             except Exception:
-                self.stats.handler_errors += 1
+                self._stats.handler_errors += 1
                 _log.exception("dispatch actor: applying %s for %s failed", message_type, frame[1])
         try:
             if completions:
                 self._complete_calls(completions)
             if waits:
-                self._apply_waits(executor_id, waits)
+                self._waits.apply_waits(executor_id, waits)
         except Exception:
-            self.stats.handler_errors += 1
+            self._stats.handler_errors += 1
             _log.exception("dispatch actor: applying call frames of %s failed", executor_id)
 
     def _complete_calls(self, completions: list[CompletedCall]) -> None:
         self._run(self._core.handle_calls_completed(completions))
 
-    def _apply_attempt_completed(self, event: AttemptCompleted) -> None:
+    def apply_attempt_completed(self, event: AttemptCompleted) -> None:
         payload = event.payload
         output_json = encode_output(payload.get(_FP_OUTPUT))
         self._complete_one(event, output_json)
@@ -166,7 +184,7 @@ class AttemptEvents:
         payload = event.payload
         attempt = payload.get(_FP_ATTEMPT_SEQ)
         budget = payload.get(_FP_BUDGET_USED_MS, 0)
-        if self._output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
+        if self._runs.output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
             if self._note_completion(event, output_json):
                 return
         self._run(
@@ -181,7 +199,7 @@ class AttemptEvents:
     def _note_completion(self, event: AttemptCompleted, output_json: bytes) -> bool:
         """Debug output and per-task output limits; True if the task was just stopped."""
         payload = event.payload
-        run = self._tasks.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
+        run = self._runs.by_id.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
         if run is None:
             return False
         debug_output = payload.get(_FP_DEBUG_OUTPUT)
@@ -204,7 +222,7 @@ class AttemptEvents:
         )
         return True
 
-    def _apply_attempt_failed(self, event: AttemptFailed) -> None:
+    def apply_attempt_failed(self, event: AttemptFailed) -> None:
         payload = event.payload
         attempt = payload.get(_FP_ATTEMPT_SEQ)
         budget = payload.get(_FP_BUDGET_USED_MS, 0)
@@ -213,7 +231,7 @@ class AttemptEvents:
         stack = payload.get(keys.FP_ERROR_STACK)
         debug_output = payload.get(_FP_DEBUG_OUTPUT)
         if isinstance(debug_output, str) and debug_output:  # policy.debug: the failure report's
-            run = self._tasks.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
+            run = self._runs.by_id.get(payload.get(_FP_TASK_ID))  # type: ignore[arg-type]
             if run is not None:
                 run.note_debug_output(event.call_id, debug_output)
         error = CallError(
@@ -222,15 +240,12 @@ class AttemptEvents:
             retryable=payload.get(keys.FP_RETRYABLE) is True,
             stack=stack if isinstance(stack, str) else None,
         )
-        self._run(
-            self._core.handle_attempt_failure(
-                event.call_id,
-                attempt if type(attempt) is int else -1,
-                error,
-                self._now_ms,
-                budget_used_ms=budget if type(budget) is int else 0,
-            )
+        self._fail_attempt(
+            event.call_id,
+            attempt if type(attempt) is int else -1,
+            error,
+            budget if type(budget) is int else 0,
         )
 
-    def _apply_retry_due(self, event: RetryDue) -> None:
+    def apply_retry_due(self, event: RetryDue) -> None:
         self._run(self._core.handle_retry_ready(event.call_id))

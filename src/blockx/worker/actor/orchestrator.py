@@ -6,7 +6,7 @@ Theory of operation
 
 **Events in.** The executor adapter's callbacks, timers (retries, the 500 ms
 tick) and the worker's task API never call the core. Each turns what happened
-into one event (:mod:`.orchestrator_events`) and :meth:`Orchestrator.post`\\ s it:
+into one event (:mod:`.events`) and :meth:`Orchestrator.post`\\ s it:
 an append to a plain ``deque`` plus, if the actor is not already due, one
 ``loop.call_soon``. No ``asyncio.Queue``, no future and no task per event: a
 whole read's worth of frames, from every connection that was readable in the
@@ -26,7 +26,7 @@ runs of completions, waits and resumes to the core's batch entry points
     until no event was posted meanwhile
     adapter.flush()                        # this run's frames go out in one write each
 
-**Commands out** (:meth:`Orchestrator._execute`, a table by command type):
+**Commands out** (:meth:`Orchestrator._run`, a table by command type):
 
 ==========================  ==============================================================
 ``BindCall``                ``adapter.bind`` / ``bind_subcall`` on the actor, answered at
@@ -34,7 +34,7 @@ runs of completions, waits and resumes to the core's batch entry points
                             (a run of consecutive binds: every ``bind`` first, then the
                             accepted ones in one ``handle_executors_bound``)
 ``DispatchCallCmd``         the ExecuteCall envelope (entry selector from the task's code
-                            view; pre-encoded, :mod:`.orchestrator_execute`) queued with
+                            view; pre-encoded, :mod:`.execute`) queued with
                             ``send_execute_call_encoded`` — a non-blocking
                             enqueue, written at the end of the run; a send error is a
                             failed attempt (retryable as the adapter says); a function
@@ -42,17 +42,38 @@ runs of completions, waits and resumes to the core's batch entry points
 ``UnbindCall``              ``adapter.unbind``
 ``CancelCallCmd``           ``mark_draining`` + best-effort ``send_cancel_call``
 ``ArmCallRetry``            ``loop.call_later`` posting :class:`RetryDue`
-``ResumeParentCall``        ``ResumeCall(subcall)`` to the parent (:mod:`.orchestrator_waits`)
+``ResumeParentCall``        ``ResumeCall(subcall)`` to the parent (:class:`~.waits.Waits`)
 ``ReleaseWait``             cancel the IO handler's future of a wait left unanswered
-                            (:mod:`.orchestrator_waits`)
+                            (:class:`~.waits.Waits`)
 ``StopCallProduction``,     reported to the task's :class:`~blockx.worker.actor.task_run.TaskRun`
-``BatchSettled``,
+``BatchSettled``,           (:class:`~.tasks.Tasks`)
 ``ConvergeTaskCalls``
 ==========================  ==============================================================
 
-Waits (``io``, ``subcall``) and resumes live in :mod:`.orchestrator_waits`;
-tasks and streams in :mod:`.orchestrator_tasks`; the tick (snapshot sync,
-wedge backstop, heartbeat timeouts) in :mod:`.orchestrator_wedge`.
+**Parts, by composition.** The orchestrator owns the event queue, the actor
+run, the command table, the dispatch path (binds, ExecuteCalls, unbinds,
+cancels, retry timers), the tick timer and executor attach/loss. The rest is
+in parts it builds in ``__init__``, each an object holding exactly what it
+needs (the way h11's ``Connection`` holds a ``ConnectionState``)::
+
+    stats     = OrchestratorStats()                     # stats.py: counters
+    runs      = TaskRuns()                              # runs.py: the live tasks table
+    snapshots = SnapshotSync(core, adapter, run)        # snapshot_sync.py
+    waits     = Waits(core, adapter, runs, stats, run, post, fail_attempt)      # waits.py
+    attempts  = AttemptEnds(core, runs, stats, waits, snapshots, run, fail_attempt)
+    tasks     = Tasks(core, code_view, runs, run)       # tasks.py
+    tick      = Tick(core, adapter, snapshots, stats, pool, tick_interval_s)  # tick.py
+
+``run`` (execute commands), ``post`` (queue an event) and ``fail_attempt`` (at
+this run's ``now_ms``) are the orchestrator's bound methods: no part holds the
+orchestrator, and none imports this module. The event and command tables map
+each type straight to the part's bound method (no forwarding method between);
+parts call each other through typed attributes (native calls when compiled).
+State each part owns: ``Waits`` the released IO waits; ``Tick`` the wedge
+backstop's eras, verdicts, sightings and silences; ``SnapshotSync`` which
+executors were synced while draining; ``TaskRuns`` the runs, written only by
+``Tasks``. The parts are attributes of the same names, for inspection (tests);
+only the actor calls into them.
 
 Ownership: :attr:`Orchestrator.in_actor` is true exactly while the actor runs,
 on the event loop thread that started it; tests wrap the core in a proxy that
@@ -74,7 +95,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.wire import EncodeError, keys
-from blockx.worker.actor.attempts import AttemptEvents
+from blockx.worker.actor.attempts import AttemptEnds
 from blockx.worker.actor.events import (
     ActorEvent,
     AttemptCompleted,
@@ -97,9 +118,12 @@ from blockx.worker.actor.events import (
     TickElapsed,
 )
 from blockx.worker.actor.execute import execute_body, execute_prefix
-from blockx.worker.actor.tasks import TaskEvents
-from blockx.worker.actor.tick import TickChecks
-from blockx.worker.actor.waits import WaitHandling
+from blockx.worker.actor.runs import TaskRuns
+from blockx.worker.actor.snapshot_sync import SnapshotSync
+from blockx.worker.actor.stats import OrchestratorStats
+from blockx.worker.actor.tasks import Tasks
+from blockx.worker.actor.tick import Tick
+from blockx.worker.actor.waits import Waits
 from blockx.worker.core import (
     ArmCallRetry,
     BatchSettled,
@@ -111,7 +135,6 @@ from blockx.worker.core import (
     DispatchCallCmd,
     DispatchCommand,
     DispatcherCore,
-    ExecutorSnapshot,
     ReleaseWait,
     ResumeParentCall,
     StopCallProduction,
@@ -161,73 +184,7 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class OrchestratorStats:
-    """Counters, for tests, benches and logs."""
-
-    __slots__ = (
-        "actor_runs",
-        "bind_failures",
-        "commands",
-        "events",
-        "executors_killed",
-        "handler_errors",
-        "io_waits",
-        "io_waits_released",
-        "resume_send_failures",
-        "send_failures",
-        "stale_waits",
-        "subcall_waits",
-        "wedged_calls",
-    )
-
-    def __init__(self) -> None:
-        self.actor_runs = 0
-        self.bind_failures = 0
-        self.commands = 0
-        self.events = 0
-        self.executors_killed = 0
-        self.handler_errors = 0
-        self.io_waits = 0
-        #: IO waits left unanswered whose future was cancelled (ReleaseWait).
-        self.io_waits_released = 0
-        self.resume_send_failures = 0
-        self.send_failures = 0
-        self.stale_waits = 0
-        self.subcall_waits = 0
-        self.wedged_calls = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self) -> str:
-        return f"OrchestratorStats({self.as_dict()})"
-
-
-def core_snapshot(snap: Any) -> ExecutorSnapshot:
-    """The core's snapshot from the adapter's (same field names, a subset).
-
-    Draining reservations (cancelled calls whose terminal frame is pending) hold a
-    context on the executor but no slot in the core, which lets go of a call when
-    it cancels it: they come off the usable contexts, so the core's headroom
-    matches what the adapter will accept (seed: the capacity view is derived from
-    reservations *and* draining).
-    """
-    return ExecutorSnapshot(
-        executor_id=snap.executor_id,
-        usable_contexts=max(snap.usable_contexts - snap.draining, 0),
-        healthy=snap.healthy,
-        runnable_count=snap.runnable_count,
-        inflight_count=snap.inflight_count,
-        heartbeat_seq=snap.heartbeat_seq,
-        running_call_id=snap.running_call_id,
-        last_scheduler_active_at_ms=snap.last_scheduler_active_at_ms,
-        memory_bytes=snap.memory_bytes,
-        running_for_ms=snap.running_for_ms,
-        running_call_budget_ms=snap.running_call_budget_ms,
-    )
-
-
-class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
+class Orchestrator:
     """The dispatch actor (see the module docstring).
 
     Build it, install :meth:`callbacks` on the adapter and :meth:`resolve_code`
@@ -262,48 +219,62 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         self._closed = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tick_due = 0.0
-        self._heartbeat_check_deferred = False
-        #: Live tasks by the task id the core and executors see.
-        self._tasks: dict[str, TaskRun] = {}
-        #: IO waits released (ReleaseWait) whose future's callback has not run yet.
-        self._released_waits: set[tuple[str, Any]] = set()
-        #: Executor id -> era killed by the wedge backstop (kill each era once).
-        self._killed_eras: dict[str, int] = {}
-        #: Executor id -> the wedge the backstop found in the era it killed, until that
-        #: era's loss is applied (it blames that call).
-        self._wedge_verdicts: dict[str, Any] = {}
-        #: Executor id -> first sighting of its running call past its threshold.
-        self._stall_sightings: dict[str, tuple[int, str, int]] = {}
-        #: Executor id -> the era a heartbeat timeout ended and what it last said.
-        self._silences: dict[str, Any] = {}
         #: Dispatch waits for the pool's executors to attach until this time (ms), so the
         #: first calls spread over all of them (0: not waiting).
         self._attach_hold_until_ms = 0
-        #: Tasks with a ``max_output_bytes`` of their own (counted on completion).
-        self._output_limited = 0
-        #: Executors whose snapshot in the core counted draining reservations, and how
-        #: many: when their terminal frames release some, the snapshot is synced again.
-        self._drain_synced: dict[str, int] = {}
         self.stats = OrchestratorStats()
+        #: Live tasks by the task id the core and executors see (written by ``tasks``).
+        self.runs = TaskRuns()
+        # The parts: each holds what it needs; none holds the orchestrator, only the
+        # bound methods it is given (run commands, post an event, fail an attempt).
+        self.snapshots = SnapshotSync(core, adapter, self._run)
+        self.waits = Waits(
+            core,
+            adapter,
+            self.runs,
+            self.stats,
+            run=self._run,
+            post=self.post,
+            fail_attempt=self._fail_attempt,
+        )
+        self.attempts = AttemptEnds(
+            core,
+            self.runs,
+            self.stats,
+            self.waits,
+            self.snapshots,
+            run=self._run,
+            fail_attempt=self._fail_attempt,
+        )
+        self.tasks = Tasks(core, code_view, self.runs, run=self._run)
+        self.tick = Tick(
+            core,
+            adapter,
+            self.snapshots,
+            self.stats,
+            pool=pool,
+            tick_interval_s=self._tick_interval_s,
+        )
+        waits, attempts, tasks = self.waits, self.attempts, self.tasks
         self._appliers: dict[type[Any], Callable[[Any], None]] = {
-            AttemptCompleted: self._apply_attempt_completed,
-            AttemptFailed: self._apply_attempt_failed,
-            CallFramesReceived: self._apply_call_frames,
-            CallSuspended: self._apply_call_suspended,
-            ControlDelivered: self._apply_control_delivered,
-            ControlsDelivered: self._apply_controls_delivered,
-            ControlUndelivered: self._apply_control_undelivered,
-            ResumeNotQueued: self._apply_resume_not_queued,
+            AttemptCompleted: attempts.apply_attempt_completed,
+            AttemptFailed: attempts.apply_attempt_failed,
+            CallFramesReceived: attempts.apply_call_frames,
+            CallSuspended: waits.apply_call_suspended,
+            ControlDelivered: waits.apply_control_delivered,
+            ControlsDelivered: waits.apply_controls_delivered,
+            ControlUndelivered: waits.apply_control_undelivered,
+            ResumeNotQueued: waits.apply_resume_not_queued,
             ExecutorAttached: self._apply_executor_attached,
             ExecutorLost: self._apply_executor_lost,
-            RetryDue: self._apply_retry_due,
-            TickElapsed: self._apply_tick,
-            TaskSubmitted: self._apply_task_submitted,
-            CallChunkPrepared: self._apply_call_chunk,
-            StreamOpened: self._apply_stream_opened,
-            StreamBatchProduced: self._apply_stream_batch,
-            StreamFinished: self._apply_stream_finished,
-            TaskCancelRequested: self._apply_task_cancel,
+            RetryDue: attempts.apply_retry_due,
+            TickElapsed: self.tick.apply_tick,
+            TaskSubmitted: tasks.apply_task_submitted,
+            CallChunkPrepared: tasks.apply_call_chunk,
+            StreamOpened: tasks.apply_stream_opened,
+            StreamBatchProduced: tasks.apply_stream_batch,
+            StreamFinished: tasks.apply_stream_finished,
+            TaskCancelRequested: tasks.apply_task_cancel,
         }
         self._executors: dict[type[Any], Callable[[Any], None]] = {
             BindCall: self._execute_bind,  # _run batches runs of binds itself
@@ -312,16 +283,16 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             CancelCallCmd: self._execute_cancel,
             ArmCallRetry: self._execute_arm_retry,
             CompleteCallFromCache: self._execute_complete_from_cache,
-            ResumeParentCall: self._execute_resume_parent,
-            ReleaseWait: self._execute_release_wait,
-            StopCallProduction: self._execute_stop_production,
-            BatchSettled: self._execute_batch_settled,
-            ConvergeTaskCalls: self._execute_converge,
+            ResumeParentCall: waits.execute_resume_parent,
+            ReleaseWait: waits.execute_release_wait,
+            StopCallProduction: tasks.execute_stop_production,
+            BatchSettled: tasks.execute_batch_settled,
+            ConvergeTaskCalls: tasks.execute_converge,
         }
 
     def __repr__(self) -> str:
         return (
-            f"Orchestrator(tasks={len(self._tasks)}, queued={len(self._events)}, "
+            f"Orchestrator(tasks={len(self.runs.by_id)}, queued={len(self._events)}, "
             f"runs={self.stats.actor_runs}, {self._core!r})"
         )
 
@@ -394,6 +365,7 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
         executors have attached (at most :data:`ATTACH_GRACE_MS`), so that the first
         calls of a run spread over all of them instead of piling onto the first."""
         self._pool = pool
+        self.tick.set_pool(pool)
         self._attach_hold_until_ms = self._clock_ms() + ATTACH_GRACE_MS
 
     @property
@@ -408,10 +380,10 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
 
     @property
     def live_task_ids(self) -> list[str]:
-        return list(self._tasks)
+        return list(self.runs.by_id)
 
     def task_run(self, task_id: str) -> TaskRun | None:
-        return self._tasks.get(task_id)
+        return self.runs.by_id.get(task_id)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -428,7 +400,7 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             self._tick_handle.cancel()
             self._tick_handle = None
 
-    # --- the tick timer (the checks are in :mod:`.orchestrator_wedge`) ----------------------
+    # --- the tick timer (the checks are :class:`~.tick.Tick`'s) -------------------------------
 
     def _schedule_tick(self) -> None:
         loop = self._loop
@@ -575,7 +547,7 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
                 if isinstance(exc, ExecutorCapacityError):
                     # The core's view is behind (a cancelled call still drains there):
                     # catch it up first, or the retry would pick this executor again.
-                    self._sync_snapshots()
+                    self.snapshots.sync()
                 _log.debug("bind of %s on %s refused: %s", cmd.call_id, cmd.executor_id, exc)
                 self._run(
                     self._core.handle_bind_failed(
@@ -598,12 +570,11 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
                 return
 
     def _execute_dispatch(self, cmd: DispatchCallCmd) -> None:
-        run = self._tasks.get(cmd.task_id)
+        run = self.runs.by_id.get(cmd.task_id)
         call = cmd.call
         if run is None:  # cannot happen: the core forgets a task only after its calls
-            self._fail_attempt(
-                cmd.call_id,
-                cmd.attempt_seq,
+            self._fail_dispatch(
+                cmd,
                 keys.ERR_INTERNAL_ERROR,
                 f"no runtime for task {cmd.task_id!r}",
                 retryable=False,
@@ -615,9 +586,8 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             code = run.code.resolve_for_dispatch(call.function_id, call.function_code_digest)
             error = code.error
             if error is not None:
-                self._fail_attempt(
-                    cmd.call_id,
-                    cmd.attempt_seq,
+                self._fail_dispatch(
+                    cmd,
                     error.kind,
                     error.message,
                     retryable=False,
@@ -638,31 +608,33 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
             )
         except SendError as exc:
             self.stats.send_failures += 1
-            self._fail_attempt(
-                cmd.call_id, cmd.attempt_seq, exc.error_kind, str(exc), retryable=exc.retryable
-            )
+            self._fail_dispatch(cmd, exc.error_kind, str(exc), retryable=exc.retryable)
         except EncodeError as encode_error:  # own name: mypyc types a name once
             self.stats.send_failures += 1
-            self._fail_attempt(
-                cmd.call_id,
-                cmd.attempt_seq,
-                encode_error.error_kind,
-                str(encode_error),
-                retryable=False,
-            )
+            self._fail_dispatch(cmd, encode_error.error_kind, str(encode_error), retryable=False)
 
-    def _fail_attempt(
+    def _fail_dispatch(
         self,
-        call_id: str,
-        attempt_seq: int,
+        cmd: DispatchCallCmd,
         kind: str,
         message: str,
         *,
         retryable: bool,
         stack: str | None = None,
     ) -> None:
+        """The attempt ``cmd`` dispatches failed before it reached the executor."""
         error = CallError(kind=kind, message=message, retryable=retryable, stack=stack)
-        self._run(self._core.handle_attempt_failure(call_id, attempt_seq, error, self._now_ms))
+        self._fail_attempt(cmd.call_id, cmd.attempt_seq, error, 0)
+
+    def _fail_attempt(
+        self, call_id: str, attempt_seq: int, error: CallError, budget_used_ms: int
+    ) -> None:
+        """Fail the live attempt at this actor run's time (given to the parts)."""
+        self._run(
+            self._core.handle_attempt_failure(
+                call_id, attempt_seq, error, self._now_ms, budget_used_ms=budget_used_ms
+            )
+        )
 
     def _execute_unbind(self, cmd: UnbindCall) -> None:
         self._adapter.unbind(cmd.call_id, cmd.executor_id)
@@ -692,25 +664,12 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
 
     # --- events: executors --------------------------------------------------------------------
 
-    def _sync_snapshots(self) -> list[Any]:
-        """Feed the adapter's snapshots to the core; returns them (the adapter's form)."""
-        snaps = self._adapter.snapshots()
-        self._drain_synced = {s.executor_id: s.draining for s in snaps if s.draining}
-        self._run(self._core.handle_executor_snapshot_updated([core_snapshot(s) for s in snaps]))
-        return snaps
-
-    def _resync_if_drained(self, executor_id: str) -> None:
-        """Sync the snapshots if ``executor_id`` released a draining reservation since."""
-        snap = self._adapter.snapshot(executor_id)
-        if snap is None or snap.draining < self._drain_synced.get(executor_id, 0):
-            self._sync_snapshots()
-
     def _apply_executor_attached(self, event: ExecutorAttached) -> None:
         _log.debug("executor %s attached", event.executor_id)
-        self._sync_snapshots()
+        self.snapshots.sync()
 
     def _apply_executor_lost(self, event: ExecutorLost) -> None:
-        """An era ended: its calls go by the blame rules (``_loss_report``,
+        """An era ended: its calls go by the blame rules (:meth:`.Tick.loss_report`,
         :mod:`blockx.worker.core.blame`)."""
         if event.lost_calls:
             loss = event.loss
@@ -721,6 +680,6 @@ class Orchestrator(WaitHandling, AttemptEvents, TaskEvents, TickChecks):
                 event.reason,
                 "no cause known" if loss is None else f"{loss.cause}: {loss.message}",
             )
-        self._sync_snapshots()
-        report = self._loss_report(event)
+        self.snapshots.sync()
+        report = self.tick.loss_report(event)
         self._run(self._core.handle_executor_lost(event.executor_id, self._now_ms, report))

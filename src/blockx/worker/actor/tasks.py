@@ -22,11 +22,20 @@ A commit the core refuses (a duplicate task id, a batch past the credit
 window, a chunk the phase has no room for) fails the run or cancels the task;
 it never stops the actor. A chunk or batch arriving after its task converged
 (cancelled meanwhile) is dropped.
+
+**Who owns what.** :class:`Tasks` is a part of the
+:class:`~blockx.worker.actor.orchestrator.Orchestrator`, built by it with the
+core, the function code view (pinned per task), the live tasks table
+(:class:`~blockx.worker.actor.runs.TaskRuns`, of which it is the only writer)
+and the orchestrator's ``run``. The orchestrator calls its ``apply_*`` methods
+for the task events and its ``execute_*`` methods for the task commands; it
+runs on the actor only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from blockx.worker.core import (
@@ -35,7 +44,6 @@ from blockx.worker.core import (
     DispatcherError,
     StopCallProduction,
 )
-from blockx.worker.mypyc_markers import trait
 
 if TYPE_CHECKING:
     from blockx.worker.actor.events import (
@@ -46,72 +54,75 @@ if TYPE_CHECKING:
         TaskCancelRequested,
         TaskSubmitted,
     )
+    from blockx.worker.actor.runs import TaskRuns
     from blockx.worker.actor.task_run import TaskRun
     from blockx.worker.code import FunctionCodeView
     from blockx.worker.core import DispatchCommand, DispatcherCore
 
-__all__ = ["TaskEvents"]
+__all__ = ["Tasks"]
 
 _log = logging.getLogger("blockx.worker.orchestrator")
 
 
-@trait
-class TaskEvents:
-    """Mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator`: tasks."""
+class Tasks:
+    """Task registration and outcomes (see the module docstring); a part of the
+    :class:`~blockx.worker.actor.orchestrator.Orchestrator`, which builds it.
 
-    # Provided by Orchestrator.
-    _core: DispatcherCore
-    _code_view: FunctionCodeView
-    _tasks: dict[str, TaskRun]
-    _output_limited: int
+    ``run`` executes the commands the core answers with (the orchestrator's).
+    """
 
-    def _run(self, commands: list[DispatchCommand]) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        core: DispatcherCore,
+        code_view: FunctionCodeView,
+        runs: TaskRuns,
+        *,
+        run: Callable[[list[DispatchCommand]], None],
+    ) -> None:
+        self._core = core
+        self._code_view = code_view
+        self._runs = runs
+        self._run = run
+
+    def __repr__(self) -> str:
+        return f"Tasks({self._runs!r})"
 
     # --- commands -------------------------------------------------------------------------
 
-    def _execute_stop_production(self, cmd: StopCallProduction) -> None:
-        run = self._tasks.get(cmd.task_id)
+    def execute_stop_production(self, cmd: StopCallProduction) -> None:
+        run = self._runs.by_id.get(cmd.task_id)
         if run is not None:
             run.production_stopped(cmd.failure)
 
-    def _execute_batch_settled(self, cmd: BatchSettled) -> None:
-        run = self._tasks.get(cmd.task_id)
+    def execute_batch_settled(self, cmd: BatchSettled) -> None:
+        run = self._runs.by_id.get(cmd.task_id)
         if run is not None:
             run.batch_settled(cmd)
 
-    def _execute_converge(self, cmd: ConvergeTaskCalls) -> None:
-        run = self._tasks.pop(cmd.task_id, None)
+    def execute_converge(self, cmd: ConvergeTaskCalls) -> None:
+        run = self._runs.remove(cmd.task_id)
         self._code_view.release(cmd.task_id)
-        if run is None:
-            return
-        if run.max_output_bytes is not None:
-            self._output_limited -= 1
-        run.converged(cmd)
+        if run is not None:
+            run.converged(cmd)
 
     # --- events -----------------------------------------------------------------------------
 
     def _register(self, run: TaskRun) -> bool:
-        if run.task_id in self._tasks:
+        if run.task_id in self._runs.by_id:
             run.done.set_exception(DispatcherError(f"task {run.task_id!r} is already running"))
             return False
-        view = run.code
-        self._code_view.pin(run.task_id, view)
-        self._tasks[run.task_id] = run
-        if run.max_output_bytes is not None:
-            self._output_limited += 1
+        self._code_view.pin(run.task_id, run.code)
+        self._runs.add(run)
         return True
 
     def _unregister(self, run: TaskRun, error: BaseException) -> None:
-        self._tasks.pop(run.task_id, None)
+        self._runs.remove(run.task_id)
         self._code_view.release(run.task_id)
-        if run.max_output_bytes is not None:
-            self._output_limited -= 1
         if not run.done.done():
             run.done.set_exception(error)
         run.changed.set()
 
-    def _apply_task_submitted(self, event: TaskSubmitted) -> None:
+    def apply_task_submitted(self, event: TaskSubmitted) -> None:
         run = event.run
         if not self._register(run):
             return
@@ -120,9 +131,9 @@ class TaskEvents:
         except DispatcherError as exc:
             self._unregister(run, exc)
 
-    def _apply_call_chunk(self, event: CallChunkPrepared) -> None:
+    def apply_call_chunk(self, event: CallChunkPrepared) -> None:
         run = event.run
-        if self._tasks.get(run.task_id) is not run:
+        if self._runs.by_id.get(run.task_id) is not run:
             return  # refused or converged (cancelled) meanwhile
         try:
             self._run(self._core.commit_call_chunk(event.prepared))
@@ -130,7 +141,7 @@ class TaskEvents:
             _log.error("task %s: call chunk refused: %s", run.user_task_id, exc)
             self._run(self._core.handle_task_cancelled(run.task_id, f"call chunk refused: {exc}"))
 
-    def _apply_stream_opened(self, event: StreamOpened) -> None:
+    def apply_stream_opened(self, event: StreamOpened) -> None:
         run = event.run
         if not self._register(run):
             return
@@ -141,9 +152,9 @@ class TaskEvents:
         except DispatcherError as exc:
             self._unregister(run, exc)
 
-    def _apply_stream_batch(self, event: StreamBatchProduced) -> None:
+    def apply_stream_batch(self, event: StreamBatchProduced) -> None:
         run = event.run
-        if self._tasks.get(run.task_id) is not run:
+        if self._runs.by_id.get(run.task_id) is not run:
             return  # converged (cancelled) meanwhile
         try:
             self._run(self._core.commit_call_batch(event.prepared))
@@ -151,11 +162,11 @@ class TaskEvents:
             _log.error("task %s: stream batch refused: %s", run.user_task_id, exc)
             self._run(self._core.handle_task_cancelled(run.task_id, f"stream batch refused: {exc}"))
 
-    def _apply_stream_finished(self, event: StreamFinished) -> None:
+    def apply_stream_finished(self, event: StreamFinished) -> None:
         run = event.run
-        if self._tasks.get(run.task_id) is not run:
+        if self._runs.by_id.get(run.task_id) is not run:
             return
         self._run(self._core.finish_call_stream(run.task_id))
 
-    def _apply_task_cancel(self, event: TaskCancelRequested) -> None:
+    def apply_task_cancel(self, event: TaskCancelRequested) -> None:
         self._run(self._core.handle_task_cancelled(event.task_id, event.reason))

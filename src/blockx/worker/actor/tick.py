@@ -35,7 +35,7 @@ A timer posts :class:`TickElapsed` every ``tick_interval_ms``; the actor then
    tick that fires late because the event loop stalled skips this check, so
    heartbeats that queued up meanwhile are read first.
 
-**Blame.** :meth:`TickChecks._loss_report` turns the adapter's
+**Blame.** :meth:`Tick.loss_report` turns the adapter's
 :class:`~blockx.worker.link.loss.ExecutorLoss` (plus a verdict of ours, if
 we killed that era) into the core's
 :class:`~blockx.worker.core.ExecutorLossReport`; the core applies the rules of
@@ -43,6 +43,16 @@ docs/security.md (:mod:`blockx.worker.core.blame`).
 
 The tick keeps no per-call timer: call budgets are enforced by the executors;
 the wedge backstop is the worker's only wall-clock guard on a running call.
+
+**Who owns what.** The :class:`~blockx.worker.actor.orchestrator.Orchestrator`
+owns the timer and builds :class:`Tick` with the core (thresholds, a call's
+granted budget), the adapter (snapshots, heartbeat timeouts, a dropped
+connection), the :class:`~blockx.worker.actor.snapshot_sync.SnapshotSync`, the
+counters and the pool (to kill). :class:`Tick` owns the backstop's state -- eras
+killed, wedge verdicts, stall sightings, silences -- which only it reads and
+writes: the orchestrator calls :meth:`Tick.apply_tick` for :class:`TickElapsed`
+and :meth:`Tick.loss_report` when it applies an :class:`ExecutorLost`. It
+issues no core command itself (the snapshot sync does). Actor only.
 """
 
 from __future__ import annotations
@@ -55,16 +65,16 @@ from blockx.wire import keys
 from blockx.worker.actor.events import ExecutorLost, TickElapsed
 from blockx.worker.core import ExecutorLossReport
 from blockx.worker.core.config import stall_threshold_ms
-from blockx.worker.mypyc_markers import trait
 
 if TYPE_CHECKING:
-    from blockx.worker.actor.orchestrator import OrchestratorStats
-    from blockx.worker.core import DispatchCommand, DispatcherCore
+    from blockx.worker.actor.snapshot_sync import SnapshotSync
+    from blockx.worker.actor.stats import OrchestratorStats
+    from blockx.worker.core import DispatcherCore
     from blockx.worker.link.adapter import ExecutorAdapter
     from blockx.worker.link.loss import ExecutorLoss
     from blockx.worker.pool.manager import PoolManager
 
-__all__ = ["ERR_EXECUTOR_WEDGED", "TickChecks"]
+__all__ = ["ERR_EXECUTOR_WEDGED", "Tick"]
 
 _log = logging.getLogger("blockx.worker.orchestrator")
 
@@ -92,40 +102,53 @@ class _Silence:
     running_call_budget_ms: int
 
 
-@trait
-class TickChecks:
-    """Mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator`: the tick."""
+class Tick:
+    """The tick's checks and the blame of lost eras (see the module docstring); a
+    part of the :class:`~blockx.worker.actor.orchestrator.Orchestrator`, which
+    builds it and owns the timer that posts :class:`TickElapsed`."""
 
-    # Provided by Orchestrator.
-    _core: DispatcherCore
-    _adapter: ExecutorAdapter
-    _pool: PoolManager | None
-    _tick_interval_s: float
-    _now_ms: int
-    #: Executor id -> era the backstop killed (kill each era once).
-    _killed_eras: dict[str, int]
-    #: Executor id -> the wedge found in its current era, until its loss is applied.
-    _wedge_verdicts: dict[str, _WedgeVerdict]
-    #: Executor id -> (era, call id, heartbeat seq) of the first heartbeat that showed
-    #: its running call past its threshold (the second one, later, convicts).
-    _stall_sightings: dict[str, tuple[int, str, int]]
-    #: Executor id -> its era the heartbeat timeout ended, until its loss is applied.
-    _silences: dict[str, _Silence]
-    stats: OrchestratorStats
+    def __init__(
+        self,
+        core: DispatcherCore,
+        adapter: ExecutorAdapter,
+        snapshots: SnapshotSync,
+        stats: OrchestratorStats,
+        *,
+        pool: PoolManager | None,
+        tick_interval_s: float,
+    ) -> None:
+        self._core = core
+        self._adapter = adapter
+        self._snapshots = snapshots
+        self._stats = stats
+        self._pool = pool
+        self._tick_interval_s = tick_interval_s
+        #: The last tick deferred its heartbeat check (the loop had stalled).
+        self._heartbeat_check_deferred = False
+        #: Executor id -> era the backstop killed (kill each era once).
+        self._killed_eras: dict[str, int] = {}
+        #: Executor id -> the wedge found in its current era, until its loss is applied.
+        self._wedge_verdicts: dict[str, _WedgeVerdict] = {}
+        #: Executor id -> (era, call id, heartbeat seq) of the first heartbeat that showed
+        #: its running call past its threshold (the second one, later, convicts).
+        self._stall_sightings: dict[str, tuple[int, str, int]] = {}
+        #: Executor id -> its era the heartbeat timeout ended, until its loss is applied.
+        self._silences: dict[str, _Silence] = {}
 
-    def _run(self, commands: list[DispatchCommand]) -> None:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return (
+            f"Tick(killed_eras={self._killed_eras}, verdicts={len(self._wedge_verdicts)}, "
+            f"sightings={len(self._stall_sightings)}, silences={len(self._silences)})"
+        )
 
-    def _sync_snapshots(self) -> list[Any]:
-        raise NotImplementedError
+    def set_pool(self, pool: PoolManager) -> None:
+        """Kill executors through ``pool`` from now on (without one: drop the connection)."""
+        self._pool = pool
 
     # --- the checks ---------------------------------------------------------------------------
 
-    #: The last tick deferred its heartbeat check (the loop had stalled).
-    _heartbeat_check_deferred: bool
-
-    def _apply_tick(self, event: TickElapsed) -> None:
-        snaps = self._sync_snapshots()
+    def apply_tick(self, event: TickElapsed) -> None:
+        snaps = self._snapshots.sync()
         self._check_wedged(snaps)
         if event.late_ms > self._tick_interval_s * 1000 and not self._heartbeat_check_deferred:
             # Heartbeats that arrived during the stall may still be unread (timers run
@@ -178,7 +201,7 @@ class TickChecks:
 
     def _judge_silence(self, snap: Any) -> None:
         """A heartbeat timeout ended ``snap``'s era: remember the silence and what the
-        last heartbeat said, for :meth:`_loss_report` to judge with the link's loss."""
+        last heartbeat said, for :meth:`loss_report` to judge with the link's loss."""
         self._silences[snap.executor_id] = _Silence(
             era=snap.era,
             silent_ms=snap.heartbeat_age_ms,
@@ -192,7 +215,7 @@ class TickChecks:
             return
         self._killed_eras[executor_id] = era
         self._wedge_verdicts[executor_id] = _WedgeVerdict(era=era, call_id=call_id, message=message)
-        self.stats.wedged_calls += 1
+        self._stats.wedged_calls += 1
         _log.error(
             "executor %s is wedged by %s: %s; killing it",
             executor_id,
@@ -211,14 +234,14 @@ class TickChecks:
             except KeyError:
                 killed = False
         if killed:
-            self.stats.executors_killed += 1
+            self._stats.executors_killed += 1
         else:
             # No process of ours (a test peer, an external executor): drop the connection.
             self._adapter.disconnect(executor_id, why)
 
     # --- blame ------------------------------------------------------------------------------
 
-    def _loss_report(self, event: ExecutorLost) -> ExecutorLossReport:
+    def loss_report(self, event: ExecutorLost) -> ExecutorLossReport:
         """The core's view of why ``event``'s era ended: the link's loss, corrected by
         what the tick found (a wedge it killed; a silence past a call's budget)."""
         executor_id = event.executor_id
@@ -284,7 +307,7 @@ class TickChecks:
         total = running_for + silence.silent_ms
         if total <= threshold:
             return None
-        self.stats.wedged_calls += 1
+        self._stats.wedged_calls += 1
         return _WedgeVerdict(
             era=silence.era,
             call_id=running,

@@ -43,6 +43,19 @@ The actor then
    lost executor's other calls do.
 
 The attempt number rides along as the control frame's ``token``.
+
+**Who owns what.** :class:`Waits` is a part of the
+:class:`~blockx.worker.actor.orchestrator.Orchestrator`, built by it with what it
+needs: the core, the adapter (``ResumeCall`` / ``CancelCall`` sends), the live
+tasks table (a task's IO handler and code view), the counters, and three of the
+orchestrator's bound methods -- ``run`` (execute the core's commands), ``post``
+(queue an event) and ``fail_attempt``. It owns ``released_waits``. The
+orchestrator calls its ``apply_*`` methods for the wait and delivery events and
+its ``execute_*`` methods for ``ReleaseWait`` / ``ResumeParentCall``;
+:class:`~blockx.worker.actor.attempts.AttemptEnds` hands it a read's runs of
+``CallWaiting`` frames (:meth:`Waits.apply_waits`). Everything runs on the actor
+except :meth:`Waits._io_answered` (an IO future's done callback), which touches
+only the adapter's send queue and ``released_waits``, never the core.
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from functools import partial as _partial
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -77,16 +91,16 @@ from blockx.worker.io import IOResult
 from blockx.worker.io.read_answer import ReadAnswer as _ReadAnswer
 from blockx.worker.json_values import encode_args
 from blockx.worker.link.callbacks import CallFrame
-from blockx.worker.mypyc_markers import trait
 
 if TYPE_CHECKING:
     from blockx.worker.actor.events import ActorEvent
-    from blockx.worker.actor.orchestrator import OrchestratorStats
+    from blockx.worker.actor.runs import TaskRuns
+    from blockx.worker.actor.stats import OrchestratorStats
     from blockx.worker.actor.task_run import TaskRun
     from blockx.worker.core import DispatchCommand, DispatcherCore
     from blockx.worker.link.adapter import ExecutorAdapter
 
-__all__ = ["WaitHandling"]
+__all__ = ["Waits"]
 
 _log = logging.getLogger("blockx.worker.orchestrator")
 
@@ -106,7 +120,7 @@ _Fragment: Final = orjson.Fragment
 _isfuture: Final = asyncio.isfuture
 _Future: Final = asyncio.Future
 #: The message of the cancel of an IO answer nobody waits for any more (ReleaseWait),
-#: for the handler's eyes (the worker itself goes by ``_released_waits``).
+#: for the handler's eyes (the worker itself goes by ``released_waits``).
 _RELEASED: Final = "blockx: the call no longer waits for this IO answer"
 _monotonic: Final = time.monotonic
 
@@ -119,35 +133,50 @@ def _error_wire(kind: str, message: str, retryable: bool) -> dict[str, Any]:
     }
 
 
-@trait
-class WaitHandling:
-    """Mixin of :class:`~blockx.worker.actor.orchestrator.Orchestrator`: waits and resumes."""
+class Waits:
+    """Waits and resumes (see the module docstring); a part of the
+    :class:`~blockx.worker.actor.orchestrator.Orchestrator`, which builds it.
 
-    # Provided by Orchestrator.
-    _core: DispatcherCore
-    _adapter: ExecutorAdapter
-    _tasks: dict[str, TaskRun]
-    #: (call id, handler future) of the IO waits released and not yet called back.
-    _released_waits: set[tuple[str, Any]]
-    _now_ms: int
-    _loop: asyncio.AbstractEventLoop | None
-    stats: OrchestratorStats
+    ``run`` executes commands the core answers with, ``post`` queues an event for
+    the actor (from an IO answer's callback), ``fail_attempt(call_id, attempt_seq,
+    error, budget_used_ms)`` fails an attempt at the actor run's time: the
+    orchestrator's bound methods.
+    """
 
-    def _run(self, commands: list[DispatchCommand]) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        core: DispatcherCore,
+        adapter: ExecutorAdapter,
+        runs: TaskRuns,
+        stats: OrchestratorStats,
+        *,
+        run: Callable[[list[DispatchCommand]], None],
+        post: Callable[[ActorEvent], None],
+        fail_attempt: Callable[[str, int, CallError, int], None],
+    ) -> None:
+        self._core = core
+        self._adapter = adapter
+        self._runs = runs
+        self._stats = stats
+        self._run = run
+        self._post = post
+        self._fail_attempt = fail_attempt
+        #: (call id, handler future) of the IO waits released (ReleaseWait) whose
+        #: future's done callback has not run yet: it answers nobody.
+        self.released_waits: set[tuple[str, Any]] = set()
 
-    def post(self, event: ActorEvent) -> None:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return f"Waits(released={len(self.released_waits)}, {self._stats!r})"
 
     # --- CallWaiting --------------------------------------------------------------------------
 
-    def _apply_call_suspended(self, event: CallSuspended) -> None:
-        self._apply_waits(
+    def apply_call_suspended(self, event: CallSuspended) -> None:
+        self.apply_waits(
             event.executor_id,
             [(_MT_CALL_WAITING, event.call_id, event.payload, event.request_id, event.sidecar)],
         )
 
-    def _apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
+    def apply_waits(self, executor_id: str, frames: list[CallFrame]) -> None:
         """A run of ``CallWaiting`` frames of one executor: the core moves them all to
         WAITING in one call, then each live wait is served in order.
 
@@ -156,7 +185,7 @@ class WaitHandling:
         :meth:`_io_answered` (no per-wait Python object to build). A future
         answer is also put in the call's ``wait_handle`` (one attribute store), so
         that an attempt leaving the wait unanswered can cancel it
-        (:meth:`_execute_release_wait`).
+        (:meth:`execute_release_wait`).
         """
         core = self._core
         waits: list[WaitingCall] = []
@@ -165,8 +194,8 @@ class WaitHandling:
             waits.append((frame[1], attempt if type(attempt) is int else -1))
         core.handle_calls_waiting(waits)
         call_context = core.call_contexts.get
-        tasks = self._tasks
-        stats = self.stats
+        tasks = self._runs.by_id
+        stats = self._stats
         io_answered = self._io_answered
         for (call_id, attempt), frame in zip(waits, frames, strict=True):
             ctx = call_context(call_id)
@@ -254,10 +283,10 @@ class WaitHandling:
         if type(outcome) is IOResult:
             answer = outcome
         else:
-            released = self._released_waits
+            released = self.released_waits
             if released:
                 key = (call_id, outcome)
-                if key in released:  # released (_execute_release_wait): no wait to answer
+                if key in released:  # released (execute_release_wait): no wait to answer
                     released.discard(key)
                     return
             try:
@@ -296,16 +325,16 @@ class WaitHandling:
                 executor_id, call_id, request_id, payload, sidecar=answer.sidecar, token=attempt
             )
         except (SendError, EncodeError) as not_sent:  # own name: compiled, a name has one type
-            self.post(ResumeNotQueued(call_id, attempt, not_sent, executor_id))
+            self._post(ResumeNotQueued(call_id, attempt, not_sent, executor_id))
 
-    def _execute_release_wait(self, cmd: ReleaseWait) -> None:
+    def execute_release_wait(self, cmd: ReleaseWait) -> None:
         """The attempt left its IO wait unanswered: cancel the future ``handle_io`` gave.
 
         IOHandler's contract: the worker cancels that future when nobody waits for it
         any more (a coroutine's task: the coroutine is cancelled); TaskIOScope then stops
         a read's backend call once its last waiter is gone. The released
         future's done callback (:meth:`_io_answered`) finds the wait in
-        ``_released_waits`` and answers nobody, however the future ended (a handler
+        ``released_waits`` and answers nobody, however the future ended (a handler
         may swallow the cancel and answer). Another wait that was given the same
         future (a handler must not share one) is not silenced: it gets an error.
         """
@@ -313,14 +342,14 @@ class WaitHandling:
         try:
             released = handle.cancel(_RELEASED)
         except Exception:
-            self.stats.handler_errors += 1
+            self._stats.handler_errors += 1
             _log.exception("cancelling the IO request of %s failed", cmd.call_id)
             return
         if released:
             # The future's done callbacks run later (call_soon): this wait's finds its key
             # and answers nobody; another wait sharing the future gets an error.
-            self._released_waits.add((cmd.call_id, handle))
-            self.stats.io_waits_released += 1
+            self.released_waits.add((cmd.call_id, handle))
+            self._stats.io_waits_released += 1
 
     # --- subcall ------------------------------------------------------------------------------
 
@@ -333,7 +362,7 @@ class WaitHandling:
         payload: dict[str, Any],
         attempt: int,
     ) -> None:
-        self.stats.subcall_waits += 1
+        self._stats.subcall_waits += 1
         run.subcalls += 1
         function_id = payload.get(keys.FP_FUNCTION_ID)
         granted = payload.get(keys.FP_GRANTED_BUDGET_MS, 0)
@@ -384,7 +413,7 @@ class WaitHandling:
         }
         self._send_resume(executor_id, call_id, request_id, payload, attempt)
 
-    def _execute_resume_parent(self, cmd: ResumeParentCall) -> None:
+    def execute_resume_parent(self, cmd: ResumeParentCall) -> None:
         parent = self._core.call_context(cmd.parent_call_id)
         attempt = parent.attempt_seq if parent is not None else -1
         error = cmd.error
@@ -419,11 +448,11 @@ class WaitHandling:
 
     # --- delivery -----------------------------------------------------------------------------
 
-    def _apply_control_delivered(self, note: ControlDelivered) -> None:
+    def apply_control_delivered(self, note: ControlDelivered) -> None:
         if note.message_type == _MT_RESUME_CALL:
             self._run(self._core.handle_call_resumed(note.call_id, note.token))
 
-    def _apply_controls_delivered(self, event: ControlsDelivered) -> None:
+    def apply_controls_delivered(self, event: ControlsDelivered) -> None:
         resumes: list[ResumedCall] = [
             (note.call_id, note.token)
             for note in event.notes
@@ -432,7 +461,7 @@ class WaitHandling:
         if resumes:
             self._run(self._core.handle_calls_resumed(resumes))
 
-    def _apply_control_undelivered(self, event: ControlUndelivered) -> None:
+    def apply_control_undelivered(self, event: ControlUndelivered) -> None:
         """A queued ResumeCall whose connection ended before it was flushed.
 
         The executor is gone with the suspended attempt: the attempt fails as
@@ -452,21 +481,21 @@ class WaitHandling:
             ),
             retryable=True,
         )
-        self._run(self._core.handle_attempt_failure(note.call_id, attempt, error, self._now_ms))
+        self._fail_attempt(note.call_id, attempt, error, 0)
 
-    def _apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
+    def apply_resume_not_queued(self, event: ResumeNotQueued) -> None:
         ctx = self._core.call_context(event.call_id)
         if ctx is None or ctx.attempt_seq != event.attempt_seq or ctx.state is not _WAITING:
             # The attempt ended while its IO was in flight (the executor cut the wait
             # off at the call's budget, a cancel, a retry): nobody waits for this answer.
-            self.stats.stale_waits += 1
+            self._stats.stale_waits += 1
             return
         self._resume_failed(event.call_id, event.attempt_seq, event.error, event.executor_id)
 
     def _resume_failed(
         self, call_id: str, attempt: int, exc: BaseException, executor_id: str | None = None
     ) -> None:
-        self.stats.resume_send_failures += 1
+        self._stats.resume_send_failures += 1
         if isinstance(exc, EncodeError):
             kind, retryable = exc.error_kind, False
         else:
@@ -476,7 +505,7 @@ class WaitHandling:
             message=f"ResumeCall for {call_id} (attempt {attempt}) could not be sent: {exc}",
             retryable=retryable,
         )
-        self._run(self._core.handle_attempt_failure(call_id, attempt, error, self._now_ms))
+        self._fail_attempt(call_id, attempt, error, 0)
         if executor_id is not None:
             # The executor still holds that attempt suspended (no answer will come): cancel it
             # there, best effort, or it keeps a context until its budget runs out (forever
