@@ -34,19 +34,6 @@ SRC = pathlib.Path(blockx.__file__).parent.parent
 #: is the set of modules of one known cycle; a cycle found here passes only when
 #: all its modules sit inside one entry. Empty this when those branches are merged.
 KNOWN_CYCLES_BEING_REMOVED: tuple[frozenset[str], ...] = (
-    frozenset(
-        {
-            "blockx.worker.actor.orchestrator",
-            "blockx.worker.actor.attempts",
-            "blockx.worker.actor.execute",
-            "blockx.worker.actor.one_shot",
-            "blockx.worker.actor.task_run",
-            "blockx.worker.actor.tasks",
-            "blockx.worker.actor.tick",
-            "blockx.worker.actor.waits",
-            "blockx.worker.actor.events",
-        }
-    ),
     frozenset({"blockx.worker.link.connection", "blockx.worker.link.state"}),
     frozenset(
         {
