@@ -273,5 +273,11 @@ def test_a_wait_that_outlasts_the_budget_ends_the_call_at_the_budget(
 
     with caplog.at_level(logging.WARNING, logger="blockx"):
         session.run(scenario())
-    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # Nothing to warn of -- but a loaded machine's stalled event loop, which the tick
+    # reports whatever runs (not this test's subject).
+    noise = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "event loop stalled" not in r.getMessage()
+    ]
     assert noise == [], [r.getMessage() for r in noise]

@@ -203,7 +203,11 @@ def test_the_io_request_of_a_call_that_failed_while_waiting_is_cancelled_quietly
 
     with caplog.at_level(logging.WARNING, logger="blockx"):
         run(scenario())
-    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    noise = [  # a loaded machine's stalled loop is reported whatever runs: not the subject
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "event loop stalled" not in r.getMessage()
+    ]
     assert noise == [], [r.getMessage() for r in noise]
 
 
@@ -313,7 +317,11 @@ def test_a_task_scopes_read_left_unanswered_is_abandoned_quietly(
 
     with caplog.at_level(logging.WARNING, logger="blockx"):
         run(scenario())
-    noise = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    noise = [  # a loaded machine's stalled loop is reported whatever runs: not the subject
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "event loop stalled" not in r.getMessage()
+    ]
     assert noise == [], [r.getMessage() for r in noise]
 
 
