@@ -20,6 +20,7 @@ from blockx.executor.sdk_bridge import (
     SubcallFailedError,
     register_io_error_kinds,
 )
+from blockx.executor.outbox import Outbox
 from blockx.executor.sdk_bridge_provider import SdkBridgeProvider
 from blockx.sdk.runtime import NoProviderError
 from blockx.wire import MAX_FRAME_BYTES, keys
@@ -71,7 +72,7 @@ class TestProvider:
         assert h.rt.stats()["greenlets_created"] == 1
 
     def test_the_bridge_refuses_work_off_a_call_greenlet(self, h: Harness) -> None:
-        bridge = SdkBridge(h.rt)
+        bridge = SdkBridge(h.rt, Outbox(None))
         with pytest.raises(NoProviderError):
             bridge.do_read_req("blockdb", "get_row", {})
         with pytest.raises(NoProviderError):
