@@ -10,6 +10,7 @@ from executor_harness import Harness
 
 from blockx import sdk
 from blockx.executor import sdk_bridge
+from blockx.executor.outbox import Outbox
 from blockx.executor.sdk_bridge import (
     FunctionCodeFetchError,
     RemoteCallError,
@@ -20,7 +21,6 @@ from blockx.executor.sdk_bridge import (
     SubcallFailedError,
     register_io_error_kinds,
 )
-from blockx.executor.outbox import Outbox
 from blockx.executor.sdk_bridge_provider import SdkBridgeProvider
 from blockx.sdk.runtime import NoProviderError
 from blockx.wire import MAX_FRAME_BYTES, keys
