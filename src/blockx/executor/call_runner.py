@@ -114,27 +114,6 @@ class CallRunner:
     in progress (``running`` and its stamps, read by the heartbeat thread).
     """
 
-    __slots__ = (
-        "_alarm",
-        "_blackbox",
-        "_bridge",
-        "_call_context",
-        "_contexts",
-        "_counters",
-        "_finished_attempts",
-        "_monotonic",
-        "_outbox",
-        "descriptors_exhausted",
-        "executor_id",
-        "in_scheduler",
-        "memory_exit",
-        "pool",
-        "registry",
-        "running",
-        "running_budget_left_ms",
-        "switched_in_at",
-    )
-
     def __init__(
         self,
         executor_id: str,
@@ -472,18 +451,17 @@ class CallRunner:
                 finished.popitem(last=False)
         self.registry.release_task(ctx.task_id)
         counters = self._counters
-        outbox = self._outbox
-        if ctx.suppress_terminal_emit or outbox.transport_lost:
+        if ctx.suppress_terminal_emit or self._outbox.transport_lost:
             counters["terminal_suppressed"] += 1
             return
         counters["calls_completed" if completed else "calls_failed"] += 1
         try:
             if isinstance(envelope, bytes):
-                outbox.send_encoded(envelope)
+                self._outbox.send_encoded(envelope)
             else:
-                outbox.send_frame(envelope)
+                self._outbox.send_frame(envelope)
         except ConnectionError:
-            outbox.note_transport_lost()
+            self._outbox.note_transport_lost()
         except EncodeError as exc:
             if not completed:
                 _log.error("could not send CallFailed: %s", exc, extra=ctx.log_fields())
@@ -494,7 +472,7 @@ class CallRunner:
                 ctx.call_id, ctx.task_id, ctx.attempt_seq, self.executor_id, output_failure(exc)
             )
             try:
-                outbox.send_frame(failed)
+                self._outbox.send_frame(failed)
             except (ConnectionError, EncodeError):
                 _log.error("could not send CallFailed", extra=ctx.log_fields())
         except Exception:  # a transport bug: nothing more can be done for this call

@@ -111,23 +111,6 @@ class InboundFrames:
     (replaced attempts end there; refusals are sent through it). Owned: ``closed``.
     """
 
-    __slots__ = (
-        "_bridge",
-        "_call_timeout_ms",
-        "_contexts",
-        "_counters",
-        "_executor_id",
-        "_finished_attempts",
-        "_max_inflight",
-        "_monotonic",
-        "_outbox",
-        "_registry",
-        "_runnable",
-        "_runner",
-        "_timers",
-        "closed",
-    )
-
     def __init__(
         self,
         executor_id: str,

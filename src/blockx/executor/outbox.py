@@ -54,8 +54,6 @@ class SessionLike(Protocol):
 class Outbox:
     """The sending side of the transport (see the module doc); ``session`` None collects."""
 
-    __slots__ = ("_collected", "_session", "_session_send_encoded", "transport_lost")
-
     def __init__(self, session: SessionLike | None) -> None:
         self._session = session
         self._session_send_encoded = getattr(session, "send_encoded", None)  # optional
