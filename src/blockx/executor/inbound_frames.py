@@ -129,8 +129,10 @@ class InboundFrames:
         runner: CallRunner,
     ) -> None:
         self._executor_id = executor_id
-        self._max_inflight = max_inflight  # resident top-level calls (0 = unlimited)
-        self._call_timeout_ms = call_timeout_ms  # the local call-timeout latch (0 = off)
+        #: Resident top-level calls admitted at most (0 = unlimited).
+        self.max_inflight = max_inflight
+        #: The local call-timeout latch armed on admission (ms; 0 = off).
+        self.call_timeout_ms = call_timeout_ms
         self._registry = registry
         self._contexts = contexts
         self._finished_attempts = finished_attempts
@@ -185,9 +187,9 @@ class InboundFrames:
                     f"parent call {ctx.parent_call_id!r} is not resident in executor "
                     f"{self._executor_id!r}"
                 )
-        elif self._max_inflight and len(self._contexts) >= self._max_inflight:
+        elif self.max_inflight and len(self._contexts) >= self.max_inflight:
             refusal = ExecutorCapacityExhausted(
-                f"executor {self._executor_id!r} is at its limit of {self._max_inflight} calls"
+                f"executor {self._executor_id!r} is at its limit of {self.max_inflight} calls"
             )
         if refusal is not None:
             counters["calls_refused"] += 1
@@ -201,8 +203,8 @@ class InboundFrames:
         self._registry.acquire_task(ctx.task_id)
         if ctx.debug_capture is not None:
             ensure_debug_tee()
-        if self._call_timeout_ms:
-            ctx.deadline_at = ctx.admitted_at + self._call_timeout_ms / 1000.0
+        if self.call_timeout_ms:
+            ctx.deadline_at = ctx.admitted_at + self.call_timeout_ms / 1000.0
             self._timers.add_timeout(ctx, ctx.deadline_at, resident=len(self._contexts))
         ctx.queued = True
         self._runnable.append(ctx)

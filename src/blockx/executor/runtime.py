@@ -12,7 +12,15 @@ It is composed, not inherited: the way h11's ``Connection`` holds a
 ended attempts, the run queues, the call timers, the counters) and hands each
 part exactly the ones it works on. Calls between parts are direct method
 calls on attributes of concrete classes (native calls once mypyc compiles
-them); none allocates or builds a closure per call.
+them); none allocates or builds a closure per call. What the split costs,
+counted by ``bench/opcodes.py`` on the sources (2026-12-01, against the
+base-class chain it replaced): 1,003 bytecodes per trivial call (was 1,000:
+the outbox's ``transport_lost`` read through one more attribute in admission
+and in the terminal frame) and 4,655 per call of 5 IO waits (was 4,649).
+Compiled, those are native attribute reads, and the bridge's ``CallWaiting``
+send became a native call (it went through the ``BridgeHost`` Protocol); not
+yet counted with ``bench/instructions.py`` (no compiled build where this was
+written).
 
 * :class:`~.inbound_frames.InboundFrames` (``_inbound``) — the worker's frames
   (:meth:`handle_inbound_message`; ``run_until_idle`` drains the session into
@@ -181,16 +189,10 @@ class ExecutorRuntime:
         if max_inflight < 0 or max_runnable < 0 or call_timeout_ms < 0:
             raise ValueError("max_inflight, max_runnable and call_timeout_ms must be >= 0")
         self.executor_id = executor_id
-        self.max_inflight = max_inflight
         self.max_runnable = max_runnable  # stored only: the worker's dispatch threshold
         self.process_instance_id = process_instance_id or uuid.uuid4().hex[:12]
-        self.call_timeout_ms = call_timeout_ms
-        # Handed to the parts at construction: replace it by passing ``registry``.
-        self.registry = (
-            registry
-            if registry is not None
-            else ModuleRegistry(restricted_namespace_factory=restricted_namespace)
-        )
+        if registry is None:
+            registry = ModuleRegistry(restricted_namespace_factory=restricted_namespace)
         self._session = session
         self._session_has_incoming = getattr(session, "has_incoming", None)  # optional
         self._metrics = metrics
@@ -246,7 +248,7 @@ class ExecutorRuntime:
         call_context.run(set_provider, self._provider)
         self._runner = CallRunner(
             executor_id,
-            registry=self.registry,
+            registry=registry,
             contexts=self._contexts,
             finished_attempts=self._finished_attempts,
             counters=self._counters,
@@ -261,7 +263,7 @@ class ExecutorRuntime:
             executor_id,
             max_inflight=max_inflight,
             call_timeout_ms=call_timeout_ms,
-            registry=self.registry,
+            registry=registry,
             contexts=self._contexts,
             finished_attempts=self._finished_attempts,
             runnable=self._runnable,
@@ -311,6 +313,23 @@ class ExecutorRuntime:
         (:meth:`InboundFrames.handle_inbound_message`). Scheduler thread only, never
         from inside a call."""
         self._inbound.handle_inbound_message(envelope, sidecar)
+
+    # --- what the parts hold, read through the runtime (one holder each) -------------------
+
+    @property
+    def registry(self) -> ModuleRegistry:
+        """The module registry the parts were given (pass ``registry`` to replace it)."""
+        return self._runner.registry
+
+    @property
+    def max_inflight(self) -> int:
+        """Resident top-level calls admitted at most (0 = unlimited)."""
+        return self._inbound.max_inflight
+
+    @property
+    def call_timeout_ms(self) -> int:
+        """The local call-timeout latch (0 = off)."""
+        return self._inbound.call_timeout_ms
 
     @property
     def descriptors_exhausted(self) -> bool:
@@ -530,7 +549,7 @@ class ExecutorRuntime:
         for ctx in list(self._contexts.values()):
             runner.terminate_context(ctx, reason, retryable=True)
         runner.pool.close()
-        self.registry.drop_released()
+        self._runner.registry.drop_released()
         self._alarm.restore()
 
     # --- containment ----------------------------------------------------------------------
@@ -592,7 +611,7 @@ class ExecutorRuntime:
             executor_id=self.executor_id,
             heartbeat_seq=next(self._heartbeat_seq),
             contexts=list(self._contexts.values()),  # atomic copy under the GIL
-            max_inflight=self.max_inflight,
+            max_inflight=self._inbound.max_inflight,
             metrics=self._metrics,
             process_instance_id=self.process_instance_id,
             last_scheduler_active_ms=last_active_ms,
@@ -619,7 +638,7 @@ class ExecutorRuntime:
         result["idle_greenlets"] = len(pool)
         result["transport_lost"] = self._outbox.transport_lost
         result["closed"] = self._inbound.closed
-        result["module_registry"] = self.registry.stats()
+        result["module_registry"] = self._runner.registry.stats()
         return result
 
     def get_context(self, call_id: str) -> ExecContext | None:
