@@ -65,12 +65,14 @@ first, yielding to the runnable queue after 64 in a row). Another pass follows
 only when it can find work. With one call per wake-up the per-pass fixed cost
 is paid per call, so it is kept to a few attribute checks.
 
-Imports point one way (no cycle, ``TYPE_CHECKING`` included; a test checks it):
-:mod:`.markers` and :mod:`.errors` import nothing of the executor's;
-:mod:`.context` only :mod:`.errors`; :mod:`.outbox` nothing; :mod:`.greenlet_pool`
-the markers (and the context, for types); :mod:`.sdk_bridge` the context, the
-markers and the outbox; :mod:`.call_runner` those and the pool;
-:mod:`.inbound_frames` the call runner; this module all of them.
+Imports point one way (no cycle, ``TYPE_CHECKING`` included;
+tests/executor/unit/test_import_graph.py checks it): :mod:`.markers`,
+:mod:`.outbox` and :mod:`.errors` import nothing of the executor's;
+:mod:`.context` only :mod:`.errors`; :mod:`.greenlet_pool` the markers (and the
+context, for types); :mod:`.sdk_bridge` the context, the errors, the markers and
+the outbox; :mod:`.call_runner` those, the pool, the outputs and the deadline
+alarm; :mod:`.inbound_frames` the call runner and the frame types; this module
+all of them, and nothing imports it but the process shell.
 
 Invariants: every admitted attempt that is not replaced ends in exactly one
 ``CallCompleted`` / ``CallFailed`` (none once the transport is gone); a

@@ -292,7 +292,11 @@ def _sleep_seconds(seconds: Any) -> float:
 
 
 class SdkBridge:
-    """The synchronous SDK contract on top of greenlet suspension (see the module doc)."""
+    """The synchronous SDK contract on top of greenlet suspension (see the module doc).
+
+    ``host`` (the runtime) numbers requests, arms timers and wakes code-fetch
+    followers; ``outbox`` sends the ``CallWaiting`` frames.
+    """
 
     __slots__ = ("_function_code_fetches", "_host", "_outbox")
 
