@@ -41,7 +41,8 @@ STAMP = Path("blockx") / "_native_build.json"
 #: the executor -- ``greenlet_pool`` (a pooled greenlet parked in compiled code has
 #: no frame: setting its ``gr_context`` fails), ``execute_frames`` (mypyc drops
 #: msgspec's ``tag=`` class arguments), ``compiled_module`` (weak references
-#: to its instances), ``errors``, ``__main__`` and the start-up modules;
+#: to its instances), ``markers`` (names only, no code per call), ``errors``,
+#: ``__main__`` and the start-up modules;
 #: the worker's runtime -- ``adapters/mypyc_markers`` (its run-time branch is
 #: unreachable to mypyc), ``orchestrator_events`` (dataclasses naming a
 #: TYPE_CHECKING-only class), ``completed_frames`` (msgspec Structs),
@@ -99,6 +100,7 @@ NATIVE_MODULES = [
     "blockx/executor/deadline.py",
     "blockx/executor/inbound_frames.py",
     "blockx/executor/module_registry.py",
+    "blockx/executor/outbox.py",
     "blockx/executor/outputs.py",
     "blockx/executor/runtime.py",
     "blockx/executor/sdk_bridge.py",

@@ -2,10 +2,20 @@
 
 Theory of operation
 -------------------
-``ExecutorRuntime`` inherits this; it is the part of the runtime that switches
-into call greenlets (the scheduler thread only, never from inside a call).
+``ExecutorRuntime`` holds one ``CallRunner`` (``_runner``), as h11's
+``Connection`` holds its ``ConnectionState``; so does the runtime's
+:class:`~.inbound_frames.InboundFrames` (admission ends a replaced attempt and
+refuses with :meth:`CallRunner.send_failed`). It is the part that switches into
+call greenlets (the scheduler thread only, never from inside a call). It is
+given what it works on -- the contexts table, the ended attempts, the counters,
+the module registry, the :class:`~.outbox.Outbox`, the SDK bridge (code
+fetches), the deadline alarm and the black box -- and owns the resident
+greenlet pool and the record of the switch in progress (``running``,
+``switched_in_at``, ``running_budget_left_ms``: the heartbeat thread reads
+them), ``descriptors_exhausted`` and ``memory_exit``. It imports nothing that
+imports it; the runtime's scheduler calls it, never the other way round.
 
-* :meth:`CallRunner._step_context` — the scheduler's one step of a queued
+* :meth:`CallRunner.step_context` — the scheduler's one step of a queued
   context, with exactly three branches: ``cancel_reason`` set → terminate;
   ``resume_payload`` set → switch it into the waiting greenlet; else the
   first switch, which hands the context to a resident greenlet
@@ -19,7 +29,7 @@ into call greenlets (the scheduler thread only, never from inside a call).
   greenlet goes back to the pool), anything else (the greenlet died or user
   code switched away by itself: the call fails if it has not ended, and the
   greenlet is discarded).
-* :meth:`CallRunner._terminate_context` — end a context now: a framework
+* :meth:`CallRunner.terminate_context` — end a context now: a framework
   exception (cancel, deadline, replacement, transport loss) is thrown into
   its suspended greenlet, or, for a context that never ran, it fails at once.
   A ``ResumeCall`` already delivered but not yet switched in is dropped, and
@@ -30,7 +40,7 @@ into call greenlets (the scheduler thread only, never from inside a call).
   :meth:`CallRunner._finish_failed` build them; :meth:`CallRunner._finish`
   makes the context ``DONE``, drops it from the table and sends the frame
   (suppressed for a replaced attempt and once the transport is gone);
-  :meth:`CallRunner._send_failed` answers a call refused at admission.
+  :meth:`CallRunner.send_failed` answers a call refused at admission.
 
 Invariants: a context's terminal outcome is decided once (``finished``);
 ``_finish`` is the only place that sets it, removes the context from the
@@ -58,7 +68,8 @@ from blockx.wire.keys import (
 from .containment import is_descriptor_exhaustion, is_memory_exhaustion
 from .context import ExecContext, ExecState, ResumePayload, running
 from .errors import AdmissionError, termination_exception
-from .greenlet_pool import CALL_FINISHED
+from .greenlet_pool import ResidentGreenletPool
+from .markers import CALL_FINISHED, SUSPENDED
 from .outputs import (
     Failure,
     call_completed_envelope,
@@ -66,7 +77,6 @@ from .outputs import (
     describe_failure,
     output_failure,
 )
-from .sdk_bridge import SUSPENDED
 
 if TYPE_CHECKING:
     import contextvars
@@ -76,8 +86,8 @@ if TYPE_CHECKING:
     from blockx.wire.blackbox import BlackboxWriter
 
     from .deadline import DeadlineAlarm
-    from .greenlet_pool import ResidentGreenletPool
     from .module_registry import ModuleRegistry
+    from .outbox import Outbox
     from .sdk_bridge import SdkBridge
 
 __all__ = ["FINISHED_ATTEMPTS_REMEMBERED", "CallRunner", "admission_failure"]
@@ -94,52 +104,77 @@ def admission_failure(exc: AdmissionError) -> Failure:
 
 
 class CallRunner:
-    """Stepping, ending and terminal frames of resident contexts (see the module doc)."""
+    """Stepping, ending and terminal frames of resident contexts (see the module doc).
 
-    # Provided by ExecutorRuntime. Declared here, not under `if TYPE_CHECKING`, so mypyc
-    # compiles this class with them (a bare annotation does nothing at run time).
-    executor_id: str
-    registry: ModuleRegistry
-    _contexts: dict[str, ExecContext]
-    _finished_attempts: OrderedDict[str, int]
-    _counters: dict[str, int]
-    _monotonic: Callable[[], float]
-    _running: ExecContext | None
-    # Read by the heartbeat thread (runningForMs, runningCallBudgetMs): when the scheduler
-    # last switched into ``_running`` (monotonic seconds) and the budget that call had
-    # left then (ms; 0.0 = unlimited). Stored before ``_running`` is, so a reader that
-    # races a switch sees at worst a newer stamp (a shorter runningForMs).
-    _switched_in_at: float
-    _running_budget_left_ms: float
-    _blackbox: BlackboxWriter | None
-    #: Set when a call failed for want of file descriptors: the process shell then
-    #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
-    descriptors_exhausted: bool
-    _memory_exit: Callable[[int], None] | None
-    _in_scheduler: bool
-    _transport_lost: bool
-    _alarm: DeadlineAlarm
-    _pool: ResidentGreenletPool
-    _bridge: SdkBridge
-    _call_context: contextvars.Context
+    Given, shared with the other parts: the contexts table and the ended attempts
+    (``contexts``, ``finished_attempts``: :meth:`_finish` writes both), the
+    ``counters``, the ``registry`` (code, namespaces released with the terminal
+    frame), the ``outbox``, the ``bridge`` (code fetches), the ``alarm`` and the
+    black box. Owned: the resident greenlet ``pool`` and the record of the switch
+    in progress (``running`` and its stamps, read by the heartbeat thread).
+    """
 
-    def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
-        raise NotImplementedError  # ExecutorRuntime's
+    def __init__(
+        self,
+        executor_id: str,
+        *,
+        registry: ModuleRegistry,
+        contexts: dict[str, ExecContext],
+        finished_attempts: OrderedDict[str, int],
+        counters: dict[str, int],
+        monotonic: Callable[[], float],
+        outbox: Outbox,
+        bridge: SdkBridge,
+        call_context: contextvars.Context,
+        alarm: DeadlineAlarm,
+        blackbox: BlackboxWriter | None,
+    ) -> None:
+        self.executor_id = executor_id
+        self.registry = registry
+        self._contexts = contexts
+        self._finished_attempts = finished_attempts
+        self._counters = counters
+        self._monotonic = monotonic
+        self._outbox = outbox
+        self._bridge = bridge
+        # Every call runs in a copy of this Context (see step_context).
+        self._call_context = call_context
+        self._alarm = alarm
+        self._blackbox = blackbox
+        self.pool = ResidentGreenletPool(self._run_call, self._fail_escaped)
+        #: The context whose greenlet holds the thread (None between switches).
+        self.running: ExecContext | None = None
+        # Read by the heartbeat thread (runningForMs, runningCallBudgetMs): when the
+        # scheduler last switched into ``running`` (monotonic seconds) and the budget
+        # that call had left then (ms; 0.0 = unlimited). Stored before ``running`` is,
+        # so a reader that races a switch sees at worst a newer stamp.
+        self.switched_in_at = 0.0
+        self.running_budget_left_ms = 0.0
+        #: Set when a call failed for want of file descriptors: the process shell then
+        #: recycles the executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED).
+        self.descriptors_exhausted = False
+        #: What a call that gets ``MemoryError`` does to the process (None: it just fails).
+        self.memory_exit: Callable[[int], None] | None = None
+        #: True while the runtime's scheduler pass runs (it disarms the alarm at its
+        #: end); a slice run outside one (shutdown, transport loss) disarms its own.
+        self.in_scheduler = False
 
-    def send_encoded(self, frame: bytes) -> None:
-        raise NotImplementedError  # ExecutorRuntime's
-
-    def note_transport_lost(self) -> None:
-        raise NotImplementedError  # ExecutorRuntime's
+    def __repr__(self) -> str:
+        running = self.running
+        return (
+            f"CallRunner({self.executor_id!r}, running="
+            f"{running.call_id if running is not None else None!r}, pool={self.pool!r}"
+            f"{', descriptors exhausted' if self.descriptors_exhausted else ''})"
+        )
 
     # --- stepping -----------------------------------------------------------------------
 
-    def _step_context(self, ctx: ExecContext) -> None:
+    def step_context(self, ctx: ExecContext) -> None:
         """The three branches: terminate, resume, or first switch."""
         now = self._monotonic()
         ctx.queue_wait_s += now - ctx.enqueued_at
         if ctx.cancel_reason is not None:
-            self._terminate_context(ctx, ctx.cancel_reason)
+            self.terminate_context(ctx, ctx.cancel_reason)
             return
         value = ctx.resume_payload
         if value is not None:
@@ -147,7 +182,7 @@ class CallRunner:
             glet = ctx.greenlet
             assert glet is not None
         else:
-            glet = self._pool.take()
+            glet = self.pool.take()
             # A fresh Context per call: the provider is set, and ContextVars one call
             # sets never leak into the next call on the same resident greenlet.
             glet.gr_context = self._call_context.copy()
@@ -162,7 +197,7 @@ class CallRunner:
         ctx.state = ExecState.RUNNING
         ctx.slice_started = now
         running.ctx = ctx
-        self._switched_in_at = now
+        self.switched_in_at = now
         alarm = self._alarm
         budget = ctx.budget_ms
         budget_left = 0.0
@@ -185,8 +220,8 @@ class CallRunner:
             # DeadlineAlarm.arm's test, inline: mostly the armed expiry already comes first.
             if alarm.ready and (due < alarm.due or alarm.due <= now):
                 alarm.arm(due, now)
-        self._running_budget_left_ms = budget_left
-        self._running = ctx
+        self.running_budget_left_ms = budget_left
+        self.running = ctx
         box = self._blackbox
         if box is not None:
             # The black box names this call while it holds the thread: if the process
@@ -203,20 +238,20 @@ class CallRunner:
             if box is not None:
                 box.leave()
             running.ctx = None
-            self._running = None
+            self.running = None
             if ctx.slice_started:
                 ended = self._monotonic()
                 ctx.cpu_s += ended - ctx.slice_started
                 ctx.slice_started = 0.0
                 ctx.suspended_at = ended  # a wait's cut-off is counted from here
-            if not self._in_scheduler and alarm.due != math.inf:
+            if not self.in_scheduler and alarm.due != math.inf:
                 alarm.disarm()
         if result is SUSPENDED:
             return
         if result is CALL_FINISHED:
             if ctx.greenlet is glet:
                 ctx.greenlet = None
-            self._pool.release(glet)
+            self.pool.release(glet)
             return
         # The greenlet died, raised, or left its call by switching away by itself.
         if isinstance(result, BaseException) and not isinstance(result, GreenletExit):
@@ -237,9 +272,9 @@ class CallRunner:
                 kind = ERR_INTERNAL_ERROR if glet.dead else ERR_USER_ERROR
                 message = f"call left its greenlet unexpectedly ({result!r})"
                 self._finish_failed(ctx, (kind, glet.dead, message, None, None))
-        self._pool.discard(glet)
+        self.pool.discard(glet)
 
-    def _terminate_context(
+    def terminate_context(
         self,
         ctx: ExecContext,
         reason: str,
@@ -322,7 +357,7 @@ class CallRunner:
         """A call failed for want of memory or descriptors. Memory (with a limit set):
         the process ends now, the call still named in the black box. Descriptors: the
         call fails as usual, then the process shell recycles the executor."""
-        end = self._memory_exit
+        end = self.memory_exit
         if end is not None and is_memory_exhaustion(error):
             end(0)
         elif is_descriptor_exhaustion(error):
@@ -416,17 +451,17 @@ class CallRunner:
                 finished.popitem(last=False)
         self.registry.release_task(ctx.task_id)
         counters = self._counters
-        if ctx.suppress_terminal_emit or self._transport_lost:
+        if ctx.suppress_terminal_emit or self._outbox.transport_lost:
             counters["terminal_suppressed"] += 1
             return
         counters["calls_completed" if completed else "calls_failed"] += 1
         try:
             if isinstance(envelope, bytes):
-                self.send_encoded(envelope)
+                self._outbox.send_encoded(envelope)
             else:
-                self.send_frame(envelope)
+                self._outbox.send_frame(envelope)
         except ConnectionError:
-            self.note_transport_lost()
+            self._outbox.note_transport_lost()
         except EncodeError as exc:
             if not completed:
                 _log.error("could not send CallFailed: %s", exc, extra=ctx.log_fields())
@@ -437,18 +472,18 @@ class CallRunner:
                 ctx.call_id, ctx.task_id, ctx.attempt_seq, self.executor_id, output_failure(exc)
             )
             try:
-                self.send_frame(failed)
+                self._outbox.send_frame(failed)
             except (ConnectionError, EncodeError):
                 _log.error("could not send CallFailed", extra=ctx.log_fields())
         except Exception:  # a transport bug: nothing more can be done for this call
             _log.exception("could not send the terminal frame", extra=ctx.log_fields())
 
-    def _send_failed(self, call_id: str, task_id: str, attempt_seq: int, failure: Failure) -> None:
+    def send_failed(self, call_id: str, task_id: str, attempt_seq: int, failure: Failure) -> None:
         """A CallFailed for a call that never became resident (refused at admission)."""
         envelope = call_failed_envelope(call_id, task_id, attempt_seq, self.executor_id, failure)
         try:
-            self.send_frame(envelope)
+            self._outbox.send_frame(envelope)
         except ConnectionError:
-            self.note_transport_lost()
+            self._outbox.note_transport_lost()
         except EncodeError as exc:
             _log.error("could not send CallFailed: %s", exc, extra={"callId": call_id})

@@ -36,6 +36,11 @@ then (:data:`CUT_OFF_STATES`).
 Who touches it: the scheduler (main thread) and the call's own greenlet; the
 heartbeat thread only reads ``state`` and ``queued``.
 
+Imports: this module imports nothing of the executor's but :mod:`.errors`; the
+bridge a context carries (for the ``time.sleep`` patch) is typed by the
+:class:`SleepBridge` Protocol, so :mod:`.sdk_bridge`, which imports this module,
+is not imported back.
+
 :func:`current_context` answers "which call is running on this greenlet?" for
 the SDK seam, the sleep patch and debug capture; it is None on any other
 greenlet or thread.
@@ -46,7 +51,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from greenlet import getcurrent
 
@@ -92,8 +97,6 @@ from .errors import (
 if TYPE_CHECKING:
     from greenlet import greenlet
 
-    from .sdk_bridge import SdkBridge
-
 __all__ = [
     "BUDGET_CUT_OFF_STATES",
     "CUT_OFF_STATES",
@@ -104,6 +107,7 @@ __all__ = [
     "ExecContext",
     "ExecState",
     "ResumePayload",
+    "SleepBridge",
     "current_context",
     "running",
 ]
@@ -264,6 +268,14 @@ class DebugCapture:
         return f"DebugCapture({self._size} chars, truncated={self.truncated})"
 
 
+class SleepBridge(Protocol):
+    """A context's ``bridge`` (``sdk_bridge.SdkBridge``), as the global ``time.sleep``
+    patch reaches it through the running context. A Protocol: the bridge module
+    imports this one, so this one does not import it (no cycle, even for typing)."""
+
+    def do_sleep(self, seconds: float) -> None: ...
+
+
 class _Running:
     """The context whose greenlet the scheduler switched into (None between switches)."""
 
@@ -399,7 +411,7 @@ class ExecContext:
         self.suppress_terminal_emit = False
         self.finished = False  # the terminal outcome was decided (sent or suppressed)
         self.greenlet: greenlet | None = None
-        self.bridge: SdkBridge | None = None
+        self.bridge: SleepBridge | None = None  # set on admission (sdk_bridge.SdkBridge)
         # At most one pending request per context (docs/protocol.md invariant 2).
         self.pending_request_id: str | None = None
         self.code_fetch_follower = False  # WAITING_FUNCTION_CODE without a request of its own

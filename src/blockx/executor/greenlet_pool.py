@@ -15,6 +15,9 @@ scheduler, receive the next context. ``run_call`` handles every outcome of
 the call itself; what escapes it (a preemption signal that landed in
 framework code after the call's own handlers) goes to ``fail_call``, so the
 call still gets its terminal frame. Switching :data:`RETIRE` in ends the loop.
+(Both markers live in :mod:`.markers`; this module names contexts only under
+``TYPE_CHECKING``, and :mod:`.context` imports nothing of the executor's but
+:mod:`.errors`: no import cycle.)
 
 Invariants: an idle greenlet is suspended at the top of its loop, holding no
 call; at most ``max_idle`` greenlets are idle (the rest are retired when their
@@ -30,33 +33,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from .markers import CALL_FINISHED, RETIRE
+
 if TYPE_CHECKING:
     from .context import ExecContext
 
-__all__ = ["CALL_FINISHED", "POOL_MAX_IDLE", "RETIRE", "Marker", "ResidentGreenletPool"]
+__all__ = ["CALL_FINISHED", "POOL_MAX_IDLE", "RETIRE", "ResidentGreenletPool"]
 
 _log = logging.getLogger("blockx.executor")
 
 #: Idle resident greenlets kept for reuse; the rest are retired when their call ends.
 POOL_MAX_IDLE: Final = 256
-
-
-class Marker:
-    """A named sentinel switched between greenlets (compared by identity)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<{self.name}>"
-
-
-#: What a pool greenlet switches to the scheduler when its call has ended.
-CALL_FINISHED: Final = Marker("call-finished")
-#: What the scheduler switches into an idle pool greenlet to end it.
-RETIRE: Final = Marker("retire")
 
 
 class ResidentGreenletPool:

@@ -7,20 +7,57 @@ The runtime owns every resident call attempt (:class:`ExecContext`, keyed by
 greenlet. It runs on one thread (the "scheduler thread", the one that built it);
 the session's reader/writer threads and the heartbeat thread never switch.
 
-Inbound frames arrive through :meth:`ExecutorRuntime.handle_inbound_message`
-(from ``session.drain_incoming()`` inside :meth:`run_until_idle`, or fed
-directly by tests); :mod:`.inbound_frames` reads them and maps them onto three
-semantic entry points, which live here:
+It is composed, not inherited: the way h11's ``Connection`` holds a
+``ConnectionState``, the runtime builds the shared tables (the contexts, the
+ended attempts, the run queues, the call timers, the counters) and hands each
+part exactly the ones it works on. Calls between parts are direct method
+calls on attributes of concrete classes (native calls once mypyc compiles
+them); none allocates or builds a closure per call. What the split costs,
+counted by ``bench/opcodes.py`` on the sources (2026-12-01, against the
+base-class chain it replaced): 1,003 bytecodes per trivial call (was 1,000:
+the outbox's ``transport_lost`` read through one more attribute in admission
+and in the terminal frame) and 4,655 per call of 5 IO waits (was 4,649).
+Compiled, those are native attribute reads, and the bridge's ``CallWaiting``
+send became a native call (it went through the ``BridgeHost`` Protocol); not
+yet counted with ``bench/instructions.py`` (no compiled build where this was
+written).
 
-* :meth:`submit_call` — admission (capacity for top-level calls, a resident
-  parent for sub-calls), attempt replacement, then the context joins the
-  runnable queue;
-* :meth:`resume_call` — a ``ResumeCall`` matching the context's ``callId``,
-  pending ``requestId`` and state's ``resumeKind`` stores its payload and queues
-  the context; anything else is dropped and counted stale;
-* :meth:`cancel_call` — a waiting context is ended at once (a framework
-  exception thrown into its greenlet); a runnable one gets ``cancel_reason``
-  and ends at its next step.
+* :class:`~.inbound_frames.InboundFrames` (``_inbound``) — the worker's frames
+  (:meth:`handle_inbound_message`; ``run_until_idle`` drains the session into
+  it) and the three semantic entry points they map onto, which the runtime's
+  :meth:`submit_call`, :meth:`resume_call` and :meth:`cancel_call` are:
+  admission and attempt replacement, a matching ``ResumeCall`` queued, a cancel
+  ending a waiting call at once or a runnable one at its next step;
+* :class:`~.call_runner.CallRunner` (``_runner``) — stepping a context
+  (terminate, resume, or first switch), one switch into its greenlet, ending
+  it, the call body on its pool greenlet and its one terminal frame; it owns
+  the resident greenlet pool (:mod:`.greenlet_pool`: a fresh greenlet costs
+  ~8 µs, a reused one ~0.5 µs, docs/operations.md) and the record of the
+  switch in progress, which heartbeats read;
+* :class:`~.outbox.Outbox` (``_outbox``) — every frame sent, and
+  ``transport_lost``;
+* :class:`~.sdk_bridge.SdkBridge` (``_bridge``) — the call side of every wait
+  (``CallWaiting`` → suspend → ``ResumeCall``); this runtime is its host
+  (``next_request_id``, ``limit_wait``, ``schedule_sleep``, ``wake_context``);
+* :mod:`.timers` — the sleep, wait-limit and call-timeout heaps
+  (``CallTimers``): which contexts are due; the runtime queues or ends them.
+  An IO or sub-call wait that outlasts its call's budget (or deadline) is cut
+  off: :meth:`ExecutorRuntime._cut_off_wait` forgets the pending request (its
+  late ``ResumeCall`` is dropped as stale) and switches ``WAIT_CUT_OFF`` into
+  the call, whose wait then fails it as ``deadline_exceeded``;
+* :mod:`.deadline` — ``SIGALRM`` preemption of calls that overrun their budget
+  in pure CPU work (armed before each switch into a budgeted call, disarmed
+  when the scheduler goes idle);
+* :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
+  (:meth:`build_heartbeat`): ``runningForMs`` and ``runningCallBudgetMs`` come
+  from the runner's switch stamps (two attribute stores per switch, no clock
+  read of their own), so a long pass of healthy calls never looks stalled;
+* :mod:`.containment` — the black box written around each switch, the
+  ``MemoryError`` exit (:meth:`set_memory_exit`), the descriptor-exhaustion flag
+  (:attr:`descriptors_exhausted`) and the credit for time stopped by ``SIGSTOP``
+  (:meth:`credit_pause`);
+* :mod:`.module_registry` — code by digest, namespaces by task (acquired on
+  admission, released with the terminal frame).
 
 :meth:`run_until_idle` refreshes the transport state, drains inbound frames,
 wakes due timers and steps queued contexts until none is runnable (sleep-ready
@@ -28,46 +65,14 @@ first, yielding to the runnable queue after 64 in a row). Another pass follows
 only when it can find work. With one call per wake-up the per-pass fixed cost
 is paid per call, so it is kept to a few attribute checks.
 
-Where the rest lives (``ExecutorRuntime`` is one object; these are its parts):
-
-* :mod:`.call_runner` (``CallRunner``, the base of ``InboundFrames``) — stepping a context
-  (``_step_context``: terminate, resume, or first switch), one switch into its
-  greenlet (``_run_slice``), ending it (``_terminate_context``), the call body
-  on its greenlet (``_run_call``) and its one terminal frame (``_finish*``);
-* :mod:`.inbound_frames` (``InboundFrames``, inherited) — the worker's frames:
-  ``handle_inbound_message`` and the per-``messageType`` readers behind it
-  (typed ``ExecuteCall`` / ``ResumeCall`` frames, dict envelopes), which drop
-  or fail malformed input and call the entry points above;
-* :mod:`.greenlet_pool` — the resident greenlets (docs/operations.md: a
-  fresh greenlet costs ~8 µs, a reused one ~0.5 µs). Each loops "take a
-  context, run it to its terminal frame, switch back ``CALL_FINISHED``"; one
-  whose user code will not die is discarded, never reused;
-* :mod:`.deadline` — ``SIGALRM`` preemption of calls that overrun their budget
-  in pure CPU work (armed before each switch into a budgeted call, disarmed
-  when the scheduler goes idle; the handler raises only into a ``RUNNING``
-  call whose budget really expired);
-* :mod:`.timers` — the sleep, wait-limit and call-timeout heaps
-  (``CallTimers``): which contexts are due; the runtime queues or ends them.
-  An IO or sub-call wait that outlasts its call's budget (or deadline) is cut
-  off: :meth:`ExecutorRuntime._cut_off_wait` forgets the pending request (its
-  late ``ResumeCall`` is dropped as stale) and switches ``WAIT_CUT_OFF`` into
-  the call, whose wait then fails it as ``deadline_exceeded``;
-* :mod:`.heartbeat` — the ``Heartbeat`` payload built from a snapshot
-  (:meth:`build_heartbeat`) and the thread that sends it. Every switch into a
-  call stamps when it happened and the budget the call had left
-  (``_switched_in_at``, ``_running_budget_left_ms``: two attribute stores, no
-  clock read of its own): heartbeats report ``runningForMs`` and
-  ``runningCallBudgetMs`` from them, so a long pass of healthy calls never
-  looks stalled;
-* :mod:`.containment` — the black box written around each switch, the
-  ``MemoryError`` exit (:meth:`set_memory_exit`), the descriptor-exhaustion flag
-  (``descriptors_exhausted``) and the credit for time stopped by ``SIGSTOP``
-  (:meth:`credit_pause`);
-* :mod:`.sdk_bridge` — the call side of every wait (``CallWaiting`` →
-  suspend → ``ResumeCall``); this module is its host (``next_request_id``,
-  ``send_encoded``, ``schedule_sleep``, ``wake_context``);
-* :mod:`.module_registry` — code by digest, namespaces by task (acquired on
-  admission, released with the terminal frame).
+Imports point one way (no cycle, ``TYPE_CHECKING`` included;
+tests/executor/unit/test_import_graph.py checks it): :mod:`.markers`,
+:mod:`.outbox` and :mod:`.errors` import nothing of the executor's;
+:mod:`.context` only :mod:`.errors`; :mod:`.greenlet_pool` the markers (and the
+context, for types); :mod:`.sdk_bridge` the context, the errors, the markers and
+the outbox; :mod:`.call_runner` those, the pool, the outputs and the deadline
+alarm; :mod:`.inbound_frames` the call runner and the frame types; this module
+all of them, and nothing imports it but the process shell.
 
 Invariants: every admitted attempt that is not replaced ends in exactly one
 ``CallCompleted`` / ``CallFailed`` (none once the transport is gone); a
@@ -88,18 +93,16 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from blockx.sdk.runtime import set_provider
-from blockx.wire import decode_frame, encode_frame
 from blockx.wire.blackbox import BlackboxWriter
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
-from .call_runner import admission_failure
+from .call_runner import CallRunner
 from .containment import PauseClock
 from .context import (
     CUT_OFF_STATES,
-    RESUME_KIND_BY_STATE,
     WAITING_STATES,
     ExecContext,
     ExecState,
@@ -107,22 +110,15 @@ from .context import (
     current_context,
 )
 from .deadline import DeadlineAlarm
-from .debug_capture import ensure_debug_tee
-from .errors import (
-    REASON_ATTEMPT_REPLACED,
-    REASON_CALL_TIMEOUT,
-    REASON_TRANSPORT_LOST,
-    AdmissionError,
-    ExecutorCapacityExhausted,
-    ExecutorClosedError,
-    SubcallParentNotResident,
-)
-from .greenlet_pool import POOL_MAX_IDLE, ResidentGreenletPool
+from .errors import REASON_CALL_TIMEOUT, REASON_TRANSPORT_LOST
+from .greenlet_pool import POOL_MAX_IDLE
 from .heartbeat import MetricsLike, heartbeat_payload
 from .inbound_frames import InboundFrames
+from .markers import SLEEP_WAKE, WAIT_CUT_OFF
 from .module_registry import ModuleRegistry
+from .outbox import Outbox, SessionLike
 from .restricted_runtime import restricted_namespace
-from .sdk_bridge import SLEEP_WAKE, WAIT_CUT_OFF, SdkBridge
+from .sdk_bridge import SdkBridge
 from .sdk_bridge_provider import SdkBridgeProvider
 from .sleep_patch import install_global_sleep_patch
 from .timers import CallTimers
@@ -138,25 +134,6 @@ SLEEP_READY_STREAK: Final = 64
 _MAX_PASSES: Final = 64
 
 
-class SessionLike(Protocol):
-    """The transport, as the runtime uses it (``uds_session.UDSSession``)."""
-
-    def send_message(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
-        """Thread-safe enqueue; raises ``ConnectionError`` once the transport is gone."""
-        ...
-
-    def drain_incoming(self) -> list[Any]:
-        """Every frame received so far (``blockx.wire.Frame``: ``envelope``, ``sidecar``)."""
-        ...
-
-    def is_connected(self) -> bool: ...
-
-    # Optional: ``has_incoming() -> bool`` (frames waiting to be drained) lets
-    # run_until_idle skip a pass that would drain nothing; ``send_encoded(frame:
-    # bytes)`` queues a frame the runtime already encoded (without it such a frame
-    # is decoded again for ``send_message``).
-
-
 def _running_call_fields() -> dict[str, Any] | None:
     ctx = current_context()
     return None if ctx is None else ctx.log_fields()
@@ -166,8 +143,8 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class ExecutorRuntime(InboundFrames):
-    """The contexts table, the run queues and the three entry points (see the module doc).
+class ExecutorRuntime:
+    """The contexts table, the run queues and the parts that work on them (see the module doc).
 
     ``session`` is the transport (None in unit tests: sent frames collect in
     :meth:`drain_outbox`). ``max_inflight`` caps resident top-level calls (0 =
@@ -214,21 +191,16 @@ class ExecutorRuntime(InboundFrames):
         if max_inflight < 0 or max_runnable < 0 or call_timeout_ms < 0:
             raise ValueError("max_inflight, max_runnable and call_timeout_ms must be >= 0")
         self.executor_id = executor_id
-        self.max_inflight = max_inflight
         self.max_runnable = max_runnable  # stored only: the worker's dispatch threshold
         self.process_instance_id = process_instance_id or uuid.uuid4().hex[:12]
-        self.call_timeout_ms = call_timeout_ms
-        self.registry = (
-            registry
-            if registry is not None
-            else ModuleRegistry(restricted_namespace_factory=restricted_namespace)
-        )
+        if registry is None:
+            registry = ModuleRegistry(restricted_namespace_factory=restricted_namespace)
         self._session = session
         self._session_has_incoming = getattr(session, "has_incoming", None)  # optional
-        self._session_send_encoded = getattr(session, "send_encoded", None)  # optional
         self._metrics = metrics
         self._clock_ms = clock_ms or _wall_clock_ms
         self._monotonic = monotonic or time.perf_counter
+        # The shared tables, each handed to the parts that work on it.
         self._contexts: dict[str, ExecContext] = {}
         # callId -> the highest attempt that already ended here, for the most
         # recent FINISHED_ATTEMPTS_REMEMBERED calls: a late re-delivery of an
@@ -237,30 +209,6 @@ class ExecutorRuntime(InboundFrames):
         self._runnable: deque[ExecContext] = deque()
         self._sleep_ready: deque[ExecContext] = deque()
         self._timers = CallTimers()
-        self._request_prefix = f"req-{self.process_instance_id}-"
-        # A plain int: a native increment once compiled (``next()`` on an itertools.count
-        # and ``str()`` of the boxed result cost ~1k instructions per wait). Only the
-        # scheduler thread asks (sdk_bridge._perform_wait, inside a call's greenlet).
-        self._request_seq = 0
-        self._heartbeat_seq = itertools.count(1)
-        self._pool = ResidentGreenletPool(self._run_call, self._fail_escaped)
-        self._running: ExecContext | None = None
-        self._switched_in_at = 0.0
-        self._running_budget_left_ms = 0.0
-        self._blackbox = blackbox
-        self.descriptors_exhausted = False
-        self._memory_exit: Callable[[int], None] | None = None
-        self._outbox: list[bytes] = []
-        self._transport_lost = False
-        self._closed = False
-        self._in_scheduler = False
-        self._scheduler_thread = threading.get_ident()
-        self._last_scheduler_active_ms = self._clock_ms()
-        self._bridge = SdkBridge(self)
-        self._provider = SdkBridgeProvider(self._bridge)
-        # Every call runs in a copy of this Context (see _step_context).
-        self._call_context = contextvars.Context()
-        self._call_context.run(set_provider, self._provider)
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "calls_admitted",
@@ -282,9 +230,52 @@ class ExecutorRuntime(InboundFrames):
             ),
             0,
         )
+        self._request_prefix = f"req-{self.process_instance_id}-"
+        # A plain int: a native increment once compiled (``next()`` on an itertools.count
+        # and ``str()`` of the boxed result cost ~1k instructions per wait). Only the
+        # scheduler thread asks (sdk_bridge._perform_wait, inside a call's greenlet).
+        self._request_seq = 0
+        self._heartbeat_seq = itertools.count(1)
+        self._scheduler_thread = threading.get_ident()
+        self._last_scheduler_active_ms = self._clock_ms()
         os.environ["BLOCKX_EXECUTOR_RUNTIME"] = "1"
         install_global_sleep_patch()
         self._alarm = DeadlineAlarm()  # installs the SIGALRM handler on the main thread
+        # The parts.
+        self._outbox = Outbox(session)
+        self._bridge = SdkBridge(self, self._outbox)
+        self._provider = SdkBridgeProvider(self._bridge)
+        # Every call runs in a copy of this Context (CallRunner.step_context).
+        call_context = contextvars.Context()
+        call_context.run(set_provider, self._provider)
+        self._runner = CallRunner(
+            executor_id,
+            registry=registry,
+            contexts=self._contexts,
+            finished_attempts=self._finished_attempts,
+            counters=self._counters,
+            monotonic=self._monotonic,
+            outbox=self._outbox,
+            bridge=self._bridge,
+            call_context=call_context,
+            alarm=self._alarm,
+            blackbox=blackbox,
+        )
+        self._inbound = InboundFrames(
+            executor_id,
+            max_inflight=max_inflight,
+            call_timeout_ms=call_timeout_ms,
+            registry=registry,
+            contexts=self._contexts,
+            finished_attempts=self._finished_attempts,
+            runnable=self._runnable,
+            timers=self._timers,
+            counters=self._counters,
+            monotonic=self._monotonic,
+            outbox=self._outbox,
+            bridge=self._bridge,
+            runner=self._runner,
+        )
         try:
             from .logging_setup import set_call_fields_provider
         except ImportError:  # pragma: no cover - the process shell ships with the runtime
@@ -297,122 +288,56 @@ class ExecutorRuntime(InboundFrames):
             f"ExecutorRuntime({self.executor_id!r}, inflight={len(self._contexts)}, "
             f"runnable={len(self._runnable) + len(self._sleep_ready)}, "
             f"sleeping={len(self._timers.sleepers)}, "
-            f"wait_limits={len(self._timers.wait_limits)}, pool={len(self._pool)}"
-            f"{', transport lost' if self._transport_lost else ''})"
+            f"wait_limits={len(self._timers.wait_limits)}, pool={len(self._runner.pool)}"
+            f"{', transport lost' if self._outbox.transport_lost else ''})"
         )
 
-    # --- the three semantic entry points ---------------------------------------------------
+    # --- the three semantic entry points (InboundFrames') ----------------------------------
 
     def submit_call(self, ctx: ExecContext) -> bool:
-        """Admit a new attempt; True when it was queued.
-
-        A live ``callId`` with a lower ``attemptSeq`` is replaced (its slot is
-        freed first, so capacity never refuses the replacement); an equal or
-        higher one makes this a duplicate, dropped and counted. Refusals answer
-        with one ``CallFailed`` (capacity, parent not resident, shutting down);
-        after transport loss nothing is admitted and nothing sent.
-        """
-        counters = self._counters
-        if self._transport_lost:
-            counters["refused_after_transport_lost"] += 1
-            return False
-        existing = self._contexts.get(ctx.call_id)
-        if existing is not None:
-            if ctx.attempt_seq <= existing.attempt_seq:
-                counters["duplicate_execute_dropped"] += 1
-                _log.debug("dropped duplicate ExecuteCall", extra=ctx.log_fields())
-                return False
-            self._replace_existing_attempt(existing)
-        elif ctx.attempt_seq <= self._finished_attempts.get(ctx.call_id, 0):
-            counters["duplicate_execute_dropped"] += 1
-            _log.debug("dropped ExecuteCall of an ended attempt", extra=ctx.log_fields())
-            return False
-        refusal: AdmissionError | None = None
-        if self._closed:
-            refusal = ExecutorClosedError("executor is shutting down")
-        elif ctx.parent_call_id is not None:
-            if ctx.parent_call_id not in self._contexts:
-                refusal = SubcallParentNotResident(
-                    f"parent call {ctx.parent_call_id!r} is not resident in executor "
-                    f"{self.executor_id!r}"
-                )
-        elif self.max_inflight and len(self._contexts) >= self.max_inflight:
-            refusal = ExecutorCapacityExhausted(
-                f"executor {self.executor_id!r} is at its limit of {self.max_inflight} calls"
-            )
-        if refusal is not None:
-            counters["calls_refused"] += 1
-            self._send_failed(ctx.call_id, ctx.task_id, ctx.attempt_seq, admission_failure(refusal))
-            return False
-        counters["calls_admitted"] += 1
-        ctx.bridge = self._bridge
-        self._contexts[ctx.call_id] = ctx
-        self.registry.acquire_task(ctx.task_id)
-        if ctx.debug_capture is not None:
-            ensure_debug_tee()
-        if self.call_timeout_ms:
-            ctx.deadline_at = ctx.admitted_at + self.call_timeout_ms / 1000.0
-            self._timers.add_timeout(ctx, ctx.deadline_at, resident=len(self._contexts))
-        ctx.queued = True
-        self._runnable.append(ctx)
-        return True
+        """Admit a new attempt; True when it was queued (:meth:`InboundFrames.submit_call`)."""
+        return self._inbound.submit_call(ctx)
 
     def resume_call(self, call_id: str, request_id: str, resume: ResumePayload) -> bool:
-        """Deliver a ResumeCall; True when it matched the pending wait and was queued.
-
-        It must match the context's ``callId``, its pending ``requestId`` and
-        the ``resumeKind`` of its waiting state; otherwise it is dropped and
-        counted in ``stale_resume_dropped``.
-        """
-        ctx = self._contexts.get(call_id)
-        kind = resume.resume_kind  # None: too malformed to name one; delivered as an error
-        if (
-            ctx is None
-            or ctx.pending_request_id != request_id
-            or ctx.queued
-            or (kind is not None and RESUME_KIND_BY_STATE.get(ctx.state) != kind)
-        ):
-            self._counters["stale_resume_dropped"] += 1
-            _log.debug(
-                "dropped stale ResumeCall", extra={"callId": call_id, "requestId": request_id}
-            )
-            return False
-        ctx.pending_request_id = None  # a second ResumeCall for this request is stale
-        ctx.resume_payload = resume
-        ctx.queued = True
-        ctx.enqueued_at = self._monotonic()
-        self._runnable.append(ctx)
-        return True
+        """Deliver a ResumeCall; True when it matched the pending wait and was queued
+        (:meth:`InboundFrames.resume_call`)."""
+        return self._inbound.resume_call(call_id, request_id, resume)
 
     def cancel_call(
         self, call_id: str, reason: str = DEFAULT_CANCEL_REASON, *, attempt_seq: int = 0
     ) -> bool:
-        """Cancel a resident attempt (``attempt_seq`` 0 = whichever is resident).
+        """Cancel a resident attempt, ``attempt_seq`` 0 = whichever is resident
+        (:meth:`InboundFrames.cancel_call`)."""
+        return self._inbound.cancel_call(call_id, reason, attempt_seq=attempt_seq)
 
-        A waiting context ends now; a runnable one at its next step. The call
-        fails as ``cancelled`` (``deadline_exceeded`` for ``call_timeout``).
-        Unknown calls and other attempts are dropped and counted stale.
-        """
-        ctx = self._contexts.get(call_id)
-        if ctx is None or (attempt_seq and attempt_seq != ctx.attempt_seq):
-            self._counters["stale_cancel_dropped"] += 1
-            _log.debug("dropped stale CancelCall", extra={"callId": call_id})
-            return False
-        if ctx.state in WAITING_STATES:
-            self._terminate_context(ctx, reason)
-        else:
-            if ctx.cancel_reason is None:
-                ctx.cancel_reason = reason
-            if not ctx.queued and ctx.state is ExecState.RUNNABLE:
-                ctx.queued = True
-                ctx.enqueued_at = self._monotonic()
-                self._runnable.append(ctx)
-        return True
+    def handle_inbound_message(self, envelope: Any, sidecar: bytes | None = None) -> None:
+        """Handle one decoded frame from the worker; never raises on bad peer input
+        (:meth:`InboundFrames.handle_inbound_message`). Scheduler thread only, never
+        from inside a call."""
+        self._inbound.handle_inbound_message(envelope, sidecar)
 
-    def _replace_existing_attempt(self, old: ExecContext) -> None:
-        self._counters["attempts_replaced"] += 1
-        old.stale = True
-        self._terminate_context(old, REASON_ATTEMPT_REPLACED, suppress_terminal_emit=True)
+    # --- what the parts hold, read through the runtime (one holder each) -------------------
+
+    @property
+    def registry(self) -> ModuleRegistry:
+        """The module registry the parts were given (pass ``registry`` to replace it)."""
+        return self._runner.registry
+
+    @property
+    def max_inflight(self) -> int:
+        """Resident top-level calls admitted at most (0 = unlimited)."""
+        return self._inbound.max_inflight
+
+    @property
+    def call_timeout_ms(self) -> int:
+        """The local call-timeout latch (0 = off)."""
+        return self._inbound.call_timeout_ms
+
+    @property
+    def descriptors_exhausted(self) -> bool:
+        """A call failed for want of file descriptors: the process shell recycles the
+        executor (blockx.wire.blackbox.EXIT_DESCRIPTORS_EXHAUSTED)."""
+        return self._runner.descriptors_exhausted
 
     # --- scheduling -----------------------------------------------------------------------
 
@@ -427,9 +352,10 @@ class ExecutorRuntime(InboundFrames):
         limit is never due at once: the main loop wakes for it). Scheduler
         thread only.
         """
-        if self._in_scheduler or current_context() is not None:
+        runner = self._runner
+        if runner.in_scheduler or current_context() is not None:
             raise RuntimeError("run_until_idle is not re-entrant")
-        self._in_scheduler = True
+        runner.in_scheduler = True
         alarm = self._alarm
         # Someone else may have taken SIGALRM (a test runner): never arm for them.
         alarm.refresh()
@@ -438,14 +364,15 @@ class ExecutorRuntime(InboundFrames):
             session = self._session
             has_incoming = self._session_has_incoming
             timers = self._timers
-            handle_inbound = self._handle_inbound  # run_until_idle checked it is not in a call
+            outbox = self._outbox
+            inbound = self._inbound  # handle_inbound: run_until_idle checked it is not in a call
             for _ in range(_MAX_PASSES):
                 # Inline test first: the method call only when the transport is in doubt.
-                if self._transport_lost or (session is not None and not session.is_connected()):
+                if outbox.transport_lost or (session is not None and not session.is_connected()):
                     self._refresh_transport_state()
                 if session is not None:
                     for frame in session.drain_incoming():
-                        handle_inbound(frame.envelope, frame.sidecar)
+                        inbound.handle_inbound(frame.envelope, frame.sidecar)
                 if timers.sleepers or timers.wait_limits or timers.timeouts:
                     now = self._monotonic()
                     if timers.sleepers:
@@ -460,7 +387,7 @@ class ExecutorRuntime(InboundFrames):
                 if not (
                     timers.sleepers
                     or timers.timeouts
-                    or self._transport_lost
+                    or outbox.transport_lost
                     or (
                         session is not None
                         and (has_incoming is None or has_incoming() or not session.is_connected())
@@ -468,14 +395,14 @@ class ExecutorRuntime(InboundFrames):
                 ):
                     break
         finally:
-            self._in_scheduler = False
+            runner.in_scheduler = False
             if alarm.due != math.inf:
                 alarm.disarm()
 
     def next_scheduler_delay(self, default: float | None) -> float | None:
         """Seconds until the scheduler has work: 0 if some is runnable now,
         else until the next sleeper, wait limit or timeout is due, else ``default``."""
-        if self._runnable or self._sleep_ready or (self._transport_lost and self._contexts):
+        if self._runnable or self._sleep_ready or (self._outbox.transport_lost and self._contexts):
             return 0.0
         due = self._timers.next_due()
         if due is None:
@@ -486,6 +413,7 @@ class ExecutorRuntime(InboundFrames):
     def _run_queues(self) -> int:
         runnable = self._runnable
         ready = self._sleep_ready
+        runner = self._runner
         stepped = 0
         streak = 0
         while True:
@@ -500,9 +428,9 @@ class ExecutorRuntime(InboundFrames):
             if not ctx.queued or ctx.finished:
                 continue  # removed from the queues (terminated or replaced) after queueing
             ctx.queued = False
-            self._step_context(ctx)
+            runner.step_context(ctx)
             stepped += 1
-            if self.descriptors_exhausted:
+            if runner.descriptors_exhausted:
                 # Out of descriptors: the next call would fail the same way. Stop here;
                 # the process shell recycles the executor (the queued calls go elsewhere).
                 return 0
@@ -515,49 +443,19 @@ class ExecutorRuntime(InboundFrames):
         self._request_seq = seq
         return self._request_prefix + str(seq)
 
-    def send_frame(self, envelope: dict[str, Any], sidecar: bytes | None = None) -> None:
-        """Send one frame (``ConnectionError`` once the transport is gone; ``EncodeError``
-        when it cannot be framed — nothing is sent)."""
-        session = self._session
-        if session is not None:
-            session.send_message(envelope, sidecar)
-            return
-        if self._transport_lost:
-            raise ConnectionError("executor transport is gone")
-        self._outbox.append(encode_frame(envelope, sidecar))
-
-    def send_encoded(self, frame: bytes) -> None:
-        """Send one frame already encoded (``encode_frame``); ``ConnectionError`` once the
-        transport is gone."""
-        send = self._session_send_encoded
-        if send is not None:
-            send(frame)
-            return
-        session = self._session
-        if session is not None:  # a session without send_encoded (test doubles)
-            decoded = decode_frame(frame)
-            session.send_message(decoded.envelope, decoded.sidecar)
-            return
-        if self._transport_lost:
-            raise ConnectionError("executor transport is gone")
-        self._outbox.append(frame)
-
-    def note_transport_lost(self) -> None:
-        """A send found the transport gone; every context converges at the next pass."""
-        if not self._transport_lost:
-            self._transport_lost = True
-            _log.error("executor transport lost; ending every resident call")
-
     def limit_wait(self, ctx: ExecContext) -> None:
+        """Arm ``ctx``'s wait-limit timer for when its budget runs out."""
         due = ctx.budget_runs_out_at(ctx.slice_started)  # called from the running call
         self._timers.add_wait_limit(ctx, due, resident=len(self._contexts))
 
     def schedule_sleep(self, ctx: ExecContext, duration_s: float) -> None:
+        """Arm ``ctx``'s sleep timer and mark it ``WAITING_SLEEP``."""
         ctx.state = ExecState.WAITING_SLEEP
         due = self._monotonic() + duration_s
         self._timers.add_sleeper(ctx, due, resident=len(self._contexts))
 
     def wake_context(self, ctx: ExecContext, value: Any) -> None:
+        """Queue a code-fetch follower to be switched into with ``value``."""
         if (
             ctx.finished
             or ctx.queued
@@ -606,7 +504,7 @@ class ExecutorRuntime(InboundFrames):
             elif ctx.resume_payload is WAIT_CUT_OFF:
                 continue  # its budget ran out in this same pass: that says why it ends
             elif ctx.state in WAITING_STATES:
-                self._terminate_context(ctx, REASON_CALL_TIMEOUT)
+                self._runner.terminate_context(ctx, REASON_CALL_TIMEOUT)
             elif ctx.cancel_reason is None:
                 ctx.cancel_reason = REASON_CALL_TIMEOUT
 
@@ -616,26 +514,29 @@ class ExecutorRuntime(InboundFrames):
         """The connection is gone: every live context ends as ``transport_lost`` (no
         frame is sent) and new calls are refused. From another thread this only
         records the loss; the scheduler converges at its next pass."""
-        self.note_transport_lost()
+        self._outbox.note_transport_lost()
         if (
             threading.get_ident() == self._scheduler_thread
-            and not self._in_scheduler
+            and not self._runner.in_scheduler
             and current_context() is None
         ):
             self._converge_transport_lost()
 
     def _refresh_transport_state(self) -> None:
         session = self._session
-        if not self._transport_lost and session is not None and not session.is_connected():
-            self.note_transport_lost()
-        if self._transport_lost and self._contexts:
+        outbox = self._outbox
+        if not outbox.transport_lost and session is not None and not session.is_connected():
+            outbox.note_transport_lost()
+        if outbox.transport_lost and self._contexts:
             self._converge_transport_lost()
 
     def _converge_transport_lost(self) -> None:
         for ctx in list(self._contexts.values()):
             if not ctx.finished:
                 self._counters["transport_lost_calls"] += 1
-                self._terminate_context(ctx, REASON_TRANSPORT_LOST, suppress_terminal_emit=True)
+                self._runner.terminate_context(
+                    ctx, REASON_TRANSPORT_LOST, suppress_terminal_emit=True
+                )
 
     # --- shutdown -------------------------------------------------------------------------
 
@@ -645,11 +546,12 @@ class ExecutorRuntime(InboundFrames):
         the previous ``SIGALRM`` handler. Scheduler thread only; idempotent."""
         if threading.get_ident() != self._scheduler_thread or current_context() is not None:
             raise RuntimeError("shutdown must run on the scheduler thread, outside any call")
-        self._closed = True
+        self._inbound.closed = True
+        runner = self._runner
         for ctx in list(self._contexts.values()):
-            self._terminate_context(ctx, reason, retryable=True)
-        self._pool.close()
-        self.registry.drop_released()
+            runner.terminate_context(ctx, reason, retryable=True)
+        runner.pool.close()
+        self._runner.registry.drop_released()
         self._alarm.restore()
 
     # --- containment ----------------------------------------------------------------------
@@ -658,7 +560,7 @@ class ExecutorRuntime(InboundFrames):
         """What a call that gets ``MemoryError`` does to the process: ``end(0)`` ends it
         (``containment.memory_exit``: black box cause, exit 87) with that call still
         named in the black box. None (the default): the call just fails."""
-        self._memory_exit = end
+        self._runner.memory_exit = end
 
     def credit_pause(self, clock: PauseClock) -> float:
         """``SIGCONT``: the process was stopped from outside; give the time it stood
@@ -670,11 +572,12 @@ class ExecutorRuntime(InboundFrames):
         paused = clock.take_pause(time.monotonic())  # the clock the watchdog ticks
         if paused <= 0.0:
             return 0.0
-        ctx = self._running
+        runner = self._runner
+        ctx = runner.running
         if ctx is not None and ctx.slice_started:
             ctx.slice_started += paused
             ctx.expires_at += paused
-            self._switched_in_at += paused
+            runner.switched_in_at += paused
         for waiting in list(self._contexts.values()):
             if waiting.state in CUT_OFF_STATES and not waiting.queued:
                 waiting.suspended_at += paused  # its wait's cut-off moves with it
@@ -685,9 +588,7 @@ class ExecutorRuntime(InboundFrames):
 
     def drain_outbox(self) -> list[tuple[dict[str, Any], bytes | None]]:
         """Without a session: every frame sent so far, decoded as the worker would see it."""
-        frames = [decode_frame(data) for data in self._outbox]
-        self._outbox.clear()
-        return [(frame.envelope, frame.sidecar) for frame in frames]
+        return self._outbox.drain()
 
     def inflight_count(self) -> int:
         """Resident call attempts (sub-calls included); a DONE context is never counted."""
@@ -699,9 +600,10 @@ class ExecutorRuntime(InboundFrames):
         Safe from the heartbeat thread: it reads a snapshot of the contexts and
         counters and never switches greenlets.
         """
-        current = self._running  # first: the stamps below are then as new or newer
-        switched_in_at = self._switched_in_at
-        budget_left_ms = self._running_budget_left_ms
+        runner = self._runner
+        current = runner.running  # first: the stamps below are then as new or newer
+        switched_in_at = runner.switched_in_at
+        budget_left_ms = runner.running_budget_left_ms
         wall_ms = self._clock_ms()
         since_switch_s = max(self._monotonic() - switched_in_at, 0.0)
         last_active_ms = self._last_scheduler_active_ms
@@ -711,7 +613,7 @@ class ExecutorRuntime(InboundFrames):
             executor_id=self.executor_id,
             heartbeat_seq=next(self._heartbeat_seq),
             contexts=list(self._contexts.values()),  # atomic copy under the GIL
-            max_inflight=self.max_inflight,
+            max_inflight=self._inbound.max_inflight,
             metrics=self._metrics,
             process_instance_id=self.process_instance_id,
             last_scheduler_active_ms=last_active_ms,
@@ -726,7 +628,7 @@ class ExecutorRuntime(InboundFrames):
     def stats(self) -> dict[str, Any]:
         """Counters for tests, benches and logs (drops, terminals, greenlets, queues)."""
         result: dict[str, Any] = dict(self._counters)
-        pool = self._pool
+        pool = self._runner.pool
         result["greenlets_created"] = pool.created
         result["greenlets_retired"] = pool.retired
         result["greenlets_discarded"] = pool.discarded
@@ -735,10 +637,10 @@ class ExecutorRuntime(InboundFrames):
             1 for ctx in self._sleep_ready if ctx.queued
         )
         result["sleeping"] = self._timers.sleeping()
-        result["idle_greenlets"] = len(self._pool)
-        result["transport_lost"] = self._transport_lost
-        result["closed"] = self._closed
-        result["module_registry"] = self.registry.stats()
+        result["idle_greenlets"] = len(pool)
+        result["transport_lost"] = self._outbox.transport_lost
+        result["closed"] = self._inbound.closed
+        result["module_registry"] = self._runner.registry.stats()
         return result
 
     def get_context(self, call_id: str) -> ExecContext | None:

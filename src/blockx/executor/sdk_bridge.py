@@ -111,7 +111,8 @@ from .errors import (
     WaitDeadlineExceededError,
     chain_subcall_error,
 )
-from .greenlet_pool import Marker
+from .markers import SLEEP_WAKE, SUSPENDED, WAIT_CUT_OFF, Marker
+from .outbox import Outbox
 
 if TYPE_CHECKING:
     from .context import ExecContext
@@ -137,13 +138,6 @@ __all__ = [
 ]
 
 
-#: What a call's greenlet hands the scheduler when it suspends in a wait.
-SUSPENDED: Final = Marker("suspended")
-#: The resume value of a cooperative sleep whose timer is due.
-SLEEP_WAKE: Final = Marker("sleep-wake")
-#: The resume value of an IO / sub-call wait the runtime cut off at the call's
-#: budget or deadline (``ExecutorRuntime._cut_off_wait``).
-WAIT_CUT_OFF: Final = Marker("wait-cut-off")
 #: A code-fetch follower's resume value when its leader ended without an outcome.
 _RETRY_FETCH: Final = Marker("retry-fetch")
 
@@ -229,17 +223,12 @@ def verify_fetched_source(result: Any, digest: str) -> str:
 
 
 class BridgeHost(Protocol):
-    """The runtime as the bridge sees it (``ExecutorRuntime`` implements it)."""
+    """The runtime as the bridge sees it (``ExecutorRuntime`` implements it). Frames go
+    out through the :class:`~.outbox.Outbox` the bridge is given beside it."""
 
     executor_id: str
 
     def next_request_id(self) -> str: ...
-
-    def send_encoded(self, frame: bytes) -> None:
-        """Send a frame built with ``encode_frame``; raises ``ConnectionError``."""
-        ...
-
-    def note_transport_lost(self) -> None: ...
 
     def limit_wait(self, ctx: ExecContext) -> None:
         """Arm ``ctx``'s wait-limit timer for when its budget runs out (``ctx`` is
@@ -303,12 +292,17 @@ def _sleep_seconds(seconds: Any) -> float:
 
 
 class SdkBridge:
-    """The synchronous SDK contract on top of greenlet suspension (see the module doc)."""
+    """The synchronous SDK contract on top of greenlet suspension (see the module doc).
 
-    __slots__ = ("_function_code_fetches", "_host")
+    ``host`` (the runtime) numbers requests, arms timers and wakes code-fetch
+    followers; ``outbox`` sends the ``CallWaiting`` frames.
+    """
 
-    def __init__(self, host: BridgeHost) -> None:
+    __slots__ = ("_function_code_fetches", "_host", "_outbox")
+
+    def __init__(self, host: BridgeHost, outbox: Outbox) -> None:
         self._host = host
+        self._outbox = outbox  # a concrete class: a native call per CallWaiting, compiled
         self._function_code_fetches: dict[str, _CodeFetch] = {}
 
     def __repr__(self) -> str:
@@ -579,10 +573,10 @@ class SdkBridge:
                 frame = encode_frame_with_value(
                     envelope, payload, value_key, skeleton_nulls, sidecar
                 )
-            host.send_encoded(frame)
+            self._outbox.send_encoded(frame)
         except ConnectionError:
             ctx.state = ExecState.RUNNING
-            host.note_transport_lost()
+            self._outbox.note_transport_lost()
             if ctx.cancel_reason is None:
                 ctx.cancel_reason = REASON_TRANSPORT_LOST
             ctx.check_safe_point()

@@ -75,7 +75,8 @@ class Harness:
         names["clock"] = self.clock
         names["record"] = self.record
         names.update(prelude or {})
-        registry = ModuleRegistry(
+        # A registry given (its own prelude) replaces the harness's.
+        registry = runtime_kwargs.pop("registry", None) or ModuleRegistry(
             prelude=names,
             max_entries=max_entries,
             released_namespace_cache=released_namespaces,

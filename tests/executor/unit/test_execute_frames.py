@@ -56,7 +56,7 @@ def admitted(h: Harness, envelope: Any, body: bytes) -> ExecContext:
         h.execute(parent, "import time\ndef _(p):\n    time.sleep(60)\n", task_id="task-1#1")
         h.run()
         assert h.state(parent) == "WAITING_SLEEP"
-    h.rt._handle_inbound(envelope, None)
+    h.rt.handle_inbound_message(envelope)
     ctx = h.rt.get_context(decoded[keys.F_CALL_ID])
     assert ctx is not None
     return ctx

@@ -118,8 +118,7 @@ class TestPrelude:
         monkeypatch.setitem(module_registry.PRELUDE, "Extra", "added later")
         registry = ModuleRegistry()
         assert registry.prelude is module_registry.PRELUDE
-        h = make_harness()
-        h.rt.registry = registry
+        h = make_harness(registry=registry)
         h.execute("c1", "def _(p):\n    return Extra\n", None)
         h.run()
         assert h.output("c1") == "added later"

@@ -10,6 +10,7 @@ from executor_harness import Harness
 
 from blockx import sdk
 from blockx.executor import sdk_bridge
+from blockx.executor.outbox import Outbox
 from blockx.executor.sdk_bridge import (
     FunctionCodeFetchError,
     RemoteCallError,
@@ -71,7 +72,7 @@ class TestProvider:
         assert h.rt.stats()["greenlets_created"] == 1
 
     def test_the_bridge_refuses_work_off_a_call_greenlet(self, h: Harness) -> None:
-        bridge = SdkBridge(h.rt)
+        bridge = SdkBridge(h.rt, Outbox(None))
         with pytest.raises(NoProviderError):
             bridge.do_read_req("blockdb", "get_row", {})
         with pytest.raises(NoProviderError):
