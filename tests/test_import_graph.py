@@ -35,13 +35,6 @@ SRC = pathlib.Path(blockx.__file__).parent.parent
 #: all its modules sit inside one entry. Empty this when those branches are merged.
 KNOWN_CYCLES_BEING_REMOVED: tuple[frozenset[str], ...] = (
     frozenset({"blockx.worker.link.connection", "blockx.worker.link.state"}),
-    frozenset(
-        {
-            "blockx.executor.context",
-            "blockx.executor.sdk_bridge",
-            "blockx.executor.greenlet_pool",
-        }
-    ),
 )
 
 #: (importer prefix, forbidden imported prefixes): a module named ``prefix`` or under it.
