@@ -66,7 +66,7 @@ only when it can find work. With one call per wake-up the per-pass fixed cost
 is paid per call, so it is kept to a few attribute checks.
 
 Imports point one way (no cycle, ``TYPE_CHECKING`` included;
-tests/executor/unit/test_import_graph.py checks it): :mod:`.markers`,
+tests/test_import_graph.py checks it): :mod:`.markers`,
 :mod:`.outbox` and :mod:`.errors` import nothing of the executor's;
 :mod:`.context` only :mod:`.errors`; :mod:`.greenlet_pool` the markers (and the
 context, for types); :mod:`.sdk_bridge` the context, the errors, the markers and
