@@ -52,14 +52,11 @@ value kinds that parse and check each knob live in
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import textwrap
-import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from blockx.worker.config_kinds import (
@@ -535,7 +532,10 @@ class WorkerConfig:
 
     def replace(self, **overrides: Any) -> WorkerConfig:
         """A copy with knobs replaced, by dotted name: ``replace(**{"pool.executor_count": 2})``."""
-        return _build(self, [_apply_mapping(overrides, "override")])
+        from blockx.worker.config_layers import mapping_layer, resolve
+
+        layer = mapping_layer(overrides, source="override", annotate=False)
+        return resolve([layer], parts=("worker",), worker_base=self).worker
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -547,105 +547,6 @@ def iter_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
         for f in dataclasses.fields(cls):
             if f.init and "kind" in f.metadata:
                 yield section, f.name, f
-
-
-def _knob_field(section: str, name: str) -> dataclasses.Field[Any] | None:
-    cls = _SECTIONS.get(section)
-    if cls is None:
-        return None
-    for f in dataclasses.fields(cls):
-        if f.name == name and f.init and "kind" in f.metadata:
-            return f
-    return None
-
-
-#: One layer of values: ``{(section, field): value}`` plus the problems it had.
-_Layer = tuple[dict[tuple[str, str], Any], list[str]]
-
-
-def _apply_mapping(mapping: Mapping[str, Any], source: str) -> _Layer:
-    """Flatten a nested ``{section: {field: value}}`` or dotted ``{"section.field": value}``."""
-    values: dict[tuple[str, str], Any] = {}
-    problems: list[str] = []
-    prefix = f"{source}: " if source != "override" else ""
-
-    def put(section: str, name: str, value: Any) -> None:
-        f = _knob_field(section, name)
-        if f is None:
-            problems.append(f"{prefix}unknown knob {section}.{name}")
-            return
-        try:
-            values[(section, name)] = f.metadata["kind"].check(value)
-        except ValueError as exc:
-            problems.append(f"{prefix}{section}.{name}={value!r}: expected {exc}")
-
-    for key, value in mapping.items():
-        if "." in key:
-            section, _, name = key.partition(".")
-            put(section, name, value)
-        elif key in _SECTIONS and isinstance(value, Mapping):
-            for name, item in value.items():
-                put(key, str(name), item)
-        else:
-            problems.append(f"{prefix}unknown knob {key}")
-    return values, problems
-
-
-def _read_file(path: Path) -> _Layer:
-    label = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return {}, [f"{label}: cannot read the configuration file: {exc.strerror or exc}"]
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(raw)
-        else:
-            data = tomllib.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, [f"{label}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"]
-    if not isinstance(data, dict):
-        return {}, [f"{label}: expected a table of sections at the top level"]
-    return _apply_mapping(data, label)
-
-
-def _read_env(env: Mapping[str, str]) -> _Layer:
-    values: dict[tuple[str, str], Any] = {}
-    problems: list[str] = []
-    for section, name, f in iter_knobs():
-        variable = f.metadata["env"]
-        text = env.get(variable)
-        if text is None or not text.strip():
-            continue
-        try:
-            values[(section, name)] = f.metadata["kind"].from_text(text)
-        except ValueError as exc:
-            problems.append(f"{variable}={text!r}: expected {exc}")
-    return values, problems
-
-
-def _build(base: WorkerConfig | None, layers: list[_Layer]) -> WorkerConfig:
-    problems: list[str] = []
-    merged: dict[tuple[str, str], Any] = {}
-    for values, layer_problems in layers:
-        merged.update(values)
-        problems.extend(layer_problems)
-    if problems:
-        raise ConfigError(problems)
-    sections: dict[str, Any] = {}
-    for name, cls in _SECTIONS.items():
-        changes = {field_name: v for (sec, field_name), v in merged.items() if sec == name}
-        if base is not None:
-            current = getattr(base, name)
-            sections[name] = dataclasses.replace(current, **changes) if changes else current
-        else:
-            try:
-                sections[name] = cls(**changes)
-            except ConfigError as exc:
-                problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems)
-    return WorkerConfig(**sections)
 
 
 def load_config(
@@ -662,26 +563,39 @@ def load_config(
     tables to values (typed, or strings as a command line gives them).
     Raises :class:`ConfigError` listing every bad value.
     """
+    from blockx.worker.config_layers import (
+        environment_layer,
+        file_layer,
+        mapping_layer,
+        resolve,
+    )
+
     environ = os.environ if env is None else env
-    layers: list[_Layer] = []
     if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
         path = environ[CONFIG_FILE_ENV]
-    if path is not None:
-        layers.append(_read_file(Path(path)))
-    layers.append(_read_env(environ))
+    layers = [] if path is None else [file_layer(path)]
+    layers.append(environment_layer(environ))
     if overrides:
-        layers.append(_apply_mapping(overrides, "override"))
-    return _build(None, layers)
+        layers.append(mapping_layer(overrides, source="override", annotate=False))
+    return resolve(layers, parts=("worker",)).worker
 
 
-def knob_table(*, markdown: bool = False) -> str:
+def knob_table(
+    *,
+    markdown: bool = False,
+    knobs: Iterable[tuple[str, str, dataclasses.Field[Any]]] | None = None,
+    prefix: str = "",
+) -> str:
     """The knob table of the module docstring, rendered from the fields.
 
     The docstring form is a definition list (it fits the line length); with
-    ``markdown=True`` it is a four-column Markdown table for the docs.
+    ``markdown=True`` it is a four-column Markdown table for the docs. ``knobs``
+    (default: the worker's) and ``prefix`` render another set, e.g. the IO
+    subsystem's (``iter_io_knobs()``, ``"io."``).
     """
     rows: list[tuple[str, str, str, str]] = []
-    for section, name, f in iter_knobs():
+    for section, name, f in iter_knobs() if knobs is None else knobs:
+        dotted = prefix + (f"{section}.{name}" if section else name)
         env = f"``{f.metadata['env']}``" + (" (seed)" if f.metadata["seed_env"] else "")
         default_text = f.metadata["default_text"]
         if default_text is None:
@@ -690,7 +604,7 @@ def knob_table(*, markdown: bool = False) -> str:
             default_text = f"``{text}``"
         elif default_text != "system temp dir":
             default_text = f"``{default_text}``"
-        rows.append((f"``{section}.{name}``", env, default_text, f.metadata["doc"]))
+        rows.append((f"``{dotted}``", env, default_text, f.metadata["doc"]))
     if markdown:
         out = [
             "| knob | environment variable | default | meaning |",
