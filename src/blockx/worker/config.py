@@ -190,8 +190,10 @@ class PoolConfig:
         kind=Int(0, optional=True, maximum=1 << 22),
         env="EXECUTOR_MEMORY_LIMIT_MB",
         default_text="total memory / executor_count, 256..4096",
-        doc="Memory of each executor process, MiB (0 = none); over it the executor exits and "
-        "the call running then fails ``memory_exceeded``. Enforced in both spawn modes.",
+        doc="Memory of each executor process, MiB (0 = none), enforced by the executor itself "
+        "in both spawn modes (address-space limit + resident-set watchdog): over it the "
+        "executor exits at once naming the call, which fails ``memory_exceeded``. The inner "
+        "of two limits: see ``pool.sandbox_memory_mb``.",
     )
     max_open_files: int = knob(
         1024,
@@ -204,7 +206,12 @@ class PoolConfig:
         1024,
         kind=NON_NEGATIVE,
         env="EXECUTOR_SANDBOX_MEMORY_MB",
-        doc="Sandbox mode: memory limit of each executor, MiB (0 = none).",
+        doc="Sandbox mode: the outer memory limit the sandbox puts around each executor and "
+        "what it starts, its private ``/tmp`` included (cgroup ``memory.max``; ``RLIMIT_AS`` "
+        "with ``rlimit``), MiB (0 = none). Over it the kernel kills the executor (the call "
+        "fails ``memory_exceeded`` by blame). Set it above ``pool.memory_limit_mb`` (the "
+        "executor's own limit, which may reach 4096 by default) to have that one end a "
+        "greedy call first, with the call named; the lower of the two acts first.",
     )
     sandbox_cpus: float = knob(
         1.0,
