@@ -2,12 +2,17 @@
 
 Theory of operation
 -------------------
-``blockx run`` and ``blockx config`` build two configurations:
+``blockx run`` and ``blockx config`` build the worker's
+:class:`~blockx.worker.config.WorkerConfig` and the IO subsystem's
+:class:`~blockx.worker.io.config.IOConfig` with one call of
+:func:`blockx.worker.config_layers.resolve` (the model ``blockx.Worker()``
+uses too), from these layers, lowest precedence first::
 
-* the worker's :class:`~blockx.worker.config.WorkerConfig`, layered
-  ``defaults ← config file ← environment ← --set / --executors``;
-* the IO subsystem's :class:`~blockx.worker.io.config.IOConfig`, layered
-  ``defaults ← config file's [io] table ← environment ← the task file's io ← --set io.*``.
+    one executor per core (the CLI's default) <- config file <- environment
+        <- the task file's io: (IO knobs) <- --set <- --executors
+
+Every knob's provenance (``file PATH``, ``env VAR``, ``task FILE``, ``--set``
+...) becomes :attr:`Settings.sources`, the SOURCE column of ``blockx config``.
 
 The config file (``--config FILE``, else ``$BLOCKX_CONFIG``) is TOML (JSON when
 it ends in ``.json``): one table per worker section plus an optional ``io``

@@ -6,7 +6,9 @@ One frozen dataclass tree, built once at start-up and passed down: the pool,
 the executor adapter, the admission gate and the stream builder read their
 section; the orchestrator builds the core's ``DispatcherConfig`` from
 :meth:`WorkerConfig.dispatcher_kwargs` (the ``dispatcher`` section's fields
-carry the core's field names). :func:`load_config` layers the sources::
+carry the core's field names). :func:`load_config` layers the sources with
+:func:`blockx.worker.config_layers.resolve` (the one model, shared with the IO
+knobs and ``blockx run``)::
 
     defaults  <-  file (TOML or JSON)  <-  environment  <-  explicit overrides
 
@@ -76,6 +78,7 @@ __all__ = [
     "CONFIG_FILE_ENV",
     "HEARTBEAT_TIMEOUT_MARGIN_MS",
     "MAX_DURATION_MS",
+    "SECTIONS",
     "STALL_TIMEOUT_MARGIN_MS",
     "STALL_TIMEOUT_MIN_MARGIN_MS",
     "AdapterConfig",
@@ -488,7 +491,7 @@ class StreamBuildConfig:
 
 
 #: Section name -> section class, in table order.
-_SECTIONS: Final[dict[str, type[Any]]] = {
+SECTIONS: Final[dict[str, type[Any]]] = {
     "pool": PoolConfig,
     "dispatcher": DispatcherSettings,
     "adapter": AdapterConfig,
@@ -510,7 +513,7 @@ class WorkerConfig:
     heartbeat_timeout_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
-        for name, cls in _SECTIONS.items():
+        for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError([f"{name}: expected a {cls.__name__}"])
         coupled = self.dispatcher.stall_timeout_ms + HEARTBEAT_TIMEOUT_MARGIN_MS
@@ -550,7 +553,7 @@ class WorkerConfig:
 
 def iter_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
     """``(section, field name, dataclass field)`` of every knob, in table order."""
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             if f.init and "kind" in f.metadata:
                 yield section, f.name, f
@@ -568,6 +571,9 @@ def load_config(
     ``$BLOCKX_CONFIG`` is used when set. ``env`` defaults to ``os.environ``.
     ``overrides`` maps dotted knob names (``"pool.executor_count"``) or section
     tables to values (typed, or strings as a command line gives them).
+    The file may hold ``[io]`` tables too (it is ``blockx run``'s file): they are
+    the IO subsystem's (:func:`~blockx.worker.io.config.load_io_config`), not
+    read here, and neither are the IO environment variables.
     Raises :class:`ConfigError` listing every bad value.
     """
     from blockx.worker.config_layers import (

@@ -50,7 +50,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from blockx.worker.config import _SECTIONS, WorkerConfig, iter_knobs
+from blockx.worker.config import SECTIONS, WorkerConfig, iter_knobs
 from blockx.worker.config_kinds import ConfigError, Kind
 from blockx.worker.io.config import IO_SECTIONS, IOConfig, iter_io_knobs
 
@@ -197,7 +197,7 @@ def mapping_layer(
                 put_io(value)
             elif value is not None:
                 problems.append(("io", f"{prefix}io: expected a table of IO knobs"))
-        elif key in _SECTIONS and isinstance(value, Mapping):
+        elif key in SECTIONS and isinstance(value, Mapping):
             for name, item in value.items():
                 put(f"{key}.{name}", item)
         else:
@@ -345,7 +345,7 @@ def _section_values(values: Mapping[str, Any], part: Part, section: str) -> dict
 def _build_worker(values: Mapping[str, Any]) -> tuple[WorkerConfig | None, list[str]]:
     problems: list[str] = []
     sections: dict[str, Any] = {}
-    for name, cls in _SECTIONS.items():
+    for name, cls in SECTIONS.items():
         try:
             sections[name] = cls(**_section_values(values, "worker", name))
         except ConfigError as exc:
