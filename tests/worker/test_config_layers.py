@@ -152,3 +152,20 @@ def test_a_layer_shows_what_it_holds() -> None:
     layer = Layer(source="--executors", values={"pool.executor_count": 2})
     assert repr(layer) == "Layer('--executors', 1 values, 0 problems)"
     assert resolve([layer]).worker.pool == PoolConfig(executor_count=2)
+
+
+def test_load_settings_gives_the_python_api_the_provenance_too(tmp_path: Path) -> None:
+    from blockx.worker.config_layers import load_settings
+
+    path = tmp_path / "w.toml"
+    path.write_text("[admission]\nexecutor_task_slots = 2\n[io]\ndata_dir = '/srv/bx'\n")
+    settings = load_settings(
+        env={"BLOCKX_CONFIG": str(path), "IO_CACHE_MAX_ENTRIES": "5"},
+        overrides={"pool.executor_count": 3, "io": {"rpc": {"max_batch": 1}}},
+    )
+    assert settings.worker.admission.executor_task_slots == 2
+    assert settings.provenance["admission.executor_task_slots"] == f"file {path}"
+    assert settings.io.data_dir == "/srv/bx" and settings.io.cache_max_entries == 5
+    assert settings.provenance["io.cache_max_entries"] == "env IO_CACHE_MAX_ENTRIES"
+    assert settings.describe("io.rpc.max_batch") == "io.rpc.max_batch=1 (from override)"
+    assert settings.worker == load_config(path, env={}, overrides={"pool.executor_count": 3})

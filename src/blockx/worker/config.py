@@ -576,21 +576,9 @@ def load_config(
     read here, and neither are the IO environment variables.
     Raises :class:`ConfigError` listing every bad value.
     """
-    from blockx.worker.config_layers import (
-        environment_layer,
-        file_layer,
-        mapping_layer,
-        resolve,
-    )
+    from blockx.worker.config_layers import load_settings
 
-    environ = os.environ if env is None else env
-    if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
-        path = environ[CONFIG_FILE_ENV]
-    layers = [] if path is None else [file_layer(path)]
-    layers.append(environment_layer(environ))
-    if overrides:
-        layers.append(mapping_layer(overrides, source="override", annotate=False))
-    return resolve(layers, parts=("worker",)).worker
+    return load_settings(path, env=env, overrides=overrides, parts=("worker",)).worker
 
 
 def knob_table(

@@ -50,7 +50,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from blockx.worker.config import SECTIONS, WorkerConfig, iter_knobs
+from blockx.worker.config import CONFIG_FILE_ENV, SECTIONS, WorkerConfig, iter_knobs
 from blockx.worker.config_kinds import ConfigError, Kind
 from blockx.worker.io.config import IO_SECTIONS, IOConfig, iter_io_knobs
 
@@ -63,6 +63,7 @@ __all__ = [
     "environment_layer",
     "file_layer",
     "knobs",
+    "load_settings",
     "mapping_layer",
     "resolve",
 ]
@@ -370,3 +371,27 @@ def _build_io(values: Mapping[str, Any]) -> tuple[IOConfig | None, list[str]]:
     except ConfigError as exc:
         return None, problems + list(exc.problems)
     return io, problems
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    parts: Iterable[Part] = ("worker", "io"),
+) -> ResolvedSettings:
+    """The Python API's layers: defaults ← file (``path``, else ``$BLOCKX_CONFIG``) ←
+    environment (``os.environ`` by default) ← ``overrides`` (dotted names or section
+    tables, ``{"io": {...}}`` for IO knobs), with every value's provenance.
+
+    :func:`~blockx.worker.config.load_config` is ``load_settings(..., parts=("worker",))
+    .worker``. Raises :class:`ConfigError` listing every bad value.
+    """
+    environ = os.environ if env is None else env
+    if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
+        path = environ[CONFIG_FILE_ENV]
+    layers = [] if path is None else [file_layer(path)]
+    layers.append(environment_layer(environ))
+    if overrides:
+        layers.append(mapping_layer(overrides, source="override", annotate=False))
+    return resolve(layers, parts=parts)
