@@ -35,8 +35,8 @@ Two values are derived, never set:
   timeout: ``call_deadline_ms + 5000``; an explicit
   ``scheduler_stall_timeout_ms`` is used only when it is greater than
   ``call_deadline_ms + 1000`` (a lower one is raised to the derived value: an
-  executor legitimately runs a call for its whole budget). Same rule as the
-  core's ``DispatcherConfig``.
+  executor legitimately runs a call for its whole budget). One rule, stated once
+  (``blockx.worker.core.config.effective_stall_timeout_ms``, the core's too).
 * ``heartbeat_timeout_ms`` (on :class:`WorkerConfig`) — the seed couples the
   heartbeat timeout to the stall timeout:
   ``max(adapter.heartbeat_timeout_ms, stall_timeout_ms + 5000)`` (15000 with
@@ -73,6 +73,11 @@ from blockx.worker.config_kinds import (
     check_section,
     knob,
 )
+from blockx.worker.core.config import (
+    STALL_TIMEOUT_MARGIN_MS,
+    STALL_TIMEOUT_MIN_MARGIN_MS,
+    effective_stall_timeout_ms,
+)
 
 __all__ = [
     "CONFIG_FILE_ENV",
@@ -96,10 +101,6 @@ __all__ = [
 
 #: Environment variable naming the configuration file.
 CONFIG_FILE_ENV: Final = "BLOCKX_CONFIG"
-#: ``stall_timeout_ms = call_deadline_ms + STALL_TIMEOUT_MARGIN_MS`` by default.
-STALL_TIMEOUT_MARGIN_MS: Final = 5000
-#: An explicit stall timeout at or below ``call_deadline_ms`` + this is raised.
-STALL_TIMEOUT_MIN_MARGIN_MS: Final = 1000
 #: The heartbeat timeout is at least ``stall_timeout_ms`` + this.
 HEARTBEAT_TIMEOUT_MARGIN_MS: Final = 5000
 #: The longest duration any knob takes: 24 h, in ms.
@@ -376,12 +377,7 @@ class DispatcherSettings:
                     f"base_backoff_ms ({self.base_backoff_ms})"
                 ]
             )
-        derived = self.call_deadline_ms + STALL_TIMEOUT_MARGIN_MS
-        requested = self.scheduler_stall_timeout_ms
-        if requested is None or requested <= self.call_deadline_ms + STALL_TIMEOUT_MIN_MARGIN_MS:
-            stall = derived
-        else:
-            stall = requested
+        stall = effective_stall_timeout_ms(self.call_deadline_ms, self.scheduler_stall_timeout_ms)
         object.__setattr__(self, "stall_timeout_ms", stall)
 
 
