@@ -41,3 +41,16 @@ def test_every_bad_field_at_once_and_the_bounds_are_valid() -> None:
     ok = TaskPolicy(call_budget_ms=86_400_000, base_backoff_ms=0, deadline_ms=1, debug=True)
     assert ok.core_policy().call_budget_ms == 86_400_000
     assert policy_problems({name: None for name in POLICY_INTEGERS}) == []
+
+
+def test_the_task_file_knows_the_same_policy_fields() -> None:
+    """The task-file checker keeps its own copies only to start without the worker."""
+    from dataclasses import fields
+
+    from blockx.cli.taskfile_checks import FAILURE_POLICIES, MAX_BUDGET_MS, POLICY_FIELDS
+    from blockx.worker.api import FAILURE_POLICIES as API_FAILURE_POLICIES
+    from blockx.worker.config import MAX_DURATION_MS
+
+    assert POLICY_FIELDS == tuple(f.name for f in fields(TaskPolicy))
+    assert FAILURE_POLICIES == API_FAILURE_POLICIES
+    assert MAX_BUDGET_MS == MAX_DURATION_MS
