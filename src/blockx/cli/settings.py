@@ -2,12 +2,17 @@
 
 Theory of operation
 -------------------
-``blockx run`` and ``blockx config`` build two configurations:
+``blockx run`` and ``blockx config`` build the worker's
+:class:`~blockx.worker.config.WorkerConfig` and the IO subsystem's
+:class:`~blockx.worker.io.config.IOConfig` with one call of
+:func:`blockx.worker.config_layers.resolve` (the model ``blockx.Worker()``
+uses too), from these layers, lowest precedence first::
 
-* the worker's :class:`~blockx.worker.config.WorkerConfig`, layered
-  ``defaults ← config file ← environment ← --set / --executors``;
-* the IO subsystem's :class:`~blockx.worker.io.config.IOConfig`, layered
-  ``defaults ← config file's [io] table ← environment ← the task file's io ← --set io.*``.
+    one executor per core (the CLI's default) <- config file <- environment
+        <- the task file's io: (IO knobs) <- --set <- --executors
+
+Every knob's provenance (``file PATH``, ``env VAR``, ``task FILE``, ``--set``
+...) becomes :attr:`Settings.sources`, the SOURCE column of ``blockx config``.
 
 The config file (``--config FILE``, else ``$BLOCKX_CONFIG``) is TOML (JSON when
 it ends in ``.json``): one table per worker section plus an optional ``io``
@@ -37,26 +42,23 @@ import dataclasses
 import difflib
 import json
 import os
-import re
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from blockx.worker.config import (
-    CONFIG_FILE_ENV,
-    ConfigError,
-    WorkerConfig,
-    iter_knobs,
-    knob_table,
-    load_config,
-)
+from blockx.worker.config import CONFIG_FILE_ENV, ConfigError, WorkerConfig, iter_knobs, knob_table
 from blockx.worker.config_kinds import cpu_count
-from blockx.worker.io import config as io_config_module
+from blockx.worker.config_layers import (
+    Layer,
+    environment_layer,
+    file_layer,
+    mapping_layer,
+    resolve,
+)
 from blockx.worker.io.config import ENV_VARS as IO_ENV_VARS
-from blockx.worker.io.config import IOConfig, IOConfigError, load_io_config
+from blockx.worker.io.config import IOConfig, iter_io_knobs
 
 if TYPE_CHECKING:
     from blockx.cli.taskfile import TaskFile
@@ -105,29 +107,6 @@ def _io_path(knob: str) -> tuple[str, str]:
     return ("", parts[0]) if len(parts) == 1 else (parts[0], parts[1])
 
 
-def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"io.blockdb.engine": v}`` -> ``{"blockdb": {"engine": v}}`` (the io mapping form)."""
-    out: dict[str, Any] = {}
-    for knob, value in flat.items():
-        section, name = _io_path(knob)
-        if section:
-            out.setdefault(section, {})[name] = value
-        else:
-            out[name] = value
-    return out
-
-
-def _flatten_io(mapping: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in mapping.items():
-        if isinstance(value, Mapping) and key in ("blockdb", "rpc"):
-            for name, item in value.items():
-                out[f"io.{key}.{name}"] = item
-        else:
-            out[f"io.{key}"] = value
-    return out
-
-
 def parse_sets(pairs: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
     """``--set KNOB=VALUE`` arguments -> (worker overrides, IO overrides), by dotted name."""
     worker = _worker_knobs()
@@ -156,38 +135,6 @@ def parse_sets(pairs: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
     if problems:
         raise UsageError(problems)
     return worker_sets, io_sets
-
-
-# --- the configuration file ------------------------------------------------------------------
-
-
-def _read_config_file(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(flat worker knobs, io mapping) of a TOML/JSON configuration file."""
-    label = path
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(
-            [f"{label}: cannot read the configuration file: {exc.strerror or exc}"]
-        ) from None
-    is_json = path.lower().endswith(".json")
-    try:
-        data = json.loads(raw) if is_json else tomllib.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError([f"{label}: not valid {'JSON' if is_json else 'TOML'}: {exc}"]) from None
-    if not isinstance(data, dict):
-        raise UsageError([f"{label}: expected a table of sections at the top level"])
-    io = data.pop("io", None) or {}
-    if not isinstance(io, Mapping):
-        raise UsageError([f"{label}: io: expected a table of IO knobs"])
-    flat: dict[str, Any] = {}
-    for section, table in data.items():
-        if isinstance(table, Mapping):
-            for name, value in table.items():
-                flat[f"{section}.{name}"] = value
-        else:
-            flat[str(section)] = table
-    return flat, dict(io)
 
 
 # --- building --------------------------------------------------------------------------------
@@ -252,11 +199,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _env_set(environ: Mapping[str, str], variable: str) -> bool:
-    text = environ.get(variable)
-    return text is not None and bool(text.strip())
-
-
 def build_settings(
     *,
     config_file: str | None = None,
@@ -269,108 +211,45 @@ def build_settings(
 ) -> Settings:
     """The worker and IO configurations from every source (see the module docstring).
 
+    The layers, lowest first, go to :func:`blockx.worker.config_layers.resolve`:
+    one executor per core (the CLI's own default), the config file, the environment,
+    the task's ``io:``, ``--set``, ``--executors``.
+
     ``task_dir`` is the task file's directory: when no source sets ``io.data_dir``
     (nor ``io.blockdb.sqlite_path``), the data dir is ``.blockx`` there rather than
     under the working directory, so a task finds its tables from anywhere.
 
     Raises :class:`UsageError` listing every bad value with its source.
     """
-    env = dict(os.environ if environ is None else environ)
-    if config_file is None and _env_set(env, CONFIG_FILE_ENV):
+    env = os.environ if environ is None else environ
+    if config_file is None and env.get(CONFIG_FILE_ENV, "").strip():
         config_file = env[CONFIG_FILE_ENV]
-    env.pop(CONFIG_FILE_ENV, None)
     worker_sets, io_sets = parse_sets(sets)
-    file_flat: dict[str, Any] = {}
-    file_io: dict[str, Any] = {}
-    if config_file is not None:
-        file_flat, file_io = _read_config_file(config_file)
-
     problems: list[str] = []
-    # Each layer checked alone first, so its problems name their source.
-    if file_flat:
-        try:
-            load_config(env={}, overrides=file_flat)
-        except ConfigError as exc:
-            problems += [f"{config_file}: {p}" for p in exc.problems]
-    if worker_sets:
-        try:
-            load_config(env={}, overrides=worker_sets)
-        except ConfigError as exc:
-            problems += [f"--set {p}" for p in exc.problems]
-    try:
-        load_config(env=env)
-    except ConfigError as exc:
-        problems += list(exc.problems)
     if executors is not None and executors < 1:
         problems.append(f"--executors {executors}: expected a positive integer")
+        executors = None
+    # The seed's default is 8 executors; `blockx run` starts one per core.
+    layers = [Layer(source="default (one per core)", values={"pool.executor_count": cpu_count()})]
+    if config_file is not None:
+        layers.append(file_layer(config_file))
+    layers.append(environment_layer(env))
+    if task_io:
+        label = task_label or "task"
+        layers.append(
+            mapping_layer(task_io, source=f"task {task_label}", prefix=f"{label}: ", io_only=True)
+        )
+    layers.append(mapping_layer({**worker_sets, **io_sets}, source="--set", prefix="--set "))
+    if executors is not None:
+        layers.append(Layer(source="--executors", values={"pool.executor_count": executors}))
+    try:
+        resolved = resolve(layers)
+    except ConfigError as exc:
+        raise UsageError([*exc.problems, *problems]) from None
     if problems:
         raise UsageError(problems)
-
-    worker_env = _worker_knobs()
-    overrides: dict[str, Any] = {
-        k: v for k, v in file_flat.items() if not _env_set(env, worker_env.get(k, ""))
-    }
-    overrides.update(worker_sets)
-    if executors is not None:
-        overrides["pool.executor_count"] = executors
-    cores_default = "pool.executor_count" not in overrides and not _env_set(
-        env, worker_env["pool.executor_count"]
-    )
-    if cores_default:  # the CLI's own default: one executor per core (the seed's is 8)
-        overrides["pool.executor_count"] = cpu_count()
-    try:
-        worker = load_config(env=env, overrides=overrides)
-    except ConfigError as exc:
-        raise UsageError(list(exc.problems)) from None
-
-    # IO: defaults <- file's io <- environment <- task's io <- --set io.*
-    if file_io:
-        try:
-            load_io_config(file_io, env={})
-        except IOConfigError as exc:
-            raise UsageError([f"{config_file}: {p}" for p in exc.problems]) from None
-    try:
-        io = load_io_config(file_io, env=env)
-    except IOConfigError as exc:
-        raise UsageError([f"environment: {p}" for p in exc.problems]) from None
-    if task_io:
-        try:
-            io = load_io_config(task_io, env={}, base=io)
-        except IOConfigError as exc:
-            raise UsageError([f"{task_label or 'task'}: {p}" for p in exc.problems]) from None
-    if io_sets:
-        try:
-            io = load_io_config(_nest(io_sets), env={}, base=io)
-        except IOConfigError as exc:
-            raise UsageError([f"--set {p}" for p in exc.problems]) from None
-
-    sources: dict[str, str] = {}
-    for knob, variable in worker_env.items():
-        if knob in worker_sets:
-            sources[knob] = "--set"
-        elif knob == "pool.executor_count" and executors is not None:
-            sources[knob] = "--executors"
-        elif _env_set(env, variable):
-            sources[knob] = f"env {variable}"
-        elif knob in file_flat:
-            sources[knob] = f"file {config_file}"
-        elif knob == "pool.executor_count" and cores_default:
-            sources[knob] = "default (one per core)"
-        else:
-            sources[knob] = "default"
-    task_flat = _flatten_io(task_io or {})
-    file_io_flat = _flatten_io(file_io)
-    for knob, variable in _io_knobs().items():
-        if knob in io_sets:
-            sources[knob] = "--set"
-        elif knob in task_flat:
-            sources[knob] = f"task {task_label}"
-        elif _env_set(env, variable):
-            sources[knob] = f"env {variable}"
-        elif knob in file_io_flat:
-            sources[knob] = f"file {config_file}"
-        else:
-            sources[knob] = "default"
+    io = resolved.io
+    sources = dict(resolved.provenance)
     if (
         task_dir is not None
         and sources["io.data_dir"] == "default"
@@ -378,7 +257,7 @@ def build_settings(
     ):
         io = dataclasses.replace(io, data_dir=os.path.join(task_dir, io.data_dir))
         sources["io.data_dir"] = "default (next to the task file)"
-    return Settings(worker=worker, io=io, sources=sources, config_file=config_file)
+    return Settings(worker=resolved.worker, io=io, sources=sources, config_file=config_file)
 
 
 def load_task_and_settings(
@@ -409,51 +288,24 @@ def load_task_and_settings(
 
 # --- the reference tables --------------------------------------------------------------------
 
-_IO_HEADER_RE: Final = re.compile(r"^``(?P<knob>[\w.]+)`` \[``(?P<env>\w+)``\] = (?P<default>.+)$")
-
 
 def io_knob_docs() -> dict[str, tuple[str, str, str]]:
-    """``{"io.knob": (env var, default text, meaning)}`` from the IO config module's docstring."""
-    doc = io_config_module.__doc__ or ""
+    """``{"io.knob": (env var, default text, meaning)}`` from the IO knobs' declarations."""
     out: dict[str, tuple[str, str, str]] = {}
-    pending: list[tuple[str, str, str]] = []
-    description: list[str] = []
-
-    def finish() -> None:
-        text = " ".join(part.strip() for part in description)
-        for knob, env, default in pending:
-            out[f"io.{knob}"] = (env, default, text)
-        pending.clear()
-        description.clear()
-
-    for line in doc.splitlines():
-        match = _IO_HEADER_RE.match(line)
-        if match:
-            if description:
-                finish()
-            pending.append((match["knob"], match["env"], match["default"].strip()))
-        elif line.startswith("    ") and pending:
-            description.append(line)
-        elif pending and description:
-            finish()
-    if pending:
-        finish()
+    for section, name, f in iter_io_knobs():
+        default = f.metadata["default_text"]
+        if default is None:
+            default = str(f.default)
+        out["io." + (f"{section}.{name}" if section else name)] = (
+            f.metadata["env"],
+            default,
+            f.metadata["doc"],
+        )
     return out
 
 
 def _io_table() -> str:
-    docs = io_knob_docs()
-    lines = [
-        "| knob | environment variable | default | meaning |",
-        "| --- | --- | --- | --- |",
-    ]
-    for knob, variable in _io_knobs().items():
-        _env, default, meaning = docs.get(knob, (variable, "", ""))
-        cells = [f"`{knob}`", f"`{variable}`", default, meaning]
-        lines.append(
-            "| " + " | ".join(c.replace("``", "`").replace("|", "\\|") for c in cells) + " |"
-        )
-    return "\n".join(lines)
+    return knob_table(markdown=True, knobs=iter_io_knobs(), prefix="io.")
 
 
 def reference_markdown() -> str:

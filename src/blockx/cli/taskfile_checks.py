@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from blockx.worker.config import MAX_DURATION_MS
+
 __all__ = [
     "CALL_FIELDS",
     "FAILURE_POLICIES",
@@ -63,6 +65,8 @@ POLICY_FIELDS: Final = (
     "deadline_ms",
 )
 CALL_FIELDS: Final = ("function", "args")
+#: ``TaskPolicy.failure``'s values (``blockx.worker.api.FAILURE_POLICIES``; here for the
+#: "did you mean" hint without importing the worker at start-up).
 FAILURE_POLICIES: Final = ("fast_fail", "continue")
 #: IO knobs that are paths: relative ones are taken relative to the task file.
 IO_PATH_KNOBS: Final = ((None, "data_dir"), ("blockdb", "sqlite_path"))
@@ -70,7 +74,7 @@ IO_PATH_KNOBS: Final = ((None, "data_dir"), ("blockdb", "sqlite_path"))
 MAX_PROBLEMS: Final = 20
 #: The largest time budget a policy may give (ms): 24 h. Larger ones overflow the
 #: executors' timers; a task that needs more has no deadline at all.
-MAX_BUDGET_MS: Final = 86_400_000
+MAX_BUDGET_MS: Final = MAX_DURATION_MS
 #: Room kept in an ``ExecuteCall`` frame for everything but the arguments (ids, digest,
 #: budget, trace, audit payload).
 ENVELOPE_ALLOWANCE_BYTES: Final = 64 * 1024
@@ -333,63 +337,32 @@ def args_size_problem(args: Any) -> str | None:
     )
 
 
-def _positive_int(value: Any, *, minimum: int) -> bool:
-    return type(value) is int and value >= minimum
-
-
 def check_policy(check: Checker, policy: Any) -> dict[str, Any]:
-    """The ``policy`` section as ``TaskPolicy`` keyword arguments (the good fields only)."""
+    """The ``policy`` section as ``TaskPolicy`` keyword arguments (the good fields only).
+
+    The values are checked by :func:`blockx.worker.api.policy_problems`, the check
+    ``TaskPolicy`` itself runs; here its lines only get their YAML path and line.
+    """
     if policy is None:
         return {}
     if not isinstance(policy, Mapping):
         check.add(("policy",), f"expected a mapping of policy fields, got {describe(policy)}")
         return {}
     check.unknown_fields(policy, ("policy",), POLICY_FIELDS)
-    out: dict[str, Any] = {}
-    day = f"{MAX_BUDGET_MS:,} (24 h)"
-    ints = {
-        "max_attempts": (1, None, "a positive integer"),
-        "call_budget_ms": (0, MAX_BUDGET_MS, f"an integer from 0 to {day} (ms; 0 = unlimited)"),
-        "base_backoff_ms": (0, MAX_BUDGET_MS, f"an integer from 0 to {day} (ms)"),
-        "max_output_bytes": (1, None, "a positive integer (bytes)"),
-        "deadline_ms": (
-            1,
-            MAX_BUDGET_MS,
-            f"an integer from 1 to {day} (ms, the whole task's wall-clock limit)",
-        ),
-    }
-    for name, (minimum, maximum, expected) in ints.items():
-        if name not in policy or policy[name] is None:
-            continue
-        value = policy[name]
-        if not _positive_int(value, minimum=minimum) or (maximum is not None and value > maximum):
-            check.add(("policy", name), f"expected {expected}, got {describe(value)}")
-        else:
-            out[name] = value
-    if "failure" in policy:
-        value = policy["failure"]
-        if value not in FAILURE_POLICIES:
-            check.add(
-                ("policy", "failure"),
-                f"expected fast_fail or continue, got {describe(value)}"
-                + (_suggest(value, FAILURE_POLICIES) if isinstance(value, str) else ""),
-            )
-        else:
-            out["failure"] = value
-    if "debug" in policy:
-        value = policy["debug"]
-        if type(value) is not bool:
-            check.add(("policy", "debug"), f"expected true or false, got {describe(value)}")
-        else:
-            out["debug"] = value
-    if not check.problems:
-        from blockx.worker.api import TaskPolicy, TaskSpecError
+    from blockx.worker.api import policy_problems
 
-        try:
-            TaskPolicy(**out)
-        except TaskSpecError as exc:
-            check.add(("policy",), str(exc).removeprefix("policy: "))
-    return out
+    given = {name: policy[name] for name in POLICY_FIELDS if name in policy}
+    bad: set[str] = set()
+    for name, expected in policy_problems(given):
+        value = given[name]
+        hint = (
+            _suggest(value, FAILURE_POLICIES)
+            if name == "failure" and isinstance(value, str)
+            else ""
+        )
+        check.add(("policy", name), f"expected {expected}, got {describe(value)}{hint}")
+        bad.add(name)
+    return {name: value for name, value in given.items() if name not in bad and value is not None}
 
 
 def check_call(

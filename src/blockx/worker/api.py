@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, Literal
 
+from blockx.worker.config import MAX_DURATION_MS
 from blockx.worker.core import CallRetryPolicy, FailurePolicy
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ __all__ = [
     "TaskSpec",
     "TaskSpecError",
     "TaskStats",
+    "policy_problems",
 ]
 
 
@@ -72,6 +74,52 @@ class Call:
 
     function_id: str
     args: Any = None
+
+
+#: The values of ``TaskPolicy.failure``.
+FAILURE_POLICIES: Final = ("fast_fail", "continue")
+_DAY: Final = f"{MAX_DURATION_MS:,} (24 h)"
+#: Integer fields of a policy: (least, greatest or None, what is expected). ``None`` is
+#: always allowed: it takes the worker's configuration. Times are bounded to a day like
+#: the worker's duration knobs: larger ones overflow the executors' timers.
+POLICY_INTEGERS: Final[dict[str, tuple[int, int | None, str]]] = {
+    "max_attempts": (1, None, "a positive integer"),
+    "call_budget_ms": (0, MAX_DURATION_MS, f"an integer from 0 to {_DAY} (ms; 0 = unlimited)"),
+    "base_backoff_ms": (0, MAX_DURATION_MS, f"an integer from 0 to {_DAY} (ms)"),
+    "max_output_bytes": (1, None, "a positive integer (bytes)"),
+    "deadline_ms": (
+        1,
+        MAX_DURATION_MS,
+        f"an integer from 1 to {_DAY} (ms, the whole task's wall-clock limit)",
+    ),
+}
+
+
+def policy_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(field, what was expected)`` for every bad value among ``TaskPolicy`` fields.
+
+    The one check of a task's policy: :class:`TaskPolicy` runs it when built, and the
+    task-file checker (:func:`blockx.cli.taskfile_checks.check_policy`) runs it on the
+    file's ``policy:`` section and only maps each line to its YAML path. Fields not in
+    ``values`` are not checked; unknown names are the caller's concern.
+    """
+    problems: list[tuple[str, str]] = []
+    for name, value in values.items():
+        if name in POLICY_INTEGERS:
+            least, greatest, expected = POLICY_INTEGERS[name]
+            if value is None:
+                continue
+            if (
+                type(value) is not int
+                or value < least
+                or (greatest is not None and value > greatest)
+            ):
+                problems.append((name, expected))
+        elif name == "failure" and value not in FAILURE_POLICIES:
+            problems.append((name, "fast_fail or continue"))
+        elif name == "debug" and type(value) is not bool:
+            problems.append((name, "true or false"))
+    return problems
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,22 +147,14 @@ class TaskPolicy:
     deadline_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if self.failure not in ("fast_fail", "continue"):
+        problems = policy_problems({f.name: getattr(self, f.name) for f in fields(self)})
+        if problems:
             raise TaskSpecError(
-                f"policy.failure must be 'fast_fail' or 'continue', not {self.failure!r}"
+                "; ".join(
+                    f"policy.{name}: expected {expected}, got {getattr(self, name)!r}"
+                    for name, expected in problems
+                )
             )
-        if self.max_output_bytes is not None and (
-            type(self.max_output_bytes) is not int or self.max_output_bytes < 1
-        ):
-            raise TaskSpecError("policy.max_output_bytes must be a positive int or None")
-        if self.deadline_ms is not None and (
-            type(self.deadline_ms) is not int or self.deadline_ms < 1
-        ):
-            raise TaskSpecError("policy.deadline_ms must be a positive int or None")
-        try:
-            self.core_policy()
-        except ValueError as exc:
-            raise TaskSpecError(f"policy: {exc}") from None
 
     def core_policy(self) -> CallRetryPolicy:
         """The dispatcher core's form of this policy."""

@@ -6,7 +6,9 @@ One frozen dataclass tree, built once at start-up and passed down: the pool,
 the executor adapter, the admission gate and the stream builder read their
 section; the orchestrator builds the core's ``DispatcherConfig`` from
 :meth:`WorkerConfig.dispatcher_kwargs` (the ``dispatcher`` section's fields
-carry the core's field names). :func:`load_config` layers the sources::
+carry the core's field names). :func:`load_config` layers the sources with
+:func:`blockx.worker.config_layers.resolve` (the one model, shared with the IO
+knobs and ``blockx run``)::
 
     defaults  <-  file (TOML or JSON)  <-  environment  <-  explicit overrides
 
@@ -33,8 +35,8 @@ Two values are derived, never set:
   timeout: ``call_deadline_ms + 5000``; an explicit
   ``scheduler_stall_timeout_ms`` is used only when it is greater than
   ``call_deadline_ms + 1000`` (a lower one is raised to the derived value: an
-  executor legitimately runs a call for its whole budget). Same rule as the
-  core's ``DispatcherConfig``.
+  executor legitimately runs a call for its whole budget). One rule, stated once
+  (``blockx.worker.core.config.effective_stall_timeout_ms``, the core's too).
 * ``heartbeat_timeout_ms`` (on :class:`WorkerConfig`) — the seed couples the
   heartbeat timeout to the stall timeout:
   ``max(adapter.heartbeat_timeout_ms, stall_timeout_ms + 5000)`` (15000 with
@@ -52,14 +54,11 @@ value kinds that parse and check each knob live in
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import textwrap
-import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from blockx.worker.config_kinds import (
@@ -74,11 +73,17 @@ from blockx.worker.config_kinds import (
     check_section,
     knob,
 )
+from blockx.worker.core.config import (
+    STALL_TIMEOUT_MARGIN_MS,
+    STALL_TIMEOUT_MIN_MARGIN_MS,
+    effective_stall_timeout_ms,
+)
 
 __all__ = [
     "CONFIG_FILE_ENV",
     "HEARTBEAT_TIMEOUT_MARGIN_MS",
     "MAX_DURATION_MS",
+    "SECTIONS",
     "STALL_TIMEOUT_MARGIN_MS",
     "STALL_TIMEOUT_MIN_MARGIN_MS",
     "AdapterConfig",
@@ -96,10 +101,6 @@ __all__ = [
 
 #: Environment variable naming the configuration file.
 CONFIG_FILE_ENV: Final = "BLOCKX_CONFIG"
-#: ``stall_timeout_ms = call_deadline_ms + STALL_TIMEOUT_MARGIN_MS`` by default.
-STALL_TIMEOUT_MARGIN_MS: Final = 5000
-#: An explicit stall timeout at or below ``call_deadline_ms`` + this is raised.
-STALL_TIMEOUT_MIN_MARGIN_MS: Final = 1000
 #: The heartbeat timeout is at least ``stall_timeout_ms`` + this.
 HEARTBEAT_TIMEOUT_MARGIN_MS: Final = 5000
 #: The longest duration any knob takes: 24 h, in ms.
@@ -193,8 +194,10 @@ class PoolConfig:
         kind=Int(0, optional=True, maximum=1 << 22),
         env="EXECUTOR_MEMORY_LIMIT_MB",
         default_text="total memory / executor_count, 256..4096",
-        doc="Memory of each executor process, MiB (0 = none); over it the executor exits and "
-        "the call running then fails ``memory_exceeded``. Enforced in both spawn modes.",
+        doc="Memory of each executor process, MiB (0 = none), enforced by the executor itself "
+        "in both spawn modes (address-space limit + resident-set watchdog): over it the "
+        "executor exits at once naming the call, which fails ``memory_exceeded``. The inner "
+        "of two limits: see ``pool.sandbox_memory_mb``.",
     )
     max_open_files: int = knob(
         1024,
@@ -207,7 +210,12 @@ class PoolConfig:
         1024,
         kind=NON_NEGATIVE,
         env="EXECUTOR_SANDBOX_MEMORY_MB",
-        doc="Sandbox mode: memory limit of each executor, MiB (0 = none).",
+        doc="Sandbox mode: the outer memory limit the sandbox puts around each executor and "
+        "what it starts, its private ``/tmp`` included (cgroup ``memory.max``; ``RLIMIT_AS`` "
+        "with ``rlimit``), MiB (0 = none). Over it the kernel kills the executor (the call "
+        "fails ``memory_exceeded`` by blame). Set it above ``pool.memory_limit_mb`` (the "
+        "executor's own limit, which may reach 4096 by default) to have that one end a "
+        "greedy call first, with the call named; the lower of the two acts first.",
     )
     sandbox_cpus: float = knob(
         1.0,
@@ -369,12 +377,7 @@ class DispatcherSettings:
                     f"base_backoff_ms ({self.base_backoff_ms})"
                 ]
             )
-        derived = self.call_deadline_ms + STALL_TIMEOUT_MARGIN_MS
-        requested = self.scheduler_stall_timeout_ms
-        if requested is None or requested <= self.call_deadline_ms + STALL_TIMEOUT_MIN_MARGIN_MS:
-            stall = derived
-        else:
-            stall = requested
+        stall = effective_stall_timeout_ms(self.call_deadline_ms, self.scheduler_stall_timeout_ms)
         object.__setattr__(self, "stall_timeout_ms", stall)
 
 
@@ -484,7 +487,7 @@ class StreamBuildConfig:
 
 
 #: Section name -> section class, in table order.
-_SECTIONS: Final[dict[str, type[Any]]] = {
+SECTIONS: Final[dict[str, type[Any]]] = {
     "pool": PoolConfig,
     "dispatcher": DispatcherSettings,
     "adapter": AdapterConfig,
@@ -506,7 +509,7 @@ class WorkerConfig:
     heartbeat_timeout_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
-        for name, cls in _SECTIONS.items():
+        for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError([f"{name}: expected a {cls.__name__}"])
         coupled = self.dispatcher.stall_timeout_ms + HEARTBEAT_TIMEOUT_MARGIN_MS
@@ -535,7 +538,10 @@ class WorkerConfig:
 
     def replace(self, **overrides: Any) -> WorkerConfig:
         """A copy with knobs replaced, by dotted name: ``replace(**{"pool.executor_count": 2})``."""
-        return _build(self, [_apply_mapping(overrides, "override")])
+        from blockx.worker.config_layers import mapping_layer, resolve
+
+        layer = mapping_layer(overrides, source="override", annotate=False)
+        return resolve([layer], parts=("worker",), worker_base=self).worker
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -543,109 +549,10 @@ class WorkerConfig:
 
 def iter_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
     """``(section, field name, dataclass field)`` of every knob, in table order."""
-    for section, cls in _SECTIONS.items():
+    for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             if f.init and "kind" in f.metadata:
                 yield section, f.name, f
-
-
-def _knob_field(section: str, name: str) -> dataclasses.Field[Any] | None:
-    cls = _SECTIONS.get(section)
-    if cls is None:
-        return None
-    for f in dataclasses.fields(cls):
-        if f.name == name and f.init and "kind" in f.metadata:
-            return f
-    return None
-
-
-#: One layer of values: ``{(section, field): value}`` plus the problems it had.
-_Layer = tuple[dict[tuple[str, str], Any], list[str]]
-
-
-def _apply_mapping(mapping: Mapping[str, Any], source: str) -> _Layer:
-    """Flatten a nested ``{section: {field: value}}`` or dotted ``{"section.field": value}``."""
-    values: dict[tuple[str, str], Any] = {}
-    problems: list[str] = []
-    prefix = f"{source}: " if source != "override" else ""
-
-    def put(section: str, name: str, value: Any) -> None:
-        f = _knob_field(section, name)
-        if f is None:
-            problems.append(f"{prefix}unknown knob {section}.{name}")
-            return
-        try:
-            values[(section, name)] = f.metadata["kind"].check(value)
-        except ValueError as exc:
-            problems.append(f"{prefix}{section}.{name}={value!r}: expected {exc}")
-
-    for key, value in mapping.items():
-        if "." in key:
-            section, _, name = key.partition(".")
-            put(section, name, value)
-        elif key in _SECTIONS and isinstance(value, Mapping):
-            for name, item in value.items():
-                put(key, str(name), item)
-        else:
-            problems.append(f"{prefix}unknown knob {key}")
-    return values, problems
-
-
-def _read_file(path: Path) -> _Layer:
-    label = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return {}, [f"{label}: cannot read the configuration file: {exc.strerror or exc}"]
-    try:
-        if path.suffix.lower() == ".json":
-            data = json.loads(raw)
-        else:
-            data = tomllib.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, [f"{label}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"]
-    if not isinstance(data, dict):
-        return {}, [f"{label}: expected a table of sections at the top level"]
-    return _apply_mapping(data, label)
-
-
-def _read_env(env: Mapping[str, str]) -> _Layer:
-    values: dict[tuple[str, str], Any] = {}
-    problems: list[str] = []
-    for section, name, f in iter_knobs():
-        variable = f.metadata["env"]
-        text = env.get(variable)
-        if text is None or not text.strip():
-            continue
-        try:
-            values[(section, name)] = f.metadata["kind"].from_text(text)
-        except ValueError as exc:
-            problems.append(f"{variable}={text!r}: expected {exc}")
-    return values, problems
-
-
-def _build(base: WorkerConfig | None, layers: list[_Layer]) -> WorkerConfig:
-    problems: list[str] = []
-    merged: dict[tuple[str, str], Any] = {}
-    for values, layer_problems in layers:
-        merged.update(values)
-        problems.extend(layer_problems)
-    if problems:
-        raise ConfigError(problems)
-    sections: dict[str, Any] = {}
-    for name, cls in _SECTIONS.items():
-        changes = {field_name: v for (sec, field_name), v in merged.items() if sec == name}
-        if base is not None:
-            current = getattr(base, name)
-            sections[name] = dataclasses.replace(current, **changes) if changes else current
-        else:
-            try:
-                sections[name] = cls(**changes)
-            except ConfigError as exc:
-                problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems)
-    return WorkerConfig(**sections)
 
 
 def load_config(
@@ -660,28 +567,32 @@ def load_config(
     ``$BLOCKX_CONFIG`` is used when set. ``env`` defaults to ``os.environ``.
     ``overrides`` maps dotted knob names (``"pool.executor_count"``) or section
     tables to values (typed, or strings as a command line gives them).
+    The file may hold ``[io]`` tables too (it is ``blockx run``'s file): they are
+    the IO subsystem's (:func:`~blockx.worker.io.config.load_io_config`), not
+    read here, and neither are the IO environment variables.
     Raises :class:`ConfigError` listing every bad value.
     """
-    environ = os.environ if env is None else env
-    layers: list[_Layer] = []
-    if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
-        path = environ[CONFIG_FILE_ENV]
-    if path is not None:
-        layers.append(_read_file(Path(path)))
-    layers.append(_read_env(environ))
-    if overrides:
-        layers.append(_apply_mapping(overrides, "override"))
-    return _build(None, layers)
+    from blockx.worker.config_layers import load_settings
+
+    return load_settings(path, env=env, overrides=overrides, parts=("worker",)).worker
 
 
-def knob_table(*, markdown: bool = False) -> str:
+def knob_table(
+    *,
+    markdown: bool = False,
+    knobs: Iterable[tuple[str, str, dataclasses.Field[Any]]] | None = None,
+    prefix: str = "",
+) -> str:
     """The knob table of the module docstring, rendered from the fields.
 
     The docstring form is a definition list (it fits the line length); with
-    ``markdown=True`` it is a four-column Markdown table for the docs.
+    ``markdown=True`` it is a four-column Markdown table for the docs. ``knobs``
+    (default: the worker's) and ``prefix`` render another set, e.g. the IO
+    subsystem's (``iter_io_knobs()``, ``"io."``).
     """
     rows: list[tuple[str, str, str, str]] = []
-    for section, name, f in iter_knobs():
+    for section, name, f in iter_knobs() if knobs is None else knobs:
+        dotted = prefix + (f"{section}.{name}" if section else name)
         env = f"``{f.metadata['env']}``" + (" (seed)" if f.metadata["seed_env"] else "")
         default_text = f.metadata["default_text"]
         if default_text is None:
@@ -690,7 +601,7 @@ def knob_table(*, markdown: bool = False) -> str:
             default_text = f"``{text}``"
         elif default_text != "system temp dir":
             default_text = f"``{default_text}``"
-        rows.append((f"``{section}.{name}``", env, default_text, f.metadata["doc"]))
+        rows.append((f"``{dotted}``", env, default_text, f.metadata["doc"]))
     if markdown:
         out = [
             "| knob | environment variable | default | meaning |",

@@ -10,6 +10,10 @@ instance and collects every bad value into one :class:`ConfigError`, so a user
 sees all their mistakes at once. :mod:`blockx.worker.config` declares the
 sections with these; nothing here knows a knob by name.
 
+The IO subsystem's sections (:mod:`blockx.worker.io.config`) are declared the
+same way, so :mod:`blockx.worker.config_layers` resolves every knob of both with
+one model.
+
 A kind's ``check`` accepts the value in its Python type or as text (a file may
 give ``"4"``), returns it converted, or raises ``ValueError`` whose text is
 what was expected (``expected a positive integer``).
@@ -27,6 +31,7 @@ __all__ = [
     "NON_NEGATIVE",
     "POSITIVE",
     "Bool",
+    "Checked",
     "Choice",
     "ConfigError",
     "Float",
@@ -171,6 +176,24 @@ class OptionalText(Kind):
         return value
 
 
+class Checked(Kind):
+    """A kind made of one function that takes a value or its text and returns it checked
+    (raising ``ValueError``, or ``TypeError``, whose text is what was expected)."""
+
+    def __init__(self, check: Callable[[Any], Any], expected: str = "a value") -> None:
+        self._check = check
+        self.expected = expected
+
+    def from_text(self, text: str) -> Any:
+        return self.check(text)
+
+    def check(self, value: Any) -> Any:
+        try:
+            return self._check(value)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+
+
 NON_NEGATIVE: Final = Int(0)
 POSITIVE: Final = Int(1)
 
@@ -198,10 +221,11 @@ def knob(
     return field(default=default, metadata=metadata)
 
 
-def check_section(section: Any, name: str) -> None:
+def check_section(section: Any, name: str, *, error: type[ConfigError] | None = None) -> None:
     """Check every knob of a section instance; store converted values.
 
-    Raises :class:`ConfigError` naming every bad knob (``name.field=value``).
+    Raises :class:`ConfigError` (or ``error``, a subclass) naming every bad knob
+    (``name.field=value``).
     """
     problems: list[str] = []
     for f in dataclasses.fields(section):
@@ -216,7 +240,7 @@ def check_section(section: Any, name: str) -> None:
         if checked is not value:
             object.__setattr__(section, f.name, checked)
     if problems:
-        raise ConfigError(problems)
+        raise (error or ConfigError)(problems)
 
 
 def cpu_count() -> int:

@@ -123,19 +123,27 @@ class DispatcherConfig:
         if self.max_backoff_ms < self.base_backoff_ms:
             raise ConfigError("max_backoff_ms", self.max_backoff_ms, "must be >= base_backoff_ms")
         requested = self.scheduler_stall_timeout_ms
-        derived = self.call_deadline_ms + STALL_TIMEOUT_MARGIN_MS
-        if requested is None:
-            stall = derived
-        else:
+        if requested is not None:
             if type(requested) is not int:
                 raise ConfigError("scheduler_stall_timeout_ms", requested, "must be an int or None")
             if requested < 0:
                 raise ConfigError("scheduler_stall_timeout_ms", requested, "must be >= 0")
-            floor = self.call_deadline_ms + STALL_TIMEOUT_MIN_MARGIN_MS
-            stall = derived if requested <= floor else requested
+        stall = effective_stall_timeout_ms(self.call_deadline_ms, requested)
         object.__setattr__(self, "stall_timeout_ms", stall)
         quantum = min(max(self.instance_fairness_quantum, 1), MAX_FAIRNESS_QUANTUM)
         object.__setattr__(self, "fairness_quantum", quantum)
+
+
+def effective_stall_timeout_ms(call_deadline_ms: int, requested: int | None) -> int:
+    """The scheduler-stall (wedge) timeout for a deadline and a requested value (None:
+    derive it): ``call_deadline_ms + 5000``, or ``requested`` when it is above
+    ``call_deadline_ms + 1000``. The one statement of the rule: ``DispatcherConfig``
+    and the worker's configuration (``blockx.worker.config.DispatcherSettings``) both
+    derive their ``stall_timeout_ms`` with it."""
+    floor = call_deadline_ms + STALL_TIMEOUT_MIN_MARGIN_MS
+    if requested is None or requested <= floor:
+        return call_deadline_ms + STALL_TIMEOUT_MARGIN_MS
+    return requested
 
 
 def stall_threshold_ms(config: DispatcherConfig, budget_ms: int) -> int | None:

@@ -1,57 +1,22 @@
 """IOConfig: the IO subsystem's knobs — cache bounds, the table store, the node endpoints.
 
-Built from defaults ← a mapping (a config file's ``io`` table, a task file's
-``io`` section) ← the environment, by :func:`load_io_config`; building the
-dataclasses directly runs the same checks. Bad values raise one
-:class:`IOConfigError` whose lines name the knob and what is wrong::
+Theory of operation
+-------------------
+Declared like the worker's sections (:mod:`blockx.worker.config`): every knob
+is a field made by :func:`~blockx.worker.config_kinds.knob` carrying its kind
+(type and bounds), default, environment variable and meaning, so
+:mod:`blockx.worker.config_layers` resolves IO and worker knobs as one model
+and ``docs/configuration.md``'s IO table is rendered from these fields.
+Building a section directly runs the same checks (:func:`check_section`) and
+the cross-knob ones (``engine='postgres'`` needs a DSN).
+
+:func:`load_io_config` layers defaults ← a mapping (a config file's ``io``
+table, a task file's ``io`` section) ← the environment. Bad values raise one
+:class:`IOConfigError` (a :class:`~blockx.worker.config_kinds.ConfigError`)
+whose lines name the knob, or the environment variable, and what is wrong::
 
     io.blockdb.engine='mysql': expected one of auto, sqlite, postgres
-    io.rpc.endpoints='eth': expected a JSON object {"chain": ["http://...", ...]} or ...
-
-(a value from the environment is named by its knob, as here).
-
-Knobs (environment variable in brackets; an empty variable counts as unset):
-
-``data_dir`` [``BLOCKX_DATA_DIR``] = ``.blockx``
-    Where embedded state lives (the SQLite table store). A relative value is relative to the
-    working directory; `blockx run` with no value set puts it next to the task file.
-``cache_max_entries`` [``IO_CACHE_MAX_ENTRIES``] = ``10000``
-    Entries of one task's read cache; 0 disables caching (singleflight stays).
-``cache_max_bytes`` [``IO_CACHE_MAX_BYTES``] = ``16777216``
-    Estimated bytes of one task's read cache (answers + keys); 0 disables caching.
-``max_task_scopes`` [``IO_MAX_TASK_SCOPES``] = ``64``
-    Task scopes the subsystem keeps when used as one worker-wide IO handler
-    (least recently used go first; a task given its own scope is not counted).
-``blockdb.engine`` [``BLOCKDB_ENGINE``] = ``auto``
-    ``sqlite``, ``postgres``, or ``auto``: PostgreSQL when a DSN is set, else SQLite.
-``blockdb.sqlite_path`` [``BLOCKDB_SQLITE_PATH``] = ``{data_dir}/blockdb.sqlite3``
-    The SQLite file, created (with its directory) on first use.
-``blockdb.postgres_dsn`` [``BLOCKDB_POSTGRES_DSN``] = none
-    ``postgresql://user:pass@host:port/db`` (anything asyncpg accepts).
-``blockdb.postgres_pool_size`` [``BLOCKDB_POSTGRES_POOL_SIZE``] = ``10``
-    Connections in the asyncpg pool (at most).
-``blockdb.timeout_s`` [``BLOCKDB_TIMEOUT_S``] = ``30``
-    Per statement: PostgreSQL command timeout; SQLite busy timeout.
-``blockdb.table_prefix`` [``BLOCKDB_TABLE_PREFIX``] = ``bx_``
-    SQL name of table ``t`` is ``{prefix}t`` (both engines).
-``blockdb.sqlite_batch_max`` [``BLOCKDB_SQLITE_BATCH_MAX``] = ``256``
-    Requests the SQLite thread runs per transaction (one commit per batch).
-``rpc.endpoints`` [``RPC_ENDPOINTS``] = ``{}``
-    ``{"eth": ["http://127.0.0.1:8545", ...]}``; the environment form is JSON or
-    ``eth=http://a,http://b;base=http://c``.
-``rpc.timeout_s`` [``RPC_TIMEOUT_S``] = ``10``
-    Per HTTP request (one JSON-RPC batch).
-``rpc.max_attempts`` [``RPC_MAX_ATTEMPTS``] = ``4``
-    Tries of a request on transient errors (connection, timeout, HTTP 5xx/429), rotating endpoints.
-``rpc.backoff_base_ms`` [``RPC_BACKOFF_BASE_MS``] = ``50``
-``rpc.backoff_max_ms`` [``RPC_BACKOFF_MAX_MS``] = ``2000``
-    Backoff before retry n: ``min(max, base * 2^(n-1))``, with ±25% jitter.
-``rpc.max_batch`` [``RPC_MAX_BATCH``] = ``100``
-    JSON-RPC requests per HTTP batch; 1 disables batching.
-``rpc.batch_window_ms`` [``RPC_BATCH_WINDOW_MS``] = ``0``
-    How long a batch collects requests; 0: what arrives within one event-loop turn.
-``rpc.max_connections`` [``RPC_MAX_CONNECTIONS``] = ``32``
-    Keep-alive HTTP connections per chain (concurrent batches beyond this queue).
+    RPC_ENDPOINTS='eth': expected a JSON object {"chain": ["http://...", ...]} or ...
 """
 
 from __future__ import annotations
@@ -59,9 +24,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+
+from blockx.worker.config_kinds import Checked, ConfigError, check_section, knob
 
 __all__ = [
     "BlockDBConfig",
@@ -75,12 +42,8 @@ __all__ = [
 ENGINES: Final = ("auto", "sqlite", "postgres")
 
 
-class IOConfigError(ValueError):
+class IOConfigError(ConfigError):
     """One or more bad IO configuration values; each line names one."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("\n".join(problems))
 
 
 #: The longest time any IO knob may give (a timeout, a backoff, a batching window): 24 h.
@@ -166,21 +129,6 @@ def parse_endpoints(value: Any) -> dict[str, tuple[str, ...]]:
     return endpoints
 
 
-def _check(section: Any, name: str, checks: Mapping[str, Any]) -> None:
-    problems: list[str] = []
-    for attr, check in checks.items():
-        value = getattr(section, attr)
-        try:
-            checked = check(value)
-        except (ValueError, TypeError) as exc:
-            problems.append(f"{name}.{attr}={value!r}: expected {exc}")
-            continue
-        if checked is not value:
-            object.__setattr__(section, attr, checked)
-    if problems:
-        raise IOConfigError(problems)
-
-
 def _choice(value: Any) -> str:
     if isinstance(value, str) and value.strip().lower() in ENGINES:
         return value.strip().lower()
@@ -203,32 +151,82 @@ def _prefix(value: Any) -> str:
     return value
 
 
+def _positive(value: Any) -> int:
+    return _int(value, 1)
+
+
+def _non_negative(value: Any) -> int:
+    return _int(value, 0)
+
+
+def _duration_ms(value: Any) -> int:
+    return _int(value, 0, MAX_TIME_MS)
+
+
+def _window_ms(value: Any) -> float:
+    return _float(value, allow_zero=True, maximum=MAX_TIME_MS)
+
+
+POSITIVE_INT: Final = Checked(_positive)
+NON_NEGATIVE_INT: Final = Checked(_non_negative)
+DURATION_MS: Final = Checked(_duration_ms)
+TIME_S: Final = Checked(_float)
+TEXT: Final = Checked(_text)
+OPTIONAL_TEXT: Final = Checked(_optional_text)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockDBConfig:
-    """The ``blockdb`` table store (see the module docstring for each knob)."""
+    """The ``blockdb`` table store."""
 
-    engine: str = "auto"
-    sqlite_path: str | None = None
-    postgres_dsn: str | None = None
-    postgres_pool_size: int = 10
-    timeout_s: float = 30.0
-    table_prefix: str = "bx_"
-    sqlite_batch_max: int = 256
+    engine: str = knob(
+        "auto",
+        kind=Checked(_choice),
+        env="BLOCKDB_ENGINE",
+        doc="``sqlite``, ``postgres``, or ``auto``: PostgreSQL when a DSN is set, else SQLite.",
+    )
+    sqlite_path: str | None = knob(
+        None,
+        kind=OPTIONAL_TEXT,
+        env="BLOCKDB_SQLITE_PATH",
+        default_text="{data_dir}/blockdb.sqlite3",
+        doc="The SQLite file, created (with its directory) on first use.",
+    )
+    postgres_dsn: str | None = knob(
+        None,
+        kind=OPTIONAL_TEXT,
+        env="BLOCKDB_POSTGRES_DSN",
+        default_text="none",
+        doc="``postgresql://user:pass@host:port/db`` (anything asyncpg accepts).",
+    )
+    postgres_pool_size: int = knob(
+        10,
+        kind=POSITIVE_INT,
+        env="BLOCKDB_POSTGRES_POOL_SIZE",
+        doc="Connections in the asyncpg pool (at most).",
+    )
+    timeout_s: float = knob(
+        30.0,
+        kind=TIME_S,
+        env="BLOCKDB_TIMEOUT_S",
+        default_text="30",
+        doc="Per statement: PostgreSQL command timeout; SQLite busy timeout.",
+    )
+    table_prefix: str = knob(
+        "bx_",
+        kind=Checked(_prefix),
+        env="BLOCKDB_TABLE_PREFIX",
+        doc="SQL name of table ``t`` is ``{prefix}t`` (both engines).",
+    )
+    sqlite_batch_max: int = knob(
+        256,
+        kind=POSITIVE_INT,
+        env="BLOCKDB_SQLITE_BATCH_MAX",
+        doc="Requests the SQLite thread runs per transaction (one commit per batch).",
+    )
 
     def __post_init__(self) -> None:
-        _check(
-            self,
-            "io.blockdb",
-            {
-                "engine": _choice,
-                "sqlite_path": _optional_text,
-                "postgres_dsn": _optional_text,
-                "postgres_pool_size": lambda v: _int(v, 1),
-                "timeout_s": _float,
-                "table_prefix": _prefix,
-                "sqlite_batch_max": lambda v: _int(v, 1),
-            },
-        )
+        check_section(self, "io.blockdb", error=IOConfigError)
         if self.engine == "postgres" and not self.postgres_dsn:
             raise IOConfigError(
                 [
@@ -247,56 +245,101 @@ class BlockDBConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RpcConfig:
-    """The ``rpc`` node client (see the module docstring for each knob)."""
+    """The ``rpc`` node client."""
 
-    endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    timeout_s: float = 10.0
-    max_attempts: int = 4
-    backoff_base_ms: int = 50
-    backoff_max_ms: int = 2000
-    max_batch: int = 100
-    batch_window_ms: float = 0.0
-    max_connections: int = 32
+    endpoints: Mapping[str, tuple[str, ...]] = knob(
+        kind=Checked(parse_endpoints),
+        env="RPC_ENDPOINTS",
+        default_text="{}",
+        default_factory=dict,
+        doc='``{"eth": ["http://127.0.0.1:8545", ...]}``; the environment form is JSON or '
+        "``eth=http://a,http://b;base=http://c``.",
+    )
+    timeout_s: float = knob(
+        10.0,
+        kind=TIME_S,
+        env="RPC_TIMEOUT_S",
+        default_text="10",
+        doc="Per HTTP request (one JSON-RPC batch).",
+    )
+    max_attempts: int = knob(
+        4,
+        kind=POSITIVE_INT,
+        env="RPC_MAX_ATTEMPTS",
+        doc="Tries of a request on transient errors (connection, timeout, HTTP 5xx/429), "
+        "rotating endpoints.",
+    )
+    backoff_base_ms: int = knob(
+        50,
+        kind=DURATION_MS,
+        env="RPC_BACKOFF_BASE_MS",
+        doc="Backoff before retry n: ``min(max, base * 2^(n-1))``, with ±25% jitter.",
+    )
+    backoff_max_ms: int = knob(
+        2000,
+        kind=DURATION_MS,
+        env="RPC_BACKOFF_MAX_MS",
+        doc="Longest backoff before a retry (the ``max`` of ``backoff_base_ms``).",
+    )
+    max_batch: int = knob(
+        100,
+        kind=POSITIVE_INT,
+        env="RPC_MAX_BATCH",
+        doc="JSON-RPC requests per HTTP batch; 1 disables batching.",
+    )
+    batch_window_ms: float = knob(
+        0.0,
+        kind=Checked(_window_ms),
+        env="RPC_BATCH_WINDOW_MS",
+        default_text="0",
+        doc="How long a batch collects requests; 0: what arrives within one event-loop turn.",
+    )
+    max_connections: int = knob(
+        32,
+        kind=POSITIVE_INT,
+        env="RPC_MAX_CONNECTIONS",
+        doc="Keep-alive HTTP connections per chain (concurrent batches beyond this queue).",
+    )
 
     def __post_init__(self) -> None:
-        _check(
-            self,
-            "io.rpc",
-            {
-                "endpoints": parse_endpoints,
-                "timeout_s": _float,
-                "max_attempts": lambda v: _int(v, 1),
-                "backoff_base_ms": lambda v: _int(v, 0, MAX_TIME_MS),
-                "backoff_max_ms": lambda v: _int(v, 0, MAX_TIME_MS),
-                "max_batch": lambda v: _int(v, 1),
-                "batch_window_ms": lambda v: _float(v, allow_zero=True, maximum=MAX_TIME_MS),
-                "max_connections": lambda v: _int(v, 1),
-            },
-        )
+        check_section(self, "io.rpc", error=IOConfigError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IOConfig:
     """The IO subsystem's configuration (see the module docstring)."""
 
-    data_dir: str = ".blockx"
-    cache_max_entries: int = 10_000
-    cache_max_bytes: int = 16 * 1024 * 1024
-    max_task_scopes: int = 64
+    data_dir: str = knob(
+        ".blockx",
+        kind=TEXT,
+        env="BLOCKX_DATA_DIR",
+        doc="Where embedded state lives (the SQLite table store). A relative value is relative "
+        "to the working directory; `blockx run` with no value set puts it next to the task file.",
+    )
+    cache_max_entries: int = knob(
+        10_000,
+        kind=NON_NEGATIVE_INT,
+        env="IO_CACHE_MAX_ENTRIES",
+        doc="Entries of one task's read cache; 0 disables caching (singleflight stays).",
+    )
+    cache_max_bytes: int = knob(
+        16 * 1024 * 1024,
+        kind=NON_NEGATIVE_INT,
+        env="IO_CACHE_MAX_BYTES",
+        doc="Estimated bytes of one task's read cache (answers + keys); 0 disables caching.",
+    )
+    max_task_scopes: int = knob(
+        64,
+        kind=POSITIVE_INT,
+        env="IO_MAX_TASK_SCOPES",
+        doc="Task scopes the subsystem keeps when used as one worker-wide IO handler (least "
+        "recently used go first; a task given its own scope is not counted).",
+    )
     blockdb: BlockDBConfig = field(default_factory=BlockDBConfig)
     rpc: RpcConfig = field(default_factory=RpcConfig)
 
     def __post_init__(self) -> None:
-        _check(
-            self,
-            "io",
-            {
-                "data_dir": _text,
-                "cache_max_entries": lambda v: _int(v, 0),
-                "cache_max_bytes": lambda v: _int(v, 0),
-                "max_task_scopes": lambda v: _int(v, 1),
-            },
-        )
+        check_section(self, "io", error=IOConfigError)
         if not isinstance(self.blockdb, BlockDBConfig):
             raise IOConfigError(["io.blockdb: expected a BlockDBConfig"])
         if not isinstance(self.rpc, RpcConfig):
@@ -308,30 +351,24 @@ class IOConfig:
         return self.blockdb.sqlite_path or os.path.join(self.data_dir, "blockdb.sqlite3")
 
 
-#: (section, knob) -> environment variable.
-ENV_VARS: Final[dict[tuple[str, str], str]] = {
-    ("", "data_dir"): "BLOCKX_DATA_DIR",
-    ("", "cache_max_entries"): "IO_CACHE_MAX_ENTRIES",
-    ("", "cache_max_bytes"): "IO_CACHE_MAX_BYTES",
-    ("", "max_task_scopes"): "IO_MAX_TASK_SCOPES",
-    ("blockdb", "engine"): "BLOCKDB_ENGINE",
-    ("blockdb", "sqlite_path"): "BLOCKDB_SQLITE_PATH",
-    ("blockdb", "postgres_dsn"): "BLOCKDB_POSTGRES_DSN",
-    ("blockdb", "postgres_pool_size"): "BLOCKDB_POSTGRES_POOL_SIZE",
-    ("blockdb", "timeout_s"): "BLOCKDB_TIMEOUT_S",
-    ("blockdb", "table_prefix"): "BLOCKDB_TABLE_PREFIX",
-    ("blockdb", "sqlite_batch_max"): "BLOCKDB_SQLITE_BATCH_MAX",
-    ("rpc", "endpoints"): "RPC_ENDPOINTS",
-    ("rpc", "timeout_s"): "RPC_TIMEOUT_S",
-    ("rpc", "max_attempts"): "RPC_MAX_ATTEMPTS",
-    ("rpc", "backoff_base_ms"): "RPC_BACKOFF_BASE_MS",
-    ("rpc", "backoff_max_ms"): "RPC_BACKOFF_MAX_MS",
-    ("rpc", "max_batch"): "RPC_MAX_BATCH",
-    ("rpc", "batch_window_ms"): "RPC_BATCH_WINDOW_MS",
-    ("rpc", "max_connections"): "RPC_MAX_CONNECTIONS",
-}
-
+#: Sub-section name -> its class (``""`` is :class:`IOConfig`'s own knobs).
 _SECTION_TYPES: Final = {"blockdb": BlockDBConfig, "rpc": RpcConfig}
+#: (sub-section or ``""``, knob) -> section class, in table order.
+IO_SECTIONS: Final[dict[str, type[Any]]] = {"": IOConfig, **_SECTION_TYPES}
+
+
+def iter_io_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
+    """``(sub-section or "", field name, dataclass field)`` of every IO knob, in table order."""
+    for section, cls in IO_SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.init and "kind" in f.metadata:
+                yield section, f.name, f
+
+
+#: (section, knob) -> environment variable (read from the fields).
+ENV_VARS: Final[dict[tuple[str, str], str]] = {
+    (section, name): f.metadata["env"] for section, name, f in iter_io_knobs()
+}
 
 
 def load_io_config(
@@ -345,48 +382,17 @@ def load_io_config(
 
     ``mapping`` is ``{"data_dir": ..., "cache_max_entries": ..., "blockdb": {...},
     "rpc": {"endpoints": {...}, ...}}``. Raises :class:`IOConfigError` naming every
-    bad or unknown knob.
+    bad or unknown knob (a bad variable by its name). The layering is
+    :func:`blockx.worker.config_layers.resolve`'s, as for every knob.
     """
+    from blockx.worker.config_layers import environment_layer, mapping_layer, resolve
+
     environ = os.environ if env is None else env
-    values: dict[tuple[str, str], Any] = {}
-    problems: list[str] = []
-    known = {knob for knob in ENV_VARS}
-    for key, value in (mapping or {}).items():
-        if key in _SECTION_TYPES:
-            if not isinstance(value, Mapping):
-                problems.append(f"io.{key}: expected a table of knobs")
-                continue
-            for name, item in value.items():
-                if (key, name) not in known:
-                    problems.append(f"io.{key}.{name}: unknown knob")
-                else:
-                    values[(key, name)] = item
-        elif ("", key) in known:
-            values[("", key)] = value
-        else:
-            problems.append(f"io.{key}: unknown knob")
-    for knob, variable in ENV_VARS.items():
-        text = environ.get(variable)
-        if text is not None and text.strip():
-            values[knob] = text
-    if problems:
-        raise IOConfigError(problems)
-    base = base or IOConfig()
-    sections: dict[str, Any] = {}
-    for section, cls in _SECTION_TYPES.items():
-        changes = {name: v for (sec, name), v in values.items() if sec == section}
-        current = getattr(base, section)
-        try:
-            sections[section] = dataclasses.replace(current, **changes) if changes else current
-        except IOConfigError as exc:
-            problems.extend(exc.problems)
-        except (ValueError, TypeError) as exc:  # pragma: no cover - the checks raise IOConfigError
-            problems.append(f"io.{section}: {exc}")
-        del cls
-    top = {name: v for (sec, name), v in values.items() if sec == ""}
-    if problems:
-        raise IOConfigError(problems)
+    layers = [
+        mapping_layer(mapping or {}, source="mapping", annotate=False, io_only=True),
+        environment_layer(environ),
+    ]
     try:
-        return dataclasses.replace(base, **top, **sections)
-    except IOConfigError as exc:
-        raise IOConfigError(list(exc.problems)) from None
+        return resolve(layers, parts=("io",), io_base=base).io
+    except ConfigError as exc:
+        raise IOConfigError(exc.problems) from None
