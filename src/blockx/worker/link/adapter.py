@@ -100,7 +100,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from blockx.wire import ExecuteCall as ExecuteCallPayload
 from blockx.wire import ProtocolError, keys
@@ -130,15 +130,18 @@ from blockx.worker.link.state import (
 )
 from blockx.worker.link.unattached import UnattachedConnections
 
-if TYPE_CHECKING:
-    # mypyc reads the marker; at run time nothing applies it (a compiled class's
-    # markers are not called, and an interpreted class needs none).
+try:
+    # mypyc reads the marker (below). Nothing applies it at run time: a compiled
+    # class's markers are not called, and an interpreted class needs none. (Not an
+    # ``if TYPE_CHECKING`` import with an ``else``: compiled, that else branch is
+    # mypyc's "unreachable" trap.)
     from mypy_extensions import mypyc_attr
-else:
+except ImportError:  # mypy_extensions is not a run-time dependency
 
-    def mypyc_attr(*_names: str, **_values: object) -> Callable[[type], type]:
+    def _no_marker(*_names: str, **_values: object) -> Any:
         return lambda cls: cls
 
+    mypyc_attr = _no_marker
 
 __all__ = [
     "DEFAULT_ATTACH_TIMEOUT_MS",
