@@ -64,15 +64,11 @@ An era ends — reservations taken, snapshot unhealthy, then
 * the same executor id attaches on a new connection.
 
 ``loss`` (:class:`~blockx.worker.link.loss.ExecutorLoss`) says why, as far as
-the worker can tell. A connection that simply ended (EOF) usually ends before
-the pool has seen its process exit: with an exit source (the pool,
-:meth:`ExecutorAdapter.set_exit_source`) the report then waits — on the event
-loop, never blocking it — up to ``exit_wait_ms`` for the exit status and black
-box, and the cause comes from them (``executor_crashed``, ``memory_exceeded``,
-``executor_wedged`` for a process the pool killed on the worker's order,
-``shutdown``). A new attach of the same executor id sends a waiting report out
-first, so an era's report always precedes the next era's attach
-(:mod:`.eras`).
+the worker can tell: with an exit source (the pool,
+:meth:`ExecutorAdapter.set_exit_source`) the report of a connection that just
+ended waits up to ``exit_wait_ms`` for the process's exit status and black box
+(``executor_crashed``, ``memory_exceeded``, ``executor_wedged``, ``shutdown``),
+and always precedes the same id's next attach (:mod:`.eras`).
 
 Unattached connections: at most ``max_unattached`` at a time (the oldest is
 dropped for a new one), and each is dropped unless it sends a valid Heartbeat
@@ -494,8 +490,7 @@ class ExecutorAdapter:
     def send_execute_call_encoded(
         self, executor_id: str, call_id: str, attempt_seq: int, body: bytes
     ) -> None:
-        """Queue an ``ExecuteCall`` the caller encoded
-        (:meth:`OutboundSends.send_execute_call_encoded`)."""
+        """Queue a pre-encoded ``ExecuteCall`` (:meth:`OutboundSends.send_execute_call_encoded`)."""
         self.outbound.send_execute_call_encoded(executor_id, call_id, attempt_seq, body)
 
     def send_resume_call(
@@ -508,8 +503,7 @@ class ExecutorAdapter:
         sidecar: bytes | None = None,
         token: Any = None,
     ) -> None:
-        """Queue a ``ResumeCall``, reported once flushed or failed
-        (:meth:`OutboundSends.send_resume_call`)."""
+        """Queue a ``ResumeCall`` (:meth:`OutboundSends.send_resume_call`)."""
         self.outbound.send_resume_call(
             executor_id, call_id, request_id, payload, sidecar=sidecar, token=token
         )
@@ -533,8 +527,7 @@ class ExecutorAdapter:
         self.outbound.flush(executor_id)
 
     async def wait_flushed(self, executor_id: str) -> None:
-        """Return once every frame queued so far for ``executor_id`` was handed to the
-        transport (:meth:`OutboundSends.wait_flushed`)."""
+        """Wait until what is queued for ``executor_id`` is written (see ``outbound``)."""
         await self.outbound.wait_flushed(executor_id)
 
     # --- views -----------------------------------------------------------------------------------
