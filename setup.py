@@ -76,6 +76,7 @@ NATIVE_MODULES = [
     "blockx/worker/link/state.py",
     "blockx/worker/link/function_code.py",
     "blockx/worker/link/handlers.py",
+    "blockx/worker/link/eras.py",
     "blockx/worker/actor/orchestrator.py",
     "blockx/worker/actor/attempts.py",
     "blockx/worker/actor/execute.py",

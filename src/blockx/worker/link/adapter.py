@@ -8,7 +8,8 @@ The adapter listens on a Unix socket in a private directory. Executors connect
 a new *era* of that executor id: a reconnect ends the previous era, whose
 reservations are dropped and whose calls are reported lost.
 
-What the adapter owns, per executor id (:class:`ExecutorState`):
+What the adapter owns, per executor id (:class:`ExecutorState`, one table the
+parts below share):
 
 * the current :class:`~blockx.worker.link.connection.ExecutorConnection`
   (reader: frames in batches; writer: outbox of 256, 64 frames per write);
@@ -18,15 +19,31 @@ What the adapter owns, per executor id (:class:`ExecutorState`):
 * the latest heartbeat and the terminal frames seen since, from which
   :meth:`ExecutorAdapter.snapshots` derives the dispatcher's view.
 
-Inbound frames are handled in the protocol's ``data_received``, one batch per
-read, with no task or future per frame; each fact becomes one synchronous
-callback (:class:`~blockx.worker.link.callbacks.AdapterCallbacks`) that
-the orchestrator turns into an event for its actor. ``function_code`` waits
-never reach the orchestrator: the adapter answers them itself through the
-function-code resolver. That half lives in :mod:`.handlers`
-(:class:`~blockx.worker.link.handlers.InboundHandlers`); the sends
-(``send_execute_call*``, ``send_resume_call``, ``send_cancel_call``, ``flush``)
-in :mod:`.outbound`; both are mixed into :class:`ExecutorAdapter`.
+The adapter is the listener, the reservations, the views and the timers; it
+holds its other parts, each given only what it needs (the way h11's
+``Connection`` holds its ``ConnectionState``):
+
+* ``inbound`` — :class:`~blockx.worker.link.handlers.InboundHandlers`: every
+  connection hands it its frames, in the protocol's ``data_received``, one
+  batch per read, with no task or future per frame; each fact becomes one
+  synchronous callback (:class:`~blockx.worker.link.callbacks.AdapterCallbacks`)
+  that the orchestrator turns into an event for its actor. ``function_code``
+  waits never reach the orchestrator: it answers them itself through the
+  function-code resolver. Holds the state table, ``eras``, the clock, the
+  callbacks, the resolver and the peer check.
+* ``outbound`` — :class:`~blockx.worker.link.outbound.OutboundSends`: the sends
+  (``send_execute_call*``, ``send_resume_call``, ``send_cancel_call``,
+  ``flush``, ``wait_flushed``); the adapter's methods of those names call it
+  (one call more per send than when it was a base class: a subclass's override
+  of the adapter's method is still what the orchestrator calls). Holds the
+  state table only.
+* ``_eras`` — :class:`~blockx.worker.link.eras.Eras`: where an era begins and
+  ends and is reported lost, with the reports waiting for a process's exit.
+* ``_unattached`` — :class:`~blockx.worker.link.unattached.UnattachedConnections`.
+
+The setters (``set_callbacks``, ``set_function_code_resolver``,
+``set_peer_check``, ``set_exit_source``) hand the new value to the part that
+uses it.
 
 An executor id is accepted only from the process the peer check allows
 (:meth:`ExecutorAdapter.set_peer_check`; the worker's pool: the slot's process
@@ -47,14 +64,11 @@ An era ends — reservations taken, snapshot unhealthy, then
 * the same executor id attaches on a new connection.
 
 ``loss`` (:class:`~blockx.worker.link.loss.ExecutorLoss`) says why, as far as
-the worker can tell. A connection that simply ended (EOF) usually ends before
-the pool has seen its process exit: with an exit source (the pool,
-:meth:`ExecutorAdapter.set_exit_source`) the report then waits — on the event
-loop, never blocking it — up to ``exit_wait_ms`` for the exit status and black
-box, and the cause comes from them (``executor_crashed``, ``memory_exceeded``,
-``executor_wedged`` for a process the pool killed on the worker's order,
-``shutdown``). A new attach of the same executor id sends a waiting report out
-first, so an era's report always precedes the next era's attach.
+the worker can tell: with an exit source (the pool,
+:meth:`ExecutorAdapter.set_exit_source`) the report of a connection that just
+ended waits up to ``exit_wait_ms`` for the process's exit status and black box
+(``executor_crashed``, ``memory_exceeded``, ``executor_wedged``, ``shutdown``),
+and always precedes the same id's next attach (:mod:`.eras`).
 
 Unattached connections: at most ``max_unattached`` at a time (the oldest is
 dropped for a new one), and each is dropped unless it sends a valid Heartbeat
@@ -81,10 +95,12 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
-from blockx.wire import ProtocolError
+from blockx.wire import ExecuteCall as ExecuteCallPayload
+from blockx.wire import ProtocolError, keys
+from blockx.wire import ResumeCall as ResumeCallPayload
 from blockx.worker.errors import (
     AdapterUsageError,
     ExecutorCapacityError,
@@ -97,13 +113,31 @@ from blockx.worker.link.connection import (
     ControlSend,
     ExecutorConnection,
 )
+from blockx.worker.link.eras import Eras
 from blockx.worker.link.handlers import InboundHandlers
-from blockx.worker.link.loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
+from blockx.worker.link.loss import LossCause, ProcessExitSource
 from blockx.worker.link.outbound import OutboundSends
 from blockx.worker.link.snapshot import ExecutorSnapshot
-from blockx.worker.link.state import ExecutorState, build_snapshot
+from blockx.worker.link.state import (
+    ExecutorState,
+    attached_state,
+    build_snapshot,
+    unavailable_error,
+)
 from blockx.worker.link.unattached import UnattachedConnections
-from blockx.worker.mypyc_markers import mypyc_attr
+
+try:
+    # mypyc reads the marker (below). Nothing applies it at run time: a compiled
+    # class's markers are not called, and an interpreted class needs none. (Not an
+    # ``if TYPE_CHECKING`` import with an ``else``: compiled, that else branch is
+    # mypyc's "unreachable" trap.)
+    from mypy_extensions import mypyc_attr
+except ImportError:  # mypy_extensions is not a run-time dependency
+
+    def _no_marker(*_names: str, **_values: object) -> Any:
+        return lambda cls: cls
+
+    mypyc_attr = _no_marker
 
 __all__ = [
     "DEFAULT_ATTACH_TIMEOUT_MS",
@@ -134,8 +168,10 @@ SOCKET_NAME: Final = "worker.sock"
 _MAX_SOCKET_PATH_BYTES: Final = 107
 
 
+# Tests subclass it (tests/worker/runtime/orchestrator_rig.py: FlakyAdapter overrides
+# bind and the sends), compiled too.
 @mypyc_attr(allow_interpreted_subclasses=True)
-class ExecutorAdapter(OutboundSends, InboundHandlers):
+class ExecutorAdapter:
     """The UDS listener and every executor connection; see the module docstring.
 
     Build it, optionally set callbacks and the function-code resolver, then
@@ -177,7 +213,6 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if outbox_depth < 1 or frames_per_write < 1:
             raise ValueError("outbox_depth and frames_per_write must be positive")
         self._callbacks = callbacks or AdapterCallbacks()
-        self._resolver = function_code_resolver
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
         self._heartbeat_timeout_s = heartbeat_timeout_ms / 1000.0
         self._check_interval_s = (
@@ -189,14 +224,22 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
         self._clock = clock
         self._backlog = max(16, 2 * max_unattached)
-        self._exit_wait_s = exit_wait_ms / 1000.0
-        #: Where exit statuses come from (:meth:`set_exit_source`).
-        self._exit_source: ProcessExitSource | None = None
-        #: Lost eras whose report waits for their process's exit, by executor id.
-        self._pending_losses: dict[str, tuple[EraEnd, asyncio.TimerHandle]] = {}
         #: Connections not attached yet (at most max_unattached, each for a while).
         self._unattached = UnattachedConnections(max_unattached, attach_timeout_ms / 1000.0)
+        #: One entry per executor id ever attached (until forgotten); the parts share it.
         self._executors: dict[str, ExecutorState] = {}
+        self._eras = Eras(self._unattached, self._callbacks, exit_wait_s=exit_wait_ms / 1000.0)
+        #: The inbound frame handling (every connection's FrameReceiver).
+        self.inbound = InboundHandlers(
+            self._executors,
+            self._eras,
+            callbacks=self._callbacks,
+            resolver=function_code_resolver,
+            clock=clock,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+        )
+        #: The sends (the adapter's send_* / flush / wait_flushed call it).
+        self.outbound = OutboundSends(self._executors)
         self._connections: set[ExecutorConnection] = set()
         self._next_connection_id = 1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -207,17 +250,6 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         self._tick_due = 0.0
         self._started = False
         self._closing = False
-        #: Set by :meth:`expect_disconnects`: the worker is stopping its executors.
-        self._stopping = False
-        #: Who may attach as which executor id (:meth:`set_peer_check`).
-        self._peer_check: PeerCheck | None = None
-        self.refused_attaches = 0
-        # Counters, for tests, benches and logs.
-        self.protocol_errors = 0
-        self.unknown_frames = 0
-        self.stale_terminal_frames = 0
-        self.function_code_answered = 0
-        self.eras_ended = 0
 
     def __repr__(self) -> str:
         attached = sum(1 for s in self._executors.values() if s.connection is not None)
@@ -232,14 +264,46 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def set_callbacks(self, callbacks: AdapterCallbacks) -> None:
         """Replace the orchestrator's callbacks (takes effect for the next frame)."""
         self._callbacks = callbacks
+        self.inbound.callbacks = callbacks
+        self._eras.callbacks = callbacks
 
     def set_function_code_resolver(self, resolver: FunctionCodeResolver | None) -> None:
-        self._resolver = resolver
+        self.inbound.resolver = resolver
+
+    # Counters, for tests, benches and logs (each kept by the part that counts it).
 
     @property
     def dropped_unattached(self) -> int:
         """Connections dropped before attaching: over the limit, or no Heartbeat in time."""
         return self._unattached.dropped
+
+    @property
+    def protocol_errors(self) -> int:
+        """Connections closed for breaking the protocol (attached or not)."""
+        return self._eras.protocol_errors
+
+    @property
+    def eras_ended(self) -> int:
+        return self._eras.eras_ended
+
+    @property
+    def refused_attaches(self) -> int:
+        """Attaches the peer check refused."""
+        return self.inbound.refused_attaches
+
+    @property
+    def unknown_frames(self) -> int:
+        """Frames of an unknown ``messageType`` (dropped)."""
+        return self.inbound.unknown_frames
+
+    @property
+    def stale_terminal_frames(self) -> int:
+        """Terminal frames that released nothing (a replaced attempt, or already released)."""
+        return self.inbound.stale_terminal_frames
+
+    @property
+    def function_code_answered(self) -> int:
+        return self.inbound.function_code_answered
 
     @property
     def heartbeat_timeout_ms(self) -> int:
@@ -270,7 +334,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         if self._started:
             raise AdapterUsageError("ExecutorAdapter.start() called twice")
         self._started = True
-        self._loop = asyncio.get_running_loop()
+        self._loop = self._eras.loop = asyncio.get_running_loop()
         socket_dir = tempfile.mkdtemp(prefix="blockx-worker-", dir=self._socket_parent)
         path = os.path.join(socket_dir, SOCKET_NAME)
         if len(os.fsencode(path)) > _MAX_SOCKET_PATH_BYTES:
@@ -304,16 +368,14 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         process it started for a slot (or a descendant, e.g. inside bubblewrap) may attach
         as that slot's executor.
         """
-        self._peer_check = check
+        self.inbound.peer_check = check
 
     def set_exit_source(self, source: ProcessExitSource | None) -> None:
         """Where lost eras learn how their process ended (the worker passes its pool).
 
         With none, a connection that ends is reported at once as ``transport_lost``.
         """
-        self._exit_source = source
-        if source is not None:
-            source.add_exit_listener(self._on_process_exit)
+        self._eras.set_exit_source(source)
 
     def expect_disconnects(self) -> None:
         """The worker is stopping its executors: their connections ending is expected.
@@ -321,7 +383,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         Lost executors are still reported to the callbacks, but logged at debug
         level instead of as a warning (a clean shutdown prints nothing alarming).
         """
-        self._stopping = True
+        self._eras.expect_disconnects()
 
     async def close(self) -> None:
         """Stop listening, close every connection, remove the socket and its directory.
@@ -338,12 +400,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         server = self._server
         if server is not None:
             server.close()
-        for state in self._executors.values():
-            if state.connection is not None:
-                self._end_era(state, "worker adapter closed")
-        for _era, exit_timer in self._pending_losses.values():
-            exit_timer.cancel()
-        self._pending_losses.clear()
+        self._eras.close(self._executors.values())
         self._unattached.close()
         for conn in list(self._connections):
             conn.abort("worker adapter closed")
@@ -374,7 +431,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         """
         state = self._executors.get(executor_id)
         if state is None or state.connection is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         reservations = state.reservations
         if not reservations.bind_within(call_id, state.capacity):
             raise ExecutorCapacityError(
@@ -416,6 +473,62 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         """Call ids holding a reservation on ``executor_id``, in bind order."""
         state = self._executors.get(executor_id)
         return () if state is None else state.reservations.call_ids()
+
+    # --- sends (self.outbound: outbound.py documents each) ---------------------------------------
+
+    def send_execute_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        payload: Mapping[str, Any] | ExecuteCallPayload,
+        *,
+        trace: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue an ``ExecuteCall`` for a bound call (:meth:`OutboundSends.send_execute_call`)."""
+        self.outbound.send_execute_call(executor_id, call_id, payload, trace=trace)
+
+    def send_execute_call_encoded(
+        self, executor_id: str, call_id: str, attempt_seq: int, body: bytes
+    ) -> None:
+        """Queue a pre-encoded ``ExecuteCall`` (:meth:`OutboundSends.send_execute_call_encoded`)."""
+        self.outbound.send_execute_call_encoded(executor_id, call_id, attempt_seq, body)
+
+    def send_resume_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        payload: Mapping[str, Any] | ResumeCallPayload,
+        *,
+        sidecar: bytes | None = None,
+        token: Any = None,
+    ) -> None:
+        """Queue a ``ResumeCall`` (:meth:`OutboundSends.send_resume_call`)."""
+        self.outbound.send_resume_call(
+            executor_id, call_id, request_id, payload, sidecar=sidecar, token=token
+        )
+
+    def send_cancel_call(
+        self,
+        executor_id: str,
+        call_id: str,
+        *,
+        attempt_seq: int,
+        reason: str = keys.DEFAULT_CANCEL_REASON,
+        token: Any = None,
+    ) -> None:
+        """Queue a best-effort ``CancelCall`` (:meth:`OutboundSends.send_cancel_call`)."""
+        self.outbound.send_cancel_call(
+            executor_id, call_id, attempt_seq=attempt_seq, reason=reason, token=token
+        )
+
+    def flush(self, executor_id: str | None = None) -> None:
+        """Write what is queued now (all executors when ``executor_id`` is None)."""
+        self.outbound.flush(executor_id)
+
+    async def wait_flushed(self, executor_id: str) -> None:
+        """Wait until what is queued for ``executor_id`` is written (see ``outbound``)."""
+        await self.outbound.wait_flushed(executor_id)
 
     # --- views -----------------------------------------------------------------------------------
 
@@ -469,7 +582,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
         state = self._executors.get(executor_id)
         if state is None or state.connection is None:
             return False
-        self._end_era(state, reason, cause)
+        self._eras.end(state, reason, cause)
         return True
 
     def check_heartbeat_timeouts(self, now: float | None = None) -> list[str]:
@@ -489,7 +602,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
                 # No cause given: with an exit source the report waits for the process
                 # to exit (the orchestrator kills a silent executor at once), so its
                 # black box is read -- the call a computation in C was stuck in.
-                self._end_era(
+                self._eras.end(
                     state,
                     f"heartbeat timeout: none for {silent_ms} ms "
                     f"(limit {self._heartbeat_timeout_ms} ms)",
@@ -503,6 +616,7 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def _new_connection(self) -> ExecutorConnection:
         conn = ExecutorConnection(
             self,
+            self.inbound,
             connection_id=self._next_connection_id,
             opened_at=self._clock(),
             outbox_depth=self._outbox_depth,
@@ -538,142 +652,11 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def _live_state(self, executor_id: str, call_id: str | None) -> ExecutorState:
         state = self._executors.get(executor_id)
         if state is None or state.connection is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         return state
-
-    @staticmethod
-    def _unavailable(
-        state: ExecutorState | None, executor_id: str, call_id: str | None
-    ) -> ExecutorUnavailableError:
-        if state is None:
-            reason = "never attached"
-        else:
-            reason = state.lost_reason or "not attached"
-        return ExecutorUnavailableError(executor_id, call_id=call_id, reason=reason)
 
     def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
         return build_snapshot(state, now, self._heartbeat_timeout_ms)
-
-    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
-        """The transport-lost path: detach, take the reservations, close, then report.
-
-        ``cause`` None: the connection just ended; the report waits for the process's
-        exit when there is an exit source (the module docstring), else it is
-        ``transport_lost`` (``shutdown`` while the worker stops its executors).
-        """
-        conn = state.connection
-        if conn is None:
-            return
-        state.connection = None
-        state.lost_reason = reason
-        lost = state.reservations.take_all()
-        self.eras_ended += 1
-        if not self._closing:
-            _log.log(
-                logging.DEBUG if self._stopping else logging.WARNING,
-                "executor %s lost (era %d): %s; %d in-flight call(s)",
-                state.executor_id,
-                state.era,
-                reason,
-                len(lost),
-                extra={"executorId": state.executor_id},
-            )
-        # Pending control frames fail first (on_control_failed), then the era ends.
-        conn.abort(reason)
-        if self._closing:
-            return
-        heartbeat = state.heartbeat
-        era = EraEnd(
-            executor_id=state.executor_id,
-            era=state.era,
-            generation=state.generation,
-            lost=lost,
-            reason=reason,
-            started=frozenset(c.call_id for c in lost if c.started),
-            running_call_id=None if heartbeat is None else heartbeat.running_call_id,
-            running_for_ms=0 if heartbeat is None else heartbeat.running_for_ms,
-            running_call_budget_ms=0 if heartbeat is None else heartbeat.running_call_budget_ms,
-        )
-        if cause is None and self._stopping:
-            cause = "shutdown"
-        source = self._exit_source
-        if cause is not None or source is None or state.generation is None:
-            self._report_loss(era, era.link_loss(cause or "transport_lost", reason))
-            return
-        exit_ = source.exit_of(state.executor_id, state.generation)
-        if exit_ is not None:
-            self._report_loss(era, era.exit_loss(exit_))
-            return
-        # The connection ended before the pool saw the process exit: wait a little.
-        self._flush_pending_loss(state.executor_id)  # (none: an attach flushes it)
-        assert self._loop is not None
-        timer = self._loop.call_later(self._exit_wait_s, self._exit_wait_expired, era)
-        self._pending_losses[state.executor_id] = (era, timer)
-
-    def _report_loss(self, era: EraEnd, loss: ExecutorLoss) -> None:
-        executor_id = era.executor_id
-        quiet = self._stopping or loss.cause == "shutdown"
-        _log.log(
-            logging.DEBUG if quiet else logging.WARNING,
-            "executor %s era %d ended: %s: %s (running %s%s; %d call(s) lost, %d started)",
-            executor_id,
-            era.era,
-            loss.cause,
-            loss.message,
-            loss.running_call_id,
-            "" if loss.running_call_known else "?",
-            len(era.lost),
-            len(loss.started_call_ids),
-            extra={"executorId": executor_id, "lossCause": loss.cause},
-        )
-        try:
-            self._callbacks.on_executor_lost(executor_id, era.lost, era.reason, loss)
-        except Exception:
-            _log.exception("on_executor_lost callback failed for %s", executor_id)
-
-    def _on_process_exit(self, exit_: ProcessExit) -> None:
-        """The exit source saw a process exit: a report waiting for it goes out."""
-        waiting = self._pending_losses.get(exit_.executor_id)
-        if waiting is None or waiting[0].generation != exit_.generation or self._closing:
-            return
-        del self._pending_losses[exit_.executor_id]
-        era, timer = waiting
-        timer.cancel()
-        self._report_loss(era, era.exit_loss(exit_))
-
-    def _exit_wait_expired(self, era: EraEnd) -> None:
-        waiting = self._pending_losses.get(era.executor_id)
-        if waiting is None or waiting[0] is not era or self._closing:
-            return
-        del self._pending_losses[era.executor_id]
-        why = f"its process had not exited {self._exit_wait_s:.1f} s later"
-        self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
-
-    def _flush_pending_loss(self, executor_id: str) -> None:
-        """Report a waiting era now (its executor id attaches again)."""
-        waiting = self._pending_losses.pop(executor_id, None)
-        if waiting is not None:
-            era, timer = waiting
-            timer.cancel()
-            why = "a new connection attached before its exit was seen"
-            self._report_loss(era, era.link_loss("transport_lost", f"{era.reason}; {why}"))
-
-    def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
-        self.protocol_errors += 1
-        reason = f"protocol error: {error}"
-        state = conn.state
-        executor_id = state.executor_id if state is not None else None
-        _log.error(
-            "%r: %s; closing the connection",
-            conn,
-            reason,
-            extra={"errorType": type(error).__name__, "executorId": executor_id},
-        )
-        if state is not None and state.connection is conn:
-            self._end_era(state, reason, "protocol_error")
-        else:
-            self._unattached.forget(conn)
-            conn.abort(reason)
 
     # --- ConnectionOwner: called by ExecutorConnection only -------------------------------------
 
@@ -692,16 +675,12 @@ class ExecutorAdapter(OutboundSends, InboundHandlers):
     def on_connection_lost(self, conn: ExecutorConnection, exc: Exception | None) -> None:
         self._connections.discard(conn)
         self._unattached.forget(conn)
-        state = conn.state
-        if state is not None and state.connection is conn:
-            self._end_era(state, conn.close_reason or "connection lost")
+        state = attached_state(self._executors, conn)
+        if state is not None:
+            self._eras.end(state, conn.close_reason or "connection lost")
 
     def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None:
-        self._protocol_error(conn, error)
-
-    def on_attached(self, conn: ExecutorConnection) -> None:
-        """The connection attached (handlers): it no longer counts as unattached."""
-        self._unattached.forget(conn)
+        self._eras.protocol_error(conn, attached_state(self._executors, conn), error)
 
     def on_controls_flushed(self, notes: list[ControlSend]) -> None:
         callbacks = self._callbacks

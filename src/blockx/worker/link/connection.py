@@ -8,8 +8,8 @@ frame (docs/operations.md: a Task + Future per call costs ~9 µs):
 
 * **Reader** — :meth:`ExecutorConnection.data_received` feeds the connection's
   :class:`~blockx.wire.FrameDecoder` and hands every frame the read completed
-  to the owner (the :class:`~blockx.worker.link.adapter.ExecutorAdapter`)
-  as one batch.
+  to its :class:`FrameReceiver` (the adapter's
+  :class:`~blockx.worker.link.handlers.InboundHandlers`) as one batch.
 * **Writer** — an outbox of encoded frames. Queuing never blocks and never
   writes one frame at a time: a frame queued into an empty outbox schedules one
   flush for the end of the current event-loop turn (``loop.call_soon``), and an
@@ -43,6 +43,16 @@ Invariants:
 * Once :attr:`closed` is set it stays set: nothing more is queued or written.
 * Every note is reported exactly once: flushed, or failed.
 
+Who owns what: the connection owns its transport, decoder, outbox and notes.
+It knows two collaborators, each through a Protocol defined here: its
+:class:`ConnectionOwner` (the adapter: the connection opened, ended, sent a
+frame that does not decode; control notes flushed or failed) and its
+:class:`FrameReceiver` (every decoded batch). Of the adapter's per-executor
+state it knows only :attr:`ExecutorConnection.executor_id`, set when a
+Heartbeat attaches it: :class:`~blockx.worker.link.state.ExecutorState` holds
+its connection, never the other way round (no import between the two modules
+but ``state`` -> ``connection``).
+
 Single-threaded: every method runs on the event loop thread.
 """
 
@@ -53,20 +63,19 @@ import logging
 import socket
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, cast
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError
 from blockx.worker.errors import ExecutorUnavailableError
 from blockx.worker.link.completed_frames import decode_call_frames
 
-if TYPE_CHECKING:
-    from blockx.worker.link.state import ExecutorState
-
 __all__ = [
     "DEFAULT_FRAMES_PER_WRITE",
     "DEFAULT_OUTBOX_DEPTH",
+    "ConnectionOwner",
     "ControlSend",
     "ExecutorConnection",
+    "FrameReceiver",
 ]
 
 _log = logging.getLogger("blockx.worker.adapter")
@@ -89,11 +98,9 @@ class ControlSend(NamedTuple):
 
 
 class ConnectionOwner(Protocol):
-    """What a connection calls back into (the adapter)."""
+    """What a connection tells about itself (the adapter)."""
 
     def on_connection_made(self, conn: ExecutorConnection) -> None: ...
-
-    def on_frames(self, conn: ExecutorConnection, frames: list[Frame]) -> None: ...
 
     def on_protocol_error(self, conn: ExecutorConnection, error: ProtocolError) -> None: ...
 
@@ -102,6 +109,12 @@ class ConnectionOwner(Protocol):
     def on_controls_flushed(self, notes: list[ControlSend]) -> None: ...
 
     def on_control_failed(self, note: ControlSend, error: ExecutorUnavailableError) -> None: ...
+
+
+class FrameReceiver(Protocol):
+    """Where a connection's decoded frames go, one batch per read (the inbound handlers)."""
+
+    def on_frames(self, conn: ExecutorConnection, frames: list[Frame]) -> None: ...
 
 
 class ExecutorConnection(asyncio.Protocol):
@@ -117,24 +130,26 @@ class ExecutorConnection(asyncio.Protocol):
         "_notes",
         "_owner",
         "_paused",
+        "_receiver",
         "_transport",
         "_written",
         "batches_received",
         "close_reason",
         "connection_id",
+        "executor_id",
         "frames_per_write",
         "frames_received",
         "frames_sent",
         "opened_at",
         "outbox_depth",
         "peer_pid",
-        "state",
         "writes",
     )
 
     def __init__(
         self,
         owner: ConnectionOwner,
+        receiver: FrameReceiver,
         *,
         connection_id: int,
         opened_at: float,
@@ -144,6 +159,7 @@ class ExecutorConnection(asyncio.Protocol):
         if outbox_depth < 1 or frames_per_write < 1:
             raise ValueError("outbox_depth and frames_per_write must be positive")
         self._owner = owner
+        self._receiver = receiver
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(typed=decode_call_frames)
@@ -159,8 +175,8 @@ class ExecutorConnection(asyncio.Protocol):
         self.opened_at = opened_at
         self.outbox_depth = outbox_depth
         self.frames_per_write = frames_per_write
-        #: The adapter's per-executor state once a heartbeat attached this connection.
-        self.state: ExecutorState | None = None
+        #: The executor id a Heartbeat attached this connection as; None until then.
+        self.executor_id: str | None = None
         self.close_reason: str | None = None
         #: The connecting process (``SO_PEERCRED``, in this pid namespace); None when the
         #: transport has no Unix socket (an in-process transport in tests and benches).
@@ -172,7 +188,7 @@ class ExecutorConnection(asyncio.Protocol):
         self.writes = 0
 
     def __repr__(self) -> str:
-        who = self.state.executor_id if self.state is not None else "unattached"
+        who = self.executor_id if self.executor_id is not None else "unattached"
         status = f"closed({self.close_reason})" if self._closed else "open"
         paused = ", paused" if self._paused else ""
         return (
@@ -208,7 +224,7 @@ class ExecutorConnection(asyncio.Protocol):
             self.frames_received += len(frames)
             self.batches_received += 1
             try:
-                self._owner.on_frames(self, frames)
+                self._receiver.on_frames(self, frames)
             except (RecursionError, ProtocolError, TypeError, ValueError, KeyError) as unhandled:
                 # A frame of a shape the handlers did not expect: a protocol error of
                 # this connection, logged with what it was. (Its own name: mypyc types a
@@ -423,8 +439,8 @@ class ExecutorConnection(asyncio.Protocol):
                     note.set_exception(error)
 
     def _executor_id(self) -> str:
-        if self.state is not None:
-            return self.state.executor_id
+        if self.executor_id is not None:
+            return self.executor_id
         return f"<connection #{self.connection_id}>"
 
     def _unavailable(self, call_id: str | None) -> ExecutorUnavailableError:

@@ -1,10 +1,11 @@
 """Executor → worker message handling (seed: ``adapters/executor/handlers.go``).
 
-:class:`InboundHandlers` is the half of
-:class:`~blockx.worker.link.adapter.ExecutorAdapter` that reads:
-every batch of frames one read completed arrives in :meth:`InboundHandlers.on_frames`
-(called by the connection's ``data_received``) and is routed by
-``messageType``:
+:class:`InboundHandlers` is the part of
+:class:`~blockx.worker.link.adapter.ExecutorAdapter` that reads; the adapter
+holds one (``adapter.inbound``) and every connection hands it its frames
+(its :class:`~blockx.worker.link.connection.FrameReceiver`). Every batch of
+frames one read completed arrives in :meth:`InboundHandlers.on_frames` (called
+by the connection's ``data_received``) and is routed by ``messageType``:
 
 * before attach — the first valid ``Heartbeat`` attaches the connection
   (a new era of its ``executorId``); any other known type is a protocol error;
@@ -32,6 +33,16 @@ The hot path reads envelopes as dicts (bench/wire_codec.py: a typed payload
 per frame costs several times the decode). Heartbeats (one a second) and
 function-code waits (one per digest per executor) are validated in full with
 the typed payloads of :mod:`blockx.wire.messages`.
+
+Who owns what: the handlers own the inbound counts (``unknown_frames``,
+``refused_attaches``, ``stale_terminal_frames``, ``function_code_answered``)
+and hold what the adapter gives them: its table of
+:class:`~blockx.worker.link.state.ExecutorState` (they create an entry on a
+first attach, update it on heartbeats and terminal frames), its
+:class:`~blockx.worker.link.eras.Eras` (an attach begins an era; a protocol
+error or a superseded connection ends one), its clock and heartbeat timeout
+(for the snapshots they report), and the settings the adapter's setters
+replace: ``callbacks``, ``resolver``, ``peer_check``.
 """
 
 from __future__ import annotations
@@ -45,7 +56,6 @@ from blockx.wire import (
     Frame,
     Heartbeat,
     PayloadError,
-    ProtocolError,
     encode_frame,
     keys,
 )
@@ -58,11 +68,9 @@ from blockx.worker.link.callbacks import (
 )
 from blockx.worker.link.completed_frames import CompletedFrame, WaitingFrame
 from blockx.worker.link.connection import ExecutorConnection
+from blockx.worker.link.eras import Eras
 from blockx.worker.link.function_code import function_code_resume_payload
-from blockx.worker.link.loss import LossCause, ProcessExitSource
-from blockx.worker.link.snapshot import ExecutorSnapshot
-from blockx.worker.link.state import ExecutorState
-from blockx.worker.mypyc_markers import mypyc_attr, trait
+from blockx.worker.link.state import ExecutorState, attached_state, build_snapshot
 
 __all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers", "call_frame_error"]
 
@@ -143,41 +151,59 @@ HEARTBEAT_ACK_FRAME: Final = encode_frame(
 )
 
 
-@trait
-@mypyc_attr(allow_interpreted_subclasses=True)
 class InboundHandlers:
-    """Mixin: the adapter's inbound frame handling. State lives in the adapter."""
+    """The adapter's inbound frame handling; see the module docstring."""
 
-    # Provided by ExecutorAdapter.
-    _callbacks: AdapterCallbacks
-    _resolver: FunctionCodeResolver | None
-    _clock: Callable[[], float]
-    _executors: dict[str, ExecutorState]
-    _peer_check: PeerCheck | None
-    _exit_source: ProcessExitSource | None
-    unknown_frames: int
-    refused_attaches: int
-    stale_terminal_frames: int
-    function_code_answered: int
+    __slots__ = (
+        "_clock",
+        "_eras",
+        "_executors",
+        "_heartbeat_timeout_ms",
+        "callbacks",
+        "function_code_answered",
+        "peer_check",
+        "refused_attaches",
+        "resolver",
+        "stale_terminal_frames",
+        "unknown_frames",
+    )
 
-    def _protocol_error(self, conn: ExecutorConnection, error: ProtocolError | str) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        executors: dict[str, ExecutorState],
+        eras: Eras,
+        *,
+        callbacks: AdapterCallbacks,
+        resolver: FunctionCodeResolver | None,
+        clock: Callable[[], float],
+        heartbeat_timeout_ms: int,
+    ) -> None:
+        self._executors = executors
+        self._eras = eras
+        self._clock = clock
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        #: The orchestrator's entry points (``ExecutorAdapter.set_callbacks``).
+        self.callbacks = callbacks
+        #: Answers ``function_code`` waits (``ExecutorAdapter.set_function_code_resolver``).
+        self.resolver = resolver
+        #: Who may attach as which executor id (``ExecutorAdapter.set_peer_check``).
+        self.peer_check: PeerCheck | None = None
+        # Counters, for tests, benches and logs.
+        self.unknown_frames = 0
+        self.refused_attaches = 0
+        self.stale_terminal_frames = 0
+        self.function_code_answered = 0
 
-    def _end_era(self, state: ExecutorState, reason: str, cause: LossCause | None = None) -> None:
-        raise NotImplementedError
-
-    def _flush_pending_loss(self, executor_id: str) -> None:
-        raise NotImplementedError
-
-    def on_attached(self, conn: ExecutorConnection) -> None:
-        raise NotImplementedError
-
-    def _snapshot(self, state: ExecutorState, now: float) -> ExecutorSnapshot:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        return (
+            f"InboundHandlers(executors={len(self._executors)}, unknown={self.unknown_frames}, "
+            f"refused={self.refused_attaches}, stale={self.stale_terminal_frames}, "
+            f"function_code_answered={self.function_code_answered})"
+        )
 
     def on_frames(self, conn: ExecutorConnection, frames: list[Frame]) -> None:
         """One batch of inbound frames (one read). The hot path."""
-        state = conn.state
+        state = attached_state(self._executors, conn)
         start = 0
         count = len(frames)
         if state is None:
@@ -205,7 +231,7 @@ class InboundHandlers:
                 return
         executor_id = state.executor_id
         reservations = state.reservations
-        callbacks = self._callbacks
+        callbacks = self.callbacks
         on_completed = callbacks.on_call_completed
         on_failed = callbacks.on_call_failed
         # Batch delivery (callbacks.py): call frames collect here, in order, and go out
@@ -323,7 +349,7 @@ class InboundHandlers:
         self, executor_id: str, call_frames: list[CallFrame]
     ) -> list[CallFrame]:
         """Hand the collected call frames over (the list is the receiver's); a fresh list."""
-        on_call_frames = self._callbacks.on_call_frames
+        on_call_frames = self.callbacks.on_call_frames
         assert on_call_frames is not None
         try:
             on_call_frames(executor_id, call_frames)
@@ -336,6 +362,9 @@ class InboundHandlers:
         return []
 
     # --- internals: handlers ----------------------------------------------------------------
+
+    def _protocol_error(self, conn: ExecutorConnection, error: PayloadError | str) -> None:
+        self._eras.protocol_error(conn, attached_state(self._executors, conn), error)
 
     def _drop_unknown(self, conn: ExecutorConnection, message_type: str) -> None:
         self.unknown_frames += 1
@@ -362,7 +391,7 @@ class InboundHandlers:
         if heartbeat is None:
             return None
         executor_id = heartbeat.executor_id
-        check = self._peer_check
+        check = self.peer_check
         if check is not None:
             refusal = check(executor_id, conn.peer_pid)
             if refusal is not None:
@@ -373,17 +402,12 @@ class InboundHandlers:
         if state is None:
             state = self._executors[executor_id] = ExecutorState(executor_id)
         elif state.connection is not None:
-            self._end_era(
+            self._eras.end(
                 state, f"superseded by a new connection (#{conn.connection_id})", "transport_lost"
             )
-        # The previous era's report goes out before this era begins.
-        self._flush_pending_loss(executor_id)
-        self.on_attached(conn)
         now = self._clock()
-        state.start_era(conn, heartbeat, now)
-        source = self._exit_source
-        state.generation = None if source is None else source.running_generation(executor_id)
-        conn.state = state
+        # (The previous era's report goes out first.)
+        self._eras.begin(state, conn, heartbeat, now)
         conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
         _log.info(
             "executor %s attached (era %d, connection #%d, process %s)",
@@ -393,8 +417,9 @@ class InboundHandlers:
             heartbeat.executor_process_instance_id or "?",
             extra={"executorId": executor_id},
         )
+        snapshot = build_snapshot(state, now, self._heartbeat_timeout_ms)
         try:
-            self._callbacks.on_executor_attached(executor_id, self._snapshot(state, now))
+            self.callbacks.on_executor_attached(executor_id, snapshot)
         except Exception:
             _log.exception("on_executor_attached callback failed for %s", executor_id)
         return state
@@ -415,8 +440,9 @@ class InboundHandlers:
         now = self._clock()
         state.record_heartbeat(heartbeat, now)
         conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
+        snapshot = build_snapshot(state, now, self._heartbeat_timeout_ms)
         try:
-            self._callbacks.on_heartbeat(state.executor_id, self._snapshot(state, now))
+            self.callbacks.on_heartbeat(state.executor_id, snapshot)
         except Exception:
             _log.exception("on_heartbeat callback failed for %s", state.executor_id)
 
@@ -452,7 +478,7 @@ class InboundHandlers:
                 call_frames.append((_MT_CALL_WAITING, call_id, payload, request_id, sidecar))
                 return None
             try:
-                self._callbacks.on_call_waiting(
+                self.callbacks.on_call_waiting(
                     state.executor_id, call_id, request_id, payload, sidecar
                 )
             except Exception:
@@ -481,7 +507,7 @@ class InboundHandlers:
                 conn, "CallWaiting(function_code) needs functionId and functionCodeDigest strings"
             )
             return
-        answer = function_code_resume_payload(self._resolver, task_id, function_id, digest)
+        answer = function_code_resume_payload(self.resolver, task_id, function_id, digest)
         envelope = {
             _F_MESSAGE_TYPE: _MT_RESUME_CALL,
             _F_CALL_ID: call_id,

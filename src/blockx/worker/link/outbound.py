@@ -1,8 +1,11 @@
-"""Worker -> executor frames: the half of the executor adapter that sends.
+"""Worker -> executor frames: the part of the executor adapter that sends.
 
-:class:`OutboundSends` is the base class of
-:class:`~blockx.worker.link.adapter.ExecutorAdapter` (state lives
-there, as for :class:`~blockx.worker.link.handlers.InboundHandlers`). Every
+:class:`OutboundSends` is held by
+:class:`~blockx.worker.link.adapter.ExecutorAdapter` (``adapter.outbound``),
+whose ``send_*``, ``flush`` and ``wait_flushed`` call it. It holds one thing:
+the adapter's table of :class:`~blockx.worker.link.state.ExecutorState`, from
+which it reads each executor's current connection and reservations (it checks
+a reservation and records the attempt sent; it never binds or releases). Every
 send only queues: a frame goes into the connection's outbox, which writes up to
 ``frames_per_write`` frames at once, at the end of the loop turn or when full.
 
@@ -30,10 +33,9 @@ import orjson
 from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, encode_frame, keys
 from blockx.wire import ExecuteCall as ExecuteCallPayload
 from blockx.wire import ResumeCall as ResumeCallPayload
-from blockx.worker.errors import CallNotBoundError, ExecutorUnavailableError
+from blockx.worker.errors import CallNotBoundError
 from blockx.worker.link.connection import ControlSend
-from blockx.worker.link.state import ExecutorState
-from blockx.worker.mypyc_markers import mypyc_attr
+from blockx.worker.link.state import ExecutorState, unavailable_error
 
 __all__ = ["OutboundSends"]
 
@@ -63,22 +65,18 @@ def _encode(envelope: dict[str, Any]) -> bytes:
     return _pack_length(len(body)) + body
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class OutboundSends:
-    """The adapter's base class: its sends. State lives in the adapter.
+    """The adapter's sends; see the module docstring."""
 
-    A base class, not a mixin (a trait) as :class:`~.handlers.InboundHandlers` is, so
-    that a subclass of the adapter can override the sends when compiled (tests do).
-    """
+    __slots__ = ("_executors",)
 
-    # Provided by ExecutorAdapter.
-    _executors: dict[str, ExecutorState]
+    def __init__(self, executors: dict[str, ExecutorState]) -> None:
+        #: The adapter's table (shared, never replaced).
+        self._executors = executors
 
-    @staticmethod
-    def _unavailable(
-        state: ExecutorState | None, executor_id: str, call_id: str | None
-    ) -> ExecutorUnavailableError:
-        raise NotImplementedError
+    def __repr__(self) -> str:
+        attached = sum(1 for s in self._executors.values() if s.connection is not None)
+        return f"OutboundSends(attached={attached}/{len(self._executors)})"
 
     def send_execute_call(
         self,
@@ -101,7 +99,7 @@ class OutboundSends:
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection
         if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         reservations = state.reservations  # type: ignore[union-attr]
         reservations.check_sendable(call_id)
         if type(payload) is not dict:
@@ -142,7 +140,7 @@ class OutboundSends:
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection
         if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         reservations = state.reservations  # type: ignore[union-attr]
         reservations.check_sendable(call_id)
         size = len(body)
@@ -174,7 +172,7 @@ class OutboundSends:
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection
         if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         if call_id not in state.reservations.reserved:  # type: ignore[union-attr]
             raise CallNotBoundError(executor_id, call_id=call_id)
         if type(payload) is not dict and isinstance(payload, ResumeCallPayload):
@@ -223,7 +221,7 @@ class OutboundSends:
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection
         if conn is None:
-            raise self._unavailable(state, executor_id, call_id)
+            raise unavailable_error(state, executor_id, call_id)
         envelope = {
             _F_MESSAGE_TYPE: _MT_CANCEL_CALL,
             _F_CALL_ID: call_id,
@@ -254,5 +252,5 @@ class OutboundSends:
         state = self._executors.get(executor_id)
         conn = None if state is None else state.connection
         if conn is None:
-            raise self._unavailable(state, executor_id, None)
+            raise unavailable_error(state, executor_id, None)
         await conn.wait_flushed()

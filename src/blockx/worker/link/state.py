@@ -2,6 +2,15 @@
 
 One :class:`ExecutorState` per executor id ever attached, kept across eras (a
 reconnect increments :attr:`ExecutorState.era` and replaces the reservations).
+The adapter keeps them in one table (``dict[str, ExecutorState]``) that its
+parts share: the inbound handlers attach and update them, the outbound sends
+read their connection and reservations, :class:`~blockx.worker.link.eras.Eras`
+ends their eras.
+
+A state holds its current connection; the connection knows only the executor
+id it attached as (:func:`attached_state` goes back from one to the other). So
+this module imports :mod:`.connection` and never the reverse.
+
 :func:`build_snapshot` is the one place the dispatcher's capacity view is
 computed; see :class:`~blockx.worker.link.snapshot.ExecutorSnapshot` for
 what each field means.
@@ -9,16 +18,21 @@ what each field means.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 from blockx.wire import Heartbeat, keys
+from blockx.worker.errors import ExecutorUnavailableError
+from blockx.worker.link.connection import ExecutorConnection
 from blockx.worker.link.reservations import Reservations
 from blockx.worker.link.snapshot import ExecutorSnapshot
 
-if TYPE_CHECKING:
-    from blockx.worker.link.connection import ExecutorConnection
-
-__all__ = ["ExecutorState", "build_snapshot", "usable_contexts"]
+__all__ = [
+    "ExecutorState",
+    "attached_state",
+    "build_snapshot",
+    "unavailable_error",
+    "usable_contexts",
+]
 
 
 class ExecutorState:
@@ -71,6 +85,7 @@ class ExecutorState:
         self.era += 1
         self.reservations = Reservations(self.executor_id, self.era)
         self.connection = connection
+        connection.executor_id = self.executor_id
         self.lost_reason = None
         self.attached_at = now
         self.record_heartbeat(heartbeat, now)
@@ -80,6 +95,28 @@ class ExecutorState:
         self.heartbeat_at = now
         self.completions_since_heartbeat = 0
         self.capacity = usable_contexts(heartbeat)
+
+
+def attached_state(
+    executors: Mapping[str, ExecutorState], conn: ExecutorConnection
+) -> ExecutorState | None:
+    """The state whose current era ``conn`` is, or None (not attached, or its era ended)."""
+    executor_id = conn.executor_id
+    if executor_id is None:
+        return None
+    state = executors.get(executor_id)
+    return state if state is not None and state.connection is conn else None
+
+
+def unavailable_error(
+    state: ExecutorState | None, executor_id: str, call_id: str | None
+) -> ExecutorUnavailableError:
+    """The error for a call on an executor with no live connection (``state``: its entry)."""
+    if state is None:
+        reason = "never attached"
+    else:
+        reason = state.lost_reason or "not attached"
+    return ExecutorUnavailableError(executor_id, call_id=call_id, reason=reason)
 
 
 def usable_contexts(heartbeat: Heartbeat | None) -> int:

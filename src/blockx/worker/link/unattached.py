@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from blockx.worker.link.connection import ExecutorConnection
+from blockx.worker.link.connection import ExecutorConnection
 
 __all__ = ["UnattachedConnections"]
 
@@ -72,7 +70,11 @@ class UnattachedConnections:
         """Drop every connection older than the timeout at monotonic ``now`` (a sweep for
         when the timers could not run: the adapter's heartbeat check calls it)."""
         for conn in list(self._conns):
-            if conn.state is None and not conn.closed and now - conn.opened_at > self._timeout_s:
+            if (
+                conn.executor_id is None
+                and not conn.closed
+                and now - conn.opened_at > self._timeout_s
+            ):
                 self.drop(conn, "no heartbeat after connecting")
 
     def close(self) -> None:
@@ -93,5 +95,5 @@ class UnattachedConnections:
     def _deadline(self, conn: ExecutorConnection) -> None:
         if conn in self._conns:
             self._conns[conn] = None
-            if conn.state is None and not conn.closed:
+            if conn.executor_id is None and not conn.closed:
                 self.drop(conn, "no heartbeat after connecting")
