@@ -43,8 +43,7 @@ STAMP = Path("blockx") / "_native_build.json"
 #: msgspec's ``tag=`` class arguments), ``compiled_module`` (weak references
 #: to its instances), ``markers`` (names only, no code per call), ``errors``,
 #: ``__main__`` and the start-up modules;
-#: the worker's runtime -- ``adapters/mypyc_markers`` (its run-time branch is
-#: unreachable to mypyc), ``orchestrator_events`` (dataclasses naming a
+#: the worker's runtime -- ``actor/events`` (dataclasses naming a
 #: TYPE_CHECKING-only class), ``completed_frames`` (msgspec Structs),
 #: ``io/read_answer`` (an ``asyncio.Future`` subclass), ``io/handler`` and
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
