@@ -12,6 +12,7 @@ import pytest
 
 from blockx.wire import (
     PAYLOAD_TYPES,
+    FrameDecoder,
     decode_frame,
     encode_frame,
     keys,
@@ -19,6 +20,7 @@ from blockx.wire import (
     parse_message,
     schema,
 )
+from blockx.wire.frames import typed_hook
 
 PROTOCOL = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 
@@ -210,3 +212,16 @@ def test_optional_envelope_members_are_skipped_on_decode() -> None:
     )
     decoded = msgspec.json.decode(body, type=schema.Envelope)
     assert decoded == schema.CancelCall(callId="c", payload=schema.CancelCallPayload(attemptSeq=3))
+
+
+def test_a_typed_frame_names_its_type_and_call() -> None:
+    hook = typed_hook(keys.MT_CANCEL_CALL, schema.CancelCall, lambda frame: True)
+    envelope = schema.CancelCall(callId="t#1/c9", payload=schema.CancelCallPayload())
+    stream = encode_frame(msgspec.json.encode(envelope)) + encode_frame(
+        {keys.F_CALL_ID: "t#1/c8", keys.F_MESSAGE_TYPE: keys.MT_CANCEL_CALL, keys.F_PAYLOAD: {}}
+    )  # another member order: decoded the generic way
+    typed, generic = FrameDecoder(typed=hook).feed(stream)
+    assert typed.envelope == envelope and type(generic.envelope) is dict
+    assert typed.message_type == generic.message_type == keys.MT_CANCEL_CALL
+    assert repr(typed) == "Frame(CancelCall, callId='t#1/c9')"
+    assert repr(generic) == "Frame(CancelCall, callId='t#1/c8')"

@@ -75,6 +75,6 @@ def _acceptable(frame: ExecuteCall | ResumeCall) -> bool:
 
 #: The reader's hook: a schema :class:`~blockx.wire.schema.ExecuteCall` or
 #: :class:`~blockx.wire.schema.ResumeCall`, or None to decode the frame the generic way.
-decode_inbound: Final = TypedHook(
+decode_inbound: Final[TypedHook[ExecuteCall | ResumeCall]] = TypedHook(
     {keys.MT_EXECUTE_CALL: ExecuteCall, keys.MT_RESUME_CALL: ResumeCall}, _acceptable
 )

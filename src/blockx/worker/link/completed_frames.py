@@ -68,6 +68,6 @@ def _acceptable(frame: CallCompleted | CallWaiting) -> bool:
 #: The connection's hook: a :class:`CompletedFrame` or a :class:`WaitingFrame`, or None
 #: to decode the frame the generic way. Their common prefix is ``{"messageType":"Call``,
 #: so a CallFailed costs one failed typed decode first (rare by nature).
-decode_call_frames: Final = TypedHook(
+decode_call_frames: Final[TypedHook[CallCompleted | CallWaiting]] = TypedHook(
     {keys.MT_CALL_COMPLETED: CallCompleted, keys.MT_CALL_WAITING: CallWaiting}, _acceptable
 )
