@@ -39,8 +39,9 @@ STAMP = Path("blockx") / "_native_build.json"
 #: builtins), ``config`` (user-built values whose bad fields must raise
 #: ``ConfigError``, not a compiled class's ``TypeError``);
 #: the executor -- ``greenlet_pool`` (a pooled greenlet parked in compiled code has
-#: no frame: setting its ``gr_context`` fails), ``execute_frames`` (mypyc drops
-#: msgspec's ``tag=`` class arguments), ``compiled_module`` (weak references
+#: no frame: setting its ``gr_context`` fails), ``execute_frames`` (a hook over the
+#: wire schema's Structs, not yet tried compiled since they moved to
+#: ``blockx.wire.schema``), ``compiled_module`` (weak references
 #: to its instances), ``markers`` (names only, no code per call), ``errors``,
 #: ``__main__`` and the start-up modules;
 #: the worker's runtime -- ``actor/events`` (dataclasses naming a
@@ -49,7 +50,9 @@ STAMP = Path("blockx") / "_native_build.json"
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
 #: ``io/answers``), the error modules, and what is not per call (pool,
 #: spawner, sandbox, rpc, postgres, config);
-#: the wire -- ``messages`` (dataclass machinery, not per call), ``errors``.
+#: the wire -- ``messages`` (dataclass machinery, not per call), ``schema`` (msgspec
+#: Structs, whose ``tag=`` mypyc drops), ``type_params`` (a branch for type checkers
+#: only, which mypyc would take for unreachable), ``errors``.
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
     "blockx/worker/core/blame.py",

@@ -6,9 +6,11 @@ Rows:
 * ``encode`` / ``decode``: envelope dict <-> JSON bytes with each library.
 * ``blockx.wire frame``: what the protocol code really does per frame
   (``encode_frame``; ``FrameDecoder.feed`` of a 64-frame batch, per frame).
-* ``typed payload``: building the typed ``ExecuteCall``/``CallCompleted`` from
-  the decoded dict, against msgspec decoding straight into a ``Struct``. This is
-  why the hot paths read dicts and the dataclasses are for validation/docs.
+* ``typed payload``: building the validated dataclass ``ExecuteCall``/``CallCompleted``
+  (``blockx.wire.messages``) from the decoded dict, against the wire schema's
+  Structs (``blockx.wire.schema``: the envelope encoded from, and decoded straight
+  into, a ``Struct``; a ``CallCompleted``'s output stays raw JSON). This is why the
+  hot paths decode into the schema's Structs and the dataclasses are for validation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import msgspec
 import orjson
 
 from blockx import wire
+from blockx.wire import schema
 
 EXECUTE_CALL: dict[str, Any] = {
     "messageType": "ExecuteCall",
@@ -64,46 +67,6 @@ CALL_COMPLETED: dict[str, Any] = {
 }
 
 
-class ExecuteCallStruct(msgspec.Struct, rename="camel"):
-    task_id: str
-    function_id: str
-    function_code_digest: str
-    entry_selector: str = ""
-    args: Any = None
-    parent_call_id: str | None = None
-    call_key: str = ""
-    ancestry: list[str] = []
-    call_budget_ms: int = 0
-    attempt_seq: int = 1
-    audit: dict[str, Any] | None = None
-    debug: bool = False
-
-
-class CallCompletedStruct(msgspec.Struct, rename="camel"):
-    task_id: str
-    attempt_seq: int = 1
-    output: Any = None
-    budget_used_ms: int = 0
-    effective_execution_duration_us: int = 0
-    queue_wait_us: int = 0
-    debug_output: str | None = None
-
-
-def _envelope_struct(payload_type: type) -> type:
-    return msgspec.defstruct(
-        "Envelope",
-        [
-            ("messageType", str),
-            ("payload", payload_type),
-            ("callId", str | None, None),
-            ("requestId", str | None, None),
-            ("executorId", str | None, None),
-            ("sentAtMs", int | None, None),
-            ("trace", dict | None, None),
-        ],
-    )
-
-
 def rate(fn: Callable[[], object], seconds: float, per_call: int = 1) -> float:
     """Operations per second: median of 3 timed runs."""
     n = 1000
@@ -133,13 +96,14 @@ def main() -> None:
     ms_encoder = msgspec.json.Encoder()
     ms_decoder = msgspec.json.Decoder()
     for name, env, typed, struct in (
-        ("ExecuteCall", EXECUTE_CALL, wire.ExecuteCall, ExecuteCallStruct),
-        ("CallCompleted", CALL_COMPLETED, wire.CallCompleted, CallCompletedStruct),
+        ("ExecuteCall", EXECUTE_CALL, wire.ExecuteCall, schema.ExecuteCall),
+        ("CallCompleted", CALL_COMPLETED, wire.CallCompleted, schema.CallCompleted),
     ):
         body = orjson.dumps(env)
         frame = wire.encode_frame(env)
         batch = frame * 64
-        struct_decoder = msgspec.json.Decoder(_envelope_struct(struct))
+        struct_decoder = msgspec.json.Decoder(struct)
+        typed_envelope = struct_decoder.decode(body)
         decoder = wire.FrameDecoder()
         payload = env["payload"]
         cases: list[tuple[str, Callable[[], object], Callable[[], object], int]] = [
@@ -176,8 +140,8 @@ def main() -> None:
         rows.append(
             (
                 name,
-                "msgspec Struct decode (bytes->typed)",
-                float("nan"),
+                "wire schema Struct (typed<->bytes)",
+                rate(lambda env=typed_envelope: ms_encoder.encode(env), seconds),
                 rate(lambda d=struct_decoder, body=body: d.decode(body), seconds),
             )
         )

@@ -7,12 +7,12 @@ then checking twelve payload members in Python is the largest per-call cost of
 the executor's reader thread. :data:`decode_inbound` is the reader's
 :class:`~blockx.wire.FrameDecoder` ``typed`` hook: a body that starts the way
 the worker writes an ExecuteCall (``{"messageType":"ExecuteCall",``) is decoded
-straight into :class:`ExecuteCallFrame` by msgspec, which checks every type
-docs/protocol.md gives (``callBudgetMs`` an int, ``ancestry`` a list of strings,
-...); the range checks msgspec cannot express follow (a budget past
-``MAX_BUDGET_MS`` takes the generic path, which clamps it). The runtime then
-builds the call's context from the struct's attributes
-(:meth:`~blockx.executor.inbound_frames.InboundFrames._handle_execute_frame`).
+straight into the wire schema's :class:`~blockx.wire.schema.ExecuteCall` by
+msgspec, which checks every type docs/protocol.md gives (``callBudgetMs`` an
+int, ``ancestry`` a list of strings, ...); the range checks msgspec cannot
+express follow here (a budget past ``MAX_BUDGET_MS`` takes the generic path,
+which clamps it). The runtime then builds the call's context from the struct's
+attributes (:meth:`~blockx.executor.inbound_frames.InboundFrames._handle_execute_frame`).
 
 Anything else — another message type, another key order, a missing required
 member, a value of the wrong type or range — returns None, and the frame takes
@@ -24,21 +24,25 @@ So this module only makes the common case cheaper; it decides nothing.
 
 A ``ResumeCall`` (one per IO wait answered) is taken the same way when it is
 the common kind: a ``result`` and a ``budgetUsedMs`` >= 0, no ``error``, no
-sidecar. :class:`ResumeCallFrame` carries it to
+sidecar. The schema's :class:`~blockx.wire.schema.ResumeCall` carries it to
 ``ExecutorRuntime.resume_call`` without the generic validation
 (``ResumePayload.from_wire``); an error answer, a sidecar frame or anything
 unusual takes the generic path. (bench/opcodes.py: ~130 fewer bytecodes per
 IO wait.)
+
+The Structs themselves are the wire schema's (``blockx/wire/schema.py``, the one
+definition of every message); the names below are this module's historical
+names for them. Not compiled by mypyc (it would drop msgspec's ``tag=`` class
+arguments, were the Structs defined here).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
-
-import msgspec
+from typing import Final
 
 from blockx.wire import keys
 from blockx.wire.frames import TypedHook
+from blockx.wire.schema import ExecuteCall, ExecuteCallPayload, ResumeCall, ResumeCallPayload
 
 from .context import MAX_BUDGET_MS
 
@@ -50,53 +54,18 @@ __all__ = [
     "decode_inbound",
 ]
 
-
-class ExecutePayload(msgspec.Struct):
-    """An ExecuteCall payload; field names are docs/protocol.md's keys, defaults its defaults."""
-
-    taskId: str
-    functionId: str
-    functionCodeDigest: str
-    entrySelector: str = ""
-    args: Any = None
-    parentCallId: str | None = None
-    callKey: str = ""
-    ancestry: list[str] = []
-    callBudgetMs: int = 0
-    attemptSeq: int = 1
-    audit: dict[str, Any] | None = None
-    debug: bool = False
+#: The schema's envelopes and payloads, by the names the executor has used for them.
+ExecuteCallFrame = ExecuteCall
+ExecutePayload = ExecuteCallPayload
+ResumeCallFrame = ResumeCall
+ResumeCallResult = ResumeCallPayload
 
 
-class ExecuteCallFrame(msgspec.Struct, tag=keys.MT_EXECUTE_CALL, tag_field=keys.F_MESSAGE_TYPE):
-    """A whole ExecuteCall envelope (unknown members are ignored, as docs/protocol.md says)."""
-
-    callId: str
-    payload: ExecutePayload
-
-
-class ResumeCallResult(msgspec.Struct):
-    """A ResumeCall payload of the common kind (see the module docstring)."""
-
-    resumeKind: str
-    result: Any = None
-    budgetUsedMs: int = 0
-    error: Any = None  # must be absent or null here: an error takes the generic path
-
-
-class ResumeCallFrame(msgspec.Struct, tag=keys.MT_RESUME_CALL, tag_field=keys.F_MESSAGE_TYPE):
-    """A whole ResumeCall envelope carrying a result (unknown members ignored)."""
-
-    callId: str
-    requestId: str
-    payload: ResumeCallResult
-
-
-def _acceptable(frame: ExecuteCallFrame | ResumeCallFrame) -> bool:
-    if type(frame) is ResumeCallFrame:
+def _acceptable(frame: ExecuteCall | ResumeCall) -> bool:
+    if type(frame) is ResumeCall:
         resume = frame.payload
         return resume.error is None and 0 <= resume.budgetUsedMs <= MAX_BUDGET_MS
-    payload = frame.payload  # an ExecuteCallFrame
+    payload = frame.payload  # an ExecuteCall
     return (
         bool(frame.callId)
         and 0 <= payload.callBudgetMs <= MAX_BUDGET_MS  # type: ignore[union-attr]
@@ -104,8 +73,8 @@ def _acceptable(frame: ExecuteCallFrame | ResumeCallFrame) -> bool:
     )
 
 
-#: The reader's hook: an :class:`ExecuteCallFrame` or a :class:`ResumeCallFrame`, or
-#: None to decode the frame the generic way.
-decode_inbound: Final = TypedHook(
-    {keys.MT_EXECUTE_CALL: ExecuteCallFrame, keys.MT_RESUME_CALL: ResumeCallFrame}, _acceptable
+#: The reader's hook: a schema :class:`~blockx.wire.schema.ExecuteCall` or
+#: :class:`~blockx.wire.schema.ResumeCall`, or None to decode the frame the generic way.
+decode_inbound: Final[TypedHook[ExecuteCall | ResumeCall]] = TypedHook(
+    {keys.MT_EXECUTE_CALL: ExecuteCall, keys.MT_RESUME_CALL: ResumeCall}, _acceptable
 )

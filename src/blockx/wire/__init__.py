@@ -6,12 +6,15 @@ IO-free: frames are built and parsed here, sockets live with their owners.
 * :mod:`~blockx.wire.frames` — ``encode_frame``, ``FrameDecoder`` (sans-IO),
   ``decode_frame``.
 * :mod:`~blockx.wire.values` — ``dumps_wire`` / ``loads_wire``: strict JSON for user values.
-* :mod:`~blockx.wire.messages` — typed payloads, ``build_envelope``, ``parse_message``.
+* :mod:`~blockx.wire.schema` — every message as a ``msgspec.Struct``, defined once: what
+  the typed decoders decode into and the worker's pre-encoded ``ExecuteCall`` is cut from.
+* :mod:`~blockx.wire.messages` — validated payload dataclasses, ``build_envelope``,
+  ``parse_message`` (the slow paths').
 * :mod:`~blockx.wire.errors` — ``ProtocolError`` (peer misbehaved) and
   ``EncodeError`` (caller misused us).
 """
 
-from . import keys
+from . import keys, schema
 from .errors import (
     EncodeError,
     EnvelopeNotObjectError,
@@ -98,4 +101,5 @@ __all__ = [
     "keys",
     "loads_wire",
     "parse_message",
+    "schema",
 ]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple
 
 import msgspec
 import orjson
@@ -43,6 +43,7 @@ from .errors import (
     SidecarHeaderError,
     TruncatedFrameError,
 )
+from .type_params import E, T
 from .values import dumps_wire, loads_wire
 
 __all__ = [
@@ -82,24 +83,36 @@ _new_frame: Final = tuple.__new__
 _COPIED_BODY_MAX: Final = 64 * 1024
 
 
-class Frame(NamedTuple):
+class Frame(NamedTuple, Generic[E]):
     """One decoded frame: the envelope object and the raw sidecar bytes, if any.
 
     A named tuple: decoders build one per frame, and a tuple is the cheapest
-    immutable record Python has.
+    immutable record Python has. ``envelope`` is the decoded JSON object (a
+    ``dict``) or, from a :class:`FrameDecoder` with a ``typed`` hook, possibly the
+    :mod:`blockx.wire.schema` envelope the hook decoded: ``decode_frame`` gives a
+    ``Frame[dict[str, Any]]``, ``FrameDecoder(typed=hook).feed`` a
+    ``Frame[dict[str, Any] | ExecuteCall | ResumeCall]`` for the executor's hook.
     """
 
-    envelope: dict[str, Any]
+    envelope: E
     sidecar: bytes | None = None
 
     @property
     def message_type(self) -> str:
-        mt: str = self.envelope[keys.F_MESSAGE_TYPE]
-        return mt
+        envelope: Any = self.envelope
+        if type(envelope) is dict:
+            mt: str = envelope[keys.F_MESSAGE_TYPE]
+            return mt
+        tag: str = type(envelope).__struct_config__.tag  # a schema Struct's messageType
+        return tag
 
     def __repr__(self) -> str:
+        envelope: Any = self.envelope
         side = "" if self.sidecar is None else f", sidecar={len(self.sidecar)}B"
-        call = self.envelope.get(keys.F_CALL_ID)
+        if type(envelope) is dict:
+            call = envelope.get(keys.F_CALL_ID)
+        else:
+            call = getattr(envelope, keys.F_CALL_ID, None)
         return f"Frame({self.message_type}, callId={call!r}{side})"
 
 
@@ -177,9 +190,10 @@ def encode_frame_with_value(
 # --- decoding ------------------------------------------------------------------
 
 
-class TypedHook:
+class TypedHook(Generic[T]):
     """A :class:`FrameDecoder` ``typed`` hook for one or more message types
-    (``{messageType: tagged msgspec.Struct}``; :func:`typed_hook` for one).
+    (``{messageType: tagged msgspec.Struct}``, :mod:`blockx.wire.schema`'s envelopes;
+    :func:`typed_hook` for one). ``T`` is what it decodes to: the union of those Structs.
 
     Callable on a frame body; :class:`FrameDecoder` also reads :attr:`prefix` and
     checks it inline, so a frame of another type costs no Python call. With
@@ -189,7 +203,7 @@ class TypedHook:
 
     __slots__ = ("_accept", "_decode", "prefix", "size")
 
-    def __init__(self, structs: dict[str, type[Any]], accept: Callable[[Any], bool]) -> None:
+    def __init__(self, structs: dict[str, type[T]], accept: Callable[[T], bool]) -> None:
         prefixes = [
             b'{"' + keys.F_MESSAGE_TYPE.encode() + b'":"' + message_type.encode() + b'",'
             for message_type in structs
@@ -207,21 +221,21 @@ class TypedHook:
         self._decode = msgspec.json.Decoder(union).decode
         self._accept = accept
 
-    def __call__(self, body: bytes | memoryview) -> Any:
+    def __call__(self, body: bytes | memoryview) -> T | None:
         if body[: self.size] != self.prefix:
             return None
         return self.decode_matching(body)
 
-    def decode_matching(self, body: bytes | memoryview) -> Any:
+    def decode_matching(self, body: bytes | memoryview) -> T | None:
         """Decode a body known to start with :attr:`prefix` (None: take the generic path)."""
         try:
-            decoded = self._decode(body)
+            decoded: T = self._decode(body)
         except (msgspec.DecodeError, RecursionError):  # also msgspec.ValidationError;
             return None  # a depth bomb too: the generic path raises its ProtocolError
         return decoded if self._accept(decoded) else None
 
 
-def typed_hook(message_type: str, struct: type[Any], accept: Callable[[Any], bool]) -> TypedHook:
+def typed_hook(message_type: str, struct: type[T], accept: Callable[[T], bool]) -> TypedHook[T]:
     """A :class:`FrameDecoder` ``typed`` hook for one message type.
 
     It takes a plain body that starts the way our own encoders write that type
@@ -251,7 +265,7 @@ def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
     return envelope
 
 
-def decode_body(body: bytes | memoryview) -> Frame:
+def decode_body(body: bytes | memoryview) -> Frame[dict[str, Any]]:
     """Decode one frame body (without its length prefix)."""
     # A JSON envelope starts with "{" or blank space, never "B": one byte decides.
     if len(body) >= 4 and body[0] == _MAGIC_FIRST and body[:4] == SIDECAR_MAGIC:
@@ -269,7 +283,7 @@ def decode_body(body: bytes | memoryview) -> Frame:
     return Frame(_decode_json(body))
 
 
-def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame:
+def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame[dict[str, Any]]:
     """Decode exactly one whole frame (prefix included); extra bytes are an error."""
     if len(data) < HEADER_SIZE:
         raise TruncatedFrameError(f"frame header needs 4 bytes, got {len(data)}")
@@ -283,8 +297,9 @@ def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame:
     return decode_body(memoryview(data)[HEADER_SIZE:])
 
 
-class FrameDecoder:
-    """Incremental frame decoder: ``feed(bytes) -> list[Frame]``.
+class FrameDecoder(Generic[T]):
+    """Incremental frame decoder: ``feed(bytes) -> list[Frame[dict[str, Any] | T]]``
+    (``T``: what its ``typed`` hook decodes to; none without one).
 
     One per connection, reused for its whole life. Not thread-safe: the owner
     (a reader thread or an asyncio protocol) is its only caller.
@@ -301,7 +316,7 @@ class FrameDecoder:
 
     __slots__ = ("_buffer", "_error", "_limit", "_need", "_typed", "_typed_prefix")
 
-    def __init__(self, *, limit: int = MAX_FRAME_BYTES, typed: TypedHook | None = None) -> None:
+    def __init__(self, *, limit: int = MAX_FRAME_BYTES, typed: TypedHook[T] | None = None) -> None:
         self._buffer = bytearray()
         self._typed = None if typed is None else typed.decode_matching
         self._typed_prefix = b"" if typed is None else typed.prefix
@@ -320,7 +335,7 @@ class FrameDecoder:
         """At least this many more bytes are needed to complete the next frame."""
         return max(self._need - len(self._buffer), 1)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame[dict[str, Any] | T]]:
         """Add received bytes; return the frames they completed, in order.
 
         Raises a :class:`~blockx.wire.errors.ProtocolError` for a malformed frame;
@@ -347,7 +362,7 @@ class FrameDecoder:
         typed = self._typed
         typed_prefix = self._typed_prefix
         typed_size = len(typed_prefix)
-        frames: list[Frame] = []
+        frames: list[Frame[dict[str, Any] | T]] = []
         self._need = HEADER_SIZE
         try:
             while total - offset >= HEADER_SIZE:

@@ -1,20 +1,20 @@
-"""The typed ExecuteCall path: the reader decodes the worker's ExecuteCall straight into a
-struct, and the runtime builds the same context it builds from the dict envelope; anything
-the typed path does not accept goes the generic way, with the generic path's answers."""
+"""The typed ExecuteCall path: the reader decodes an ExecuteCall, as the wire schema encodes
+it (and so as the worker writes it), straight into the schema's struct, and the runtime
+builds the same context it builds from the dict envelope; anything the typed path does not
+accept goes the generic way, with the generic path's answers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from executor_harness import Harness
 
 from blockx.executor.context import ExecContext, InvalidExecuteCall, ResumePayload
 from blockx.executor.execute_frames import ExecuteCallFrame, ResumeCallFrame, decode_inbound
-from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire
-from blockx.worker.actor.execute import execute_body, execute_prefix
-from blockx.worker.core import DispatchCallCmd, PreparedCall
+from blockx.wire import FrameDecoder, dumps_wire, encode_frame, keys, loads_wire, schema
 
 DIGEST = "sha256:" + "ab" * 32
 FIELDS = (
@@ -32,18 +32,34 @@ FIELDS = (
 )
 
 
-def worker_body(
+def schema_body(
     *,
     args: bytes = b'{"x":1}',
     parent: str | None = None,
     ancestry: tuple[str, ...] = (),
     audit: dict[str, str] | None = None,
 ) -> bytes:
-    """An ExecuteCall exactly as the worker's orchestrator encodes it."""
-    prefix = execute_prefix("task-1#1", "adder", DIGEST, "_", audit, False)
-    call = PreparedCall("adder", DIGEST, args, "cd" * 32)
-    cmd = DispatchCallCmd("task-1#1/c7", "task-1#1", "exec-0", call, parent, ancestry, 5000, 2, 0)
-    return execute_body(prefix, cmd)
+    """An ExecuteCall as the wire schema encodes it: the worker's pre-encoded frames are
+    byte for byte this (tests/worker/runtime/test_orchestrator_execute.py)."""
+    return msgspec.json.encode(
+        schema.ExecuteCall(
+            callId="task-1#1/c7",
+            payload=schema.ExecuteCallPayload(
+                taskId="task-1#1",
+                functionId="adder",
+                functionCodeDigest=DIGEST,
+                entrySelector="_",
+                audit=audit,
+                debug=False,
+                args=msgspec.Raw(args),
+                callKey="cd" * 32,
+                parentCallId=parent,
+                ancestry=list(ancestry),
+                callBudgetMs=5000,
+                attemptSeq=2,
+            ),
+        )
+    )
 
 
 def admitted(h: Harness, envelope: Any, body: bytes) -> ExecContext:
@@ -85,13 +101,13 @@ def same_context(a: ExecContext, b: ExecContext) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        worker_body(),
-        worker_body(args=b'{"big":123456789012345678901234567890,"s":"\\u00e9"}'),
-        worker_body(parent="task-1#1/c1", ancestry=("k1", "k2")),
-        worker_body(audit={"verdict": "accepted", "policy": "v1"}),
+        schema_body(),
+        schema_body(args=b'{"big":123456789012345678901234567890,"s":"\\u00e9"}'),
+        schema_body(parent="task-1#1/c1", ancestry=("k1", "k2")),
+        schema_body(audit={"verdict": "accepted", "policy": "v1"}),
     ],
 )
-def test_the_workers_execute_call_decodes_typed_to_the_same_context(
+def test_the_schemas_execute_call_decodes_typed_to_the_same_context(
     body: bytes,
     make_harness,  # type: ignore[no-untyped-def]
 ) -> None:
@@ -101,7 +117,7 @@ def test_the_workers_execute_call_decodes_typed_to_the_same_context(
 
 
 def _variant(**payload: Any) -> bytes:
-    envelope = orjson.loads(worker_body())
+    envelope = orjson.loads(schema_body())
     envelope[keys.F_PAYLOAD].update(payload)
     return orjson.dumps(envelope)
 
@@ -129,19 +145,19 @@ def test_what_the_typed_path_refuses_is_refused_by_the_generic_one(body: bytes) 
 
 
 def test_other_frames_and_other_key_orders_go_the_generic_way() -> None:
-    reordered = orjson.loads(worker_body())
+    reordered = orjson.loads(schema_body())
     reordered = {keys.F_CALL_ID: reordered[keys.F_CALL_ID], **reordered}
     assert decode_inbound(memoryview(orjson.dumps(reordered))) is None
     resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
     assert decode_inbound(memoryview(orjson.dumps(resume))) is None
-    missing = orjson.loads(worker_body())
+    missing = orjson.loads(schema_body())
     del missing[keys.F_PAYLOAD][keys.FP_TASK_ID]
     assert decode_inbound(memoryview(orjson.dumps(missing))) is None
     assert decode_inbound(memoryview(b'{"messageType":"ExecuteCall", oops')) is None
 
 
 def test_a_frame_decoder_with_the_hook_yields_structs_and_dicts_in_order() -> None:
-    execute = worker_body()
+    execute = schema_body()
     resume = {keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL, keys.F_CALL_ID: "c", "payload": {}}
     stream = len(execute).to_bytes(4, "big") + execute + encode_frame(resume) + encode_frame(resume)
     whole = FrameDecoder(typed=decode_inbound).feed(stream)

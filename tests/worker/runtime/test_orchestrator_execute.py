@@ -1,14 +1,17 @@
-"""Pre-encoded ExecuteCall envelopes decode to exactly the dict form, for any values."""
+"""Pre-encoded ExecuteCall envelopes are byte for byte the wire schema's encoding, and decode
+to exactly the dict form, for any values."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockx.wire import ExecuteCall, keys
+from blockx.wire import ExecuteCall, keys, schema
 from blockx.worker.actor.execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
 from blockx.worker.json_values import encode_args
@@ -44,6 +47,85 @@ def dict_form(cmd: DispatchCallCmd, entry: str, audit: Any, debug: bool) -> dict
     }
 
 
+def schema_form(cmd: DispatchCallCmd, entry: str, audit: Any, debug: bool) -> bytes:
+    """The same call encoded from the wire schema's definition."""
+    call = cmd.call
+    return msgspec.json.encode(
+        schema.ExecuteCall(
+            callId=cmd.call_id,
+            payload=schema.ExecuteCallPayload(
+                taskId=cmd.task_id,
+                functionId=call.function_id,
+                functionCodeDigest=call.function_code_digest,
+                entrySelector=entry,
+                audit=audit,
+                debug=debug,
+                args=msgspec.Raw(call.args_json),
+                callKey=call.call_key,
+                parentCallId=cmd.parent_call_id,
+                ancestry=list(cmd.ancestry),
+                callBudgetMs=cmd.budget_ms,
+                attemptSeq=cmd.attempt_seq,
+            ),
+        )
+    )
+
+
+def encode(
+    task_id: str,
+    function_id: str,
+    digest: str,
+    entry: str,
+    args: Any,
+    parent: str | None,
+    ancestry: tuple[str, ...],
+    budget: int,
+    attempt: int,
+    audit: dict[str, str] | None,
+    debug: bool,
+) -> tuple[DispatchCallCmd, bytes]:
+    call = PreparedCall(function_id, digest, encode_args(args), "ab" * 16)
+    cmd = DispatchCallCmd(
+        f"{task_id}/c7", task_id, "exec-0", call, parent, ancestry, budget, attempt, 0
+    )
+    prefix = execute_prefix(task_id, function_id, digest, entry, audit, debug)
+    return cmd, execute_body(prefix, cmd)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "parent", "ancestry", "budget", "attempt", "audit", "debug"),
+    [
+        ("task-1#1", None, (), 0, 1, None, False),
+        ("task-1#1", "task-1#1/c1", ("k1", "k2"), 5000, 2, None, True),
+        ('q"uote\\back\nline\x00\x1f\x7f', None, ("é", "☃"), 2**40, 1000, None, False),
+        (
+            "t\u2028s",
+            "p\ud7ff",
+            (),
+            1,
+            3,
+            {"policy": "default", "verdictDigest": "sha256:ab"},
+            True,
+        ),
+    ],
+)
+def test_the_pre_encoded_frame_is_the_schemas_encoding(
+    task_id: str,
+    parent: str | None,
+    ancestry: tuple[str, ...],
+    budget: int,
+    attempt: int,
+    audit: dict[str, str] | None,
+    debug: bool,
+) -> None:
+    for args in (None, [1, 2**63 - 1, "x"], {"k": {"nested": [True, None]}}, "é\n"):
+        cmd, body = encode(
+            task_id, "pricing/adder", "sha256:" + "cd" * 32, "_", args, parent, ancestry,
+            budget, attempt, audit, debug,
+        )  # fmt: skip
+        assert body == schema_form(cmd, "_", audit, debug)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     task_id=text,
@@ -58,7 +140,7 @@ def dict_form(cmd: DispatchCallCmd, entry: str, audit: Any, debug: bool) -> dict
     audit=st.none() | st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
     debug=st.booleans(),
 )
-def test_the_encoded_envelope_is_the_dict_form(
+def test_the_encoded_envelope_is_the_schemas_and_the_dict_form(
     task_id: str,
     function_id: str,
     digest: str,
@@ -71,18 +153,23 @@ def test_the_encoded_envelope_is_the_dict_form(
     audit: dict[str, str] | None,
     debug: bool,
 ) -> None:
-    call = PreparedCall(function_id, digest, encode_args(args), "ab" * 16)
-    cmd = DispatchCallCmd(
-        f"{task_id}/c7", task_id, "exec-0", call, parent, ancestry, budget, attempt, 0
+    cmd, body = encode(
+        task_id, function_id, digest, entry, args, parent, ancestry, budget, attempt, audit, debug
     )
-    prefix = execute_prefix(task_id, function_id, digest, entry, audit, debug)
-    body = execute_body(prefix, cmd)
+    assert body == schema_form(cmd, entry, audit, debug)  # byte for byte
     assert orjson.loads(body) == orjson.loads(orjson.dumps(dict_form(cmd, entry, audit, debug)))
-    # And the executor's typed view of it reads every member.
-    payload = ExecuteCall.from_wire(orjson.loads(body)[keys.F_PAYLOAD])
-    assert (payload.task_id, payload.attempt_seq, payload.call_budget_ms) == (
+    # The schema decodes it typed, every member read.
+    decoded = msgspec.json.decode(body, type=schema.ExecuteCall)
+    assert (decoded.callId, decoded.payload.taskId, decoded.payload.attemptSeq) == (
+        cmd.call_id,
         task_id,
         attempt,
-        budget,
     )
-    assert payload.args == args and list(payload.ancestry) == list(ancestry)
+    assert decoded.payload.args == args and decoded.payload.ancestry == list(ancestry)
+    # And the validated dataclass form reads it too.
+    payload = ExecuteCall.from_wire(orjson.loads(body)[keys.F_PAYLOAD])
+    assert (payload.call_budget_ms, payload.parent_call_id, payload.debug) == (
+        budget,
+        parent,
+        debug,
+    )
