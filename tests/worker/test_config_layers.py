@@ -1,4 +1,5 @@
-"""One configuration model: knob() for every section, resolve(layers) with provenance."""
+"""One configuration model: knob() for every section, resolve(layers) with provenance;
+the model (config_model) works over any schema it is given."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from blockx.worker import config_model
 from blockx.worker.config import ConfigError, PoolConfig, load_config
+from blockx.worker.config_kinds import POSITIVE, OptionalText, check_section, knob
 from blockx.worker.config_layers import (
     Layer,
     environment_layer,
@@ -16,6 +19,7 @@ from blockx.worker.config_layers import (
     mapping_layer,
     resolve,
 )
+from blockx.worker.config_model import Schema
 from blockx.worker.io.config import (
     ENV_VARS,
     BlockDBConfig,
@@ -169,3 +173,51 @@ def test_load_settings_gives_the_python_api_the_provenance_too(tmp_path: Path) -
     assert settings.provenance["io.cache_max_entries"] == "env IO_CACHE_MAX_ENTRIES"
     assert settings.describe("io.rpc.max_batch") == "io.rpc.max_batch=1 (from override)"
     assert settings.worker == load_config(path, env={}, overrides={"pool.executor_count": 3})
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Limits:
+    depth: int = knob(3, kind=POSITIVE, env="TOY_DEPTH", doc="How deep.")
+
+    def __post_init__(self) -> None:
+        check_section(self, "toy.limits")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Toy:
+    name: str = knob("t", kind=OptionalText("a name"), env="TOY_NAME", doc="Its name.")
+    limits: _Limits = dataclasses.field(default_factory=_Limits)
+
+    def __post_init__(self) -> None:
+        check_section(self, "toy")
+
+
+def test_the_model_resolves_any_schema_it_is_given() -> None:
+    """config_model knows no knob by name: a schema of its own works the same way, and
+    the tables of a part resolved elsewhere (``foreign``) are left alone."""
+    schema = Schema(
+        part="toy", root=_Toy, sections={"": _Toy, "limits": _Limits}, prefix="toy", title="toy"
+    )
+    assert list(schema.knobs) == ["toy.name", "toy.limits.depth"]
+    layers = [
+        config_model.mapping_layer(
+            (schema,),
+            {"toy": {"limits": {"depth": "5"}}, "io": {"x": 1}},
+            source="f",
+            foreign=("io",),
+        ),
+        config_model.environment_layer((schema,), {"TOY_NAME": "env-name", "EXECUTOR_COUNT": "x"}),
+    ]
+    resolution = config_model.resolve((schema,), layers)
+    assert resolution.configs["toy"] == _Toy(name="env-name", limits=_Limits(depth=5))
+    assert resolution.provenance == {"toy.name": "env TOY_NAME", "toy.limits.depth": "f"}
+    with pytest.raises(ConfigError) as info:
+        config_model.resolve(
+            (schema,),
+            [
+                config_model.mapping_layer(
+                    (schema,), {"limits": {"depth": 0}}, source="s", prefix="s: ", within=schema
+                )
+            ],
+        )
+    assert info.value.problems == ("s: toy.limits.depth=0: expected a positive integer",)

@@ -5,8 +5,9 @@ Theory of operation
 ``blockx run`` and ``blockx config`` build the worker's
 :class:`~blockx.worker.config.WorkerConfig` and the IO subsystem's
 :class:`~blockx.worker.io.config.IOConfig` with one call of
-:func:`blockx.worker.config_layers.resolve` (the model ``blockx.Worker()``
-uses too), from these layers, lowest precedence first::
+:func:`blockx.worker.config_layers.resolve` (both schemas over
+:mod:`blockx.worker.config_model`, the model ``blockx.Worker()`` uses too),
+from these layers, lowest precedence first::
 
     one executor per core (the CLI's default) <- config file <- environment
         <- the task file's io: (IO knobs) <- --set <- --executors

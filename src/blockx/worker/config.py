@@ -6,9 +6,10 @@ One frozen dataclass tree, built once at start-up and passed down: the pool,
 the executor adapter, the admission gate and the stream builder read their
 section; the orchestrator builds the core's ``DispatcherConfig`` from
 :meth:`WorkerConfig.dispatcher_kwargs` (the ``dispatcher`` section's fields
-carry the core's field names). :func:`load_config` layers the sources with
-:func:`blockx.worker.config_layers.resolve` (the one model, shared with the IO
-knobs and ``blockx run``)::
+carry the core's field names). :data:`WORKER_SCHEMA` hands these sections to
+the one configuration model (:mod:`blockx.worker.config_model`, shared with the
+IO knobs and ``blockx run``), and :func:`load_config` layers the sources with
+its ``resolve``::
 
     defaults  <-  file (TOML or JSON)  <-  environment  <-  explicit overrides
 
@@ -73,6 +74,7 @@ from blockx.worker.config_kinds import (
     check_section,
     knob,
 )
+from blockx.worker.config_model import Resolution, Schema, api_layers, mapping_layer, resolve
 from blockx.worker.core.config import (
     STALL_TIMEOUT_MARGIN_MS,
     STALL_TIMEOUT_MIN_MARGIN_MS,
@@ -82,10 +84,12 @@ from blockx.worker.core.config import (
 __all__ = [
     "CONFIG_FILE_ENV",
     "HEARTBEAT_TIMEOUT_MARGIN_MS",
+    "IO_TABLES",
     "MAX_DURATION_MS",
     "SECTIONS",
     "STALL_TIMEOUT_MARGIN_MS",
     "STALL_TIMEOUT_MIN_MARGIN_MS",
+    "WORKER_SCHEMA",
     "AdapterConfig",
     "AdmissionConfig",
     "ConfigError",
@@ -94,6 +98,7 @@ __all__ = [
     "StreamBuildConfig",
     "WorkerConfig",
     "auto_memory_limit_mb",
+    "config_file",
     "iter_knobs",
     "knob_table",
     "load_config",
@@ -538,10 +543,23 @@ class WorkerConfig:
 
     def replace(self, **overrides: Any) -> WorkerConfig:
         """A copy with knobs replaced, by dotted name: ``replace(**{"pool.executor_count": 2})``."""
-        from blockx.worker.config_layers import mapping_layer, resolve
+        layer = mapping_layer(
+            (WORKER_SCHEMA,), overrides, source="override", annotate=False, foreign=IO_TABLES
+        )
+        return _worker(resolve((WORKER_SCHEMA,), [layer], bases={"worker": self}))
 
-        layer = mapping_layer(overrides, source="override", annotate=False)
-        return resolve([layer], parts=("worker",), worker_base=self).worker
+
+#: The worker's knobs, for :func:`blockx.worker.config_model.resolve`.
+WORKER_SCHEMA: Final = Schema(part="worker", root=WorkerConfig, sections=SECTIONS)
+#: A configuration file's tables (and dotted names) that are the IO subsystem's
+#: (:mod:`blockx.worker.io.config`): the worker's own loading leaves them alone.
+IO_TABLES: Final = ("io",)
+
+
+def _worker(resolution: Resolution) -> WorkerConfig:
+    config = resolution.configs["worker"]
+    assert isinstance(config, WorkerConfig)
+    return config
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -572,9 +590,20 @@ def load_config(
     read here, and neither are the IO environment variables.
     Raises :class:`ConfigError` listing every bad value.
     """
-    from blockx.worker.config_layers import load_settings
+    environ = os.environ if env is None else env
+    layers = api_layers(
+        (WORKER_SCHEMA,), config_file(path, environ), environ, overrides, foreign=IO_TABLES
+    )
+    return _worker(resolve((WORKER_SCHEMA,), layers))
 
-    return load_settings(path, env=env, overrides=overrides, parts=("worker",)).worker
+
+def config_file(
+    path: str | os.PathLike[str] | None, environ: Mapping[str, str]
+) -> str | os.PathLike[str] | None:
+    """``path``, else the file ``$BLOCKX_CONFIG`` names (unset or blank: none)."""
+    if path is None and environ.get(CONFIG_FILE_ENV, "").strip():
+        return environ[CONFIG_FILE_ENV]
+    return path
 
 
 def knob_table(

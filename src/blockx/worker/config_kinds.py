@@ -11,8 +11,8 @@ sees all their mistakes at once. :mod:`blockx.worker.config` declares the
 sections with these; nothing here knows a knob by name.
 
 The IO subsystem's sections (:mod:`blockx.worker.io.config`) are declared the
-same way, so :mod:`blockx.worker.config_layers` resolves every knob of both with
-one model.
+same way, so :mod:`blockx.worker.config_model` resolves every knob of both with
+one model (:mod:`blockx.worker.config_layers`: both together).
 
 A kind's ``check`` accepts the value in its Python type or as text (a file may
 give ``"4"``), returns it converted, or raises ``ValueError`` whose text is

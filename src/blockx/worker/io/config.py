@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 Declared like the worker's sections (:mod:`blockx.worker.config`): every knob
 is a field made by :func:`~blockx.worker.config_kinds.knob` carrying its kind
-(type and bounds), default, environment variable and meaning, so
-:mod:`blockx.worker.config_layers` resolves IO and worker knobs as one model
-and ``docs/configuration.md``'s IO table is rendered from these fields.
+(type and bounds), default, environment variable and meaning. :data:`IO_SCHEMA`
+hands them to the one configuration model (:mod:`blockx.worker.config_model`),
+which resolves IO and worker knobs alike (both together:
+:mod:`blockx.worker.config_layers`), and ``docs/configuration.md``'s IO table is
+rendered from these fields.
 Building a section directly runs the same checks (:func:`check_section`) and
 the cross-knob ones (``engine='postgres'`` needs a DSN).
 
@@ -29,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from blockx.worker.config_kinds import Checked, ConfigError, check_section, knob
+from blockx.worker.config_model import Schema, environment_layer, mapping_layer, resolve
 
 __all__ = [
+    "IO_SCHEMA",
     "BlockDBConfig",
     "IOConfig",
     "IOConfigError",
@@ -365,6 +369,17 @@ def iter_io_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
                 yield section, f.name, f
 
 
+#: The IO knobs, for :func:`blockx.worker.config_model.resolve`: named ``io.*``, in a
+#: configuration file under ``[io]``, ``[io.blockdb]``, ``[io.rpc]``.
+IO_SCHEMA: Final = Schema(
+    part="io",
+    root=IOConfig,
+    sections=IO_SECTIONS,
+    prefix="io",
+    title="IO",
+    unknown_knob="{prefix}{name}: unknown knob",
+)
+
 #: (section, knob) -> environment variable (read from the fields).
 ENV_VARS: Final[dict[tuple[str, str], str]] = {
     (section, name): f.metadata["env"] for section, name, f in iter_io_knobs()
@@ -383,16 +398,17 @@ def load_io_config(
     ``mapping`` is ``{"data_dir": ..., "cache_max_entries": ..., "blockdb": {...},
     "rpc": {"endpoints": {...}, ...}}``. Raises :class:`IOConfigError` naming every
     bad or unknown knob (a bad variable by its name). The layering is
-    :func:`blockx.worker.config_layers.resolve`'s, as for every knob.
+    :func:`blockx.worker.config_model.resolve`'s, as for every knob.
     """
-    from blockx.worker.config_layers import environment_layer, mapping_layer, resolve
-
     environ = os.environ if env is None else env
+    schemas = (IO_SCHEMA,)
     layers = [
-        mapping_layer(mapping or {}, source="mapping", annotate=False, io_only=True),
-        environment_layer(environ),
+        mapping_layer(schemas, mapping or {}, source="mapping", annotate=False, within=IO_SCHEMA),
+        environment_layer(schemas, environ),
     ]
     try:
-        return resolve(layers, parts=("io",), io_base=base).io
+        config = resolve(schemas, layers, bases={"io": base}).configs["io"]
     except ConfigError as exc:
         raise IOConfigError(exc.problems) from None
+    assert isinstance(config, IOConfig)
+    return config
