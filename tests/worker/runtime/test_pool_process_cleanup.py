@@ -226,7 +226,9 @@ def test_kill_orphans_spares_processes_of_live_workers(tmp_path: Path) -> None:
         sleepers[name] = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
     try:
         killed = process_tree.kill_orphans()
-        assert sleepers["dead"].pid in killed and sleepers["live"].pid not in killed
+        # The dead worker's process is killed -- by this call, or by a pool another test
+        # started at this moment (kill_orphans is machine-wide); the live one never.
+        assert sleepers["live"].pid not in killed
         assert sleepers["dead"].wait(timeout=10) == -signal.SIGKILL
         assert sleepers["live"].poll() is None
         assert process_tree.kill_marked(live_mark) == [sleepers["live"].pid]
