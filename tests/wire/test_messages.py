@@ -214,3 +214,9 @@ def test_a_completed_payload_is_validated_with_its_output():
         "taskId": "t", "attemptSeq": 2, "output": {"sum": [1, 2**70]}, "budgetUsedMs": 0,
         "debugOutput": None, "effectiveExecutionDurationUs": 0, "queueWaitUs": 4,
     }  # fmt: skip
+
+
+def test_a_payload_that_is_not_json_is_a_payload_error():
+    with pytest.raises(PayloadError) as info:
+        validate(HeartbeatPayload, {"executorId": "e", "heartbeatSeq": 1, "x": object()})
+    assert info.value.key == "payload" and info.value.problem.startswith("is not JSON")

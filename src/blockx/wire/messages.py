@@ -91,7 +91,11 @@ def validate(cls: type[S], payload: Any) -> S:
     try:
         # Through JSON, not msgspec.convert: the value is what its bytes decode to,
         # a CallCompleted's output (a msgspec.Raw) included.
-        value: S = decoder.decode(msgspec.json.encode(dict(payload)))
+        body = msgspec.json.encode(dict(payload))
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise PayloadError(message_type, keys.F_PAYLOAD, f"is not JSON: {exc}") from None
+    try:
+        value: S = decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise _payload_error(message_type, exc) from None
     if cls is schema.CallWaitingPayload:

@@ -5,7 +5,7 @@
 ``drain_outbox``. It answers ``CallWaiting(function_code)`` from the sources it
 was given (so tests exercise the real fetch path) unless ``auto_code=False``,
 and it checks the protocol's invariants on every frame it sees: each frame
-carries ``executorId`` and validates as its typed payload, and no attempt gets
+carries ``executorId`` and validates into its wire-schema payload, and no attempt gets
 two terminal frames.
 """
 
