@@ -88,6 +88,29 @@ def test_each_message_is_defined_once_in_blockx_wire() -> None:
             assert not issubclass(value, msgspec.Struct), f"{module.__name__}.{name}"
 
 
+#: docs/protocol.md, "Required payload keys": the members a payload may not leave out
+#: (a CallCompleted's output is checked by the worker; the schema marks it missing).
+REQUIRED = {
+    keys.MT_EXECUTE_CALL: {"taskId", "functionId", "functionCodeDigest"},
+    keys.MT_RESUME_CALL: {"resumeKind"},
+    keys.MT_CANCEL_CALL: set(),
+    keys.MT_HEARTBEAT_ACK: set(),
+    keys.MT_CALL_WAITING: {"taskId", "waitKind"},
+    keys.MT_CALL_COMPLETED: {"attemptSeq"},
+    keys.MT_CALL_FAILED: {"attemptSeq", "errorKind"},
+    keys.MT_HEARTBEAT: {"executorId", "heartbeatSeq"},
+}
+
+
+def test_required_members_are_the_protocols() -> None:
+    rules = PROTOCOL.split("**Required payload keys**", 1)[1].split("\n- **", 1)[0]
+    for message_type, payload in schema.PAYLOADS.items():
+        required = {f.encode_name for f in msgspec.structs.fields(payload) if f.required}
+        assert required == REQUIRED[message_type], message_type
+        for key in required:
+            assert f"`{key}`" in rules, (message_type, key)
+
+
 def test_the_slow_path_validates_into_the_schema_and_shares_its_required_members() -> None:
     # The worker refuses a terminal frame without attemptSeq (docs/protocol.md lists it
     # in both payloads); the schema requires it there too.

@@ -19,9 +19,9 @@ Required-ness follows the receivers. ``attemptSeq`` is required in
 ``CallCompleted`` and ``CallFailed`` (the worker refuses a terminal frame
 without one: ``blockx/worker/link/handlers.py``, ``call_frame_error``) and
 defaults to 1 in ``ExecuteCall`` and ``CallWaiting``, where the receivers have
-always accepted it left out. ``CallCompleted.taskId`` may be left out (the worker
-does not need it); ``CallFailed.taskId`` is required of the executor, which
-always writes it (the worker's ``call_frame_error`` still tolerates it missing).
+always accepted it left out. ``taskId`` may be left out of ``CallCompleted`` and
+``CallFailed`` (the worker does not need it there; the executor always writes
+it). docs/protocol.md, "Required payload keys", says the same.
 
 Who uses them:
 
@@ -271,7 +271,7 @@ class CallCompleted(msgspec.Struct, tag=keys.MT_CALL_COMPLETED, tag_field=_TAG):
 class CallFailedPayload(msgspec.Struct, kw_only=True):
     """The attempt ended without an output. ``debugOutput`` only for a debug call."""
 
-    taskId: str
+    taskId: str | None = None
     attemptSeq: int
     errorKind: str
     retryable: bool = False
