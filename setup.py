@@ -50,7 +50,7 @@ STAMP = Path("blockx") / "_native_build.json"
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
 #: ``io/answers``), the error modules, and what is not per call (pool,
 #: spawner, sandbox, rpc, postgres, config);
-#: the wire -- ``messages`` (dataclass machinery, not per call), ``schema`` (msgspec
+#: the wire -- ``messages`` (the slow paths' validation, not per call), ``schema`` (msgspec
 #: Structs, whose ``tag=`` mypyc drops), ``type_params`` (a branch for type checkers
 #: only, which mypyc would take for unreachable), ``errors``.
 NATIVE_MODULES = [

@@ -6,11 +6,11 @@ Rows:
 * ``encode`` / ``decode``: envelope dict <-> JSON bytes with each library.
 * ``blockx.wire frame``: what the protocol code really does per frame
   (``encode_frame``; ``FrameDecoder.feed`` of a 64-frame batch, per frame).
-* ``typed payload``: building the validated dataclass ``ExecuteCall``/``CallCompleted``
-  (``blockx.wire.messages``) from the decoded dict, against the wire schema's
-  Structs (``blockx.wire.schema``: the envelope encoded from, and decoded straight
-  into, a ``Struct``; a ``CallCompleted``'s output stays raw JSON). This is why the
-  hot paths decode into the schema's Structs and the dataclasses are for validation.
+* ``validated payload``: the slow paths' validation of the decoded payload dict into
+  the schema's payload Struct (``blockx.wire.validate``), against the wire schema's
+  Structs themselves (``blockx.wire.schema``: the envelope encoded from, and decoded
+  straight into, a ``Struct``; a ``CallCompleted``'s output stays raw JSON). This is
+  why the hot paths decode bytes into the Structs and validation is for slow paths.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def main() -> None:
     ms_encoder = msgspec.json.Encoder()
     ms_decoder = msgspec.json.Decoder()
     for name, env, typed, struct in (
-        ("ExecuteCall", EXECUTE_CALL, wire.ExecuteCall, schema.ExecuteCall),
-        ("CallCompleted", CALL_COMPLETED, wire.CallCompleted, schema.CallCompleted),
+        ("ExecuteCall", EXECUTE_CALL, schema.ExecuteCallPayload, schema.ExecuteCall),
+        ("CallCompleted", CALL_COMPLETED, schema.CallCompletedPayload, schema.CallCompleted),
     ):
         body = orjson.dumps(env)
         frame = wire.encode_frame(env)
@@ -132,9 +132,9 @@ def main() -> None:
         rows.append(
             (
                 name,
-                "typed payload (dataclass from dict)",
+                "validated payload (Struct from dict)",
                 float("nan"),
-                rate(lambda typed=typed, payload=payload: typed.from_wire(payload), seconds),
+                rate(lambda typed=typed, payload=payload: wire.validate(typed, payload), seconds),
             )
         )
         rows.append(

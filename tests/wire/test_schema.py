@@ -1,8 +1,11 @@
-"""The wire schema (blockx.wire.schema): one Struct per message of docs/protocol.md, its
-keys those of blockx.wire.keys and the protocol, its bytes what the generic path reads."""
+"""The wire schema (blockx.wire.schema): one Struct per message of docs/protocol.md, defined
+nowhere else, its keys those of blockx.wire.keys and the protocol, its bytes what the generic
+path reads, its defaults and required members what the receivers apply."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 from pathlib import Path
 from typing import Any
@@ -10,17 +13,23 @@ from typing import Any
 import msgspec
 import pytest
 
+import blockx.wire
+from blockx.executor.context import ExecContext
 from blockx.wire import (
-    PAYLOAD_TYPES,
     FrameDecoder,
+    PayloadError,
     decode_frame,
     encode_frame,
     keys,
     loads_wire,
     parse_message,
     schema,
+    validate,
+    validate_payload,
 )
 from blockx.wire.frames import typed_hook
+from blockx.wire.messages import to_wire
+from blockx.worker.link.handlers import call_frame_error
 
 PROTOCOL = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 
@@ -64,11 +73,86 @@ def test_call_messages_require_a_call_id_and_resume_call_a_request_id() -> None:
         assert required == expected, message_type
 
 
-def test_the_payload_members_are_the_validated_dataclasses_keys() -> None:
-    # blockx.wire.messages keeps the slow path's validated form: the same keys.
+def test_each_message_is_defined_once_in_blockx_wire() -> None:
+    # Issue #17: the schema is the one definition; no other module of blockx.wire
+    # declares a class for a message or its payload, nor a Struct of its own.
+    names = {name for t in keys.MESSAGE_TYPES for name in (t, t + "Payload")}
+    for info in pkgutil.iter_modules(blockx.wire.__path__):
+        module = importlib.import_module(f"blockx.wire.{info.name}")
+        for name, value in vars(module).items():
+            if not isinstance(value, type) or value.__module__ != module.__name__:
+                continue
+            if module is schema:
+                continue
+            assert name not in names, f"{module.__name__}.{name} defines a message again"
+            assert not issubclass(value, msgspec.Struct), f"{module.__name__}.{name}"
+
+
+#: docs/protocol.md, "Required payload keys": the members a payload may not leave out
+#: (a CallCompleted's output is checked by the worker; the schema marks it missing).
+REQUIRED = {
+    keys.MT_EXECUTE_CALL: {"taskId", "functionId", "functionCodeDigest"},
+    keys.MT_RESUME_CALL: {"resumeKind"},
+    keys.MT_CANCEL_CALL: set(),
+    keys.MT_HEARTBEAT_ACK: set(),
+    keys.MT_CALL_WAITING: {"taskId", "waitKind"},
+    keys.MT_CALL_COMPLETED: {"attemptSeq"},
+    keys.MT_CALL_FAILED: {"attemptSeq", "errorKind"},
+    keys.MT_HEARTBEAT: {"executorId", "heartbeatSeq"},
+}
+
+
+def test_required_members_are_the_protocols() -> None:
+    rules = PROTOCOL.split("**Required payload keys**", 1)[1].split("\n- **", 1)[0]
     for message_type, payload in schema.PAYLOADS.items():
-        dataclass_keys = {key for _n, key, _c, _r in PAYLOAD_TYPES[message_type]._fields()}
-        assert set(members(payload)) == dataclass_keys, message_type
+        required = {f.encode_name for f in msgspec.structs.fields(payload) if f.required}
+        assert required == REQUIRED[message_type], message_type
+        for key in required:
+            assert f"`{key}`" in rules, (message_type, key)
+
+
+def test_the_slow_path_validates_into_the_schema_and_shares_its_required_members() -> None:
+    # The worker refuses a terminal frame without attemptSeq (docs/protocol.md lists it
+    # in both payloads); the schema requires it there too.
+    completed = {keys.FP_TASK_ID: "t", keys.FP_OUTPUT: 1}
+    failed = {keys.FP_TASK_ID: "t", keys.FP_ERROR_KIND: "user_error"}
+    for message_type, payload in (
+        (keys.MT_CALL_COMPLETED, completed),
+        (keys.MT_CALL_FAILED, failed),
+    ):
+        assert "attemptSeq" in (call_frame_error(message_type, "c1", payload) or "")
+        with pytest.raises(PayloadError) as info:
+            validate_payload(message_type, payload)
+        assert info.value.key == keys.FP_ATTEMPT_SEQ
+        ok = validate_payload(message_type, {**payload, keys.FP_ATTEMPT_SEQ: 2})
+        assert type(ok) is schema.PAYLOADS[message_type] and ok.attemptSeq == 2
+        assert call_frame_error(message_type, "c1", {**payload, keys.FP_ATTEMPT_SEQ: 2}) is None
+
+
+def test_the_executor_fills_a_left_out_execute_call_key_with_the_schemas_default() -> None:
+    # The executor's generic path (ExecContext.from_execute_call) and the schema agree on
+    # what every optional ExecuteCall member means when the worker leaves it out.
+    required = {
+        keys.FP_TASK_ID: "t",
+        keys.FP_FUNCTION_ID: "f",
+        keys.FP_FUNCTION_CODE_DIGEST: DIGEST,
+    }
+    ctx = ExecContext.from_execute_call("c1", dict(required), clock=lambda: 0.0)
+    defaults = schema.ExecuteCallPayload(**required)
+    assert (ctx.entry_selector, ctx.args, ctx.call_key, ctx.parent_call_id) == (
+        defaults.entrySelector,
+        defaults.args,
+        defaults.callKey,
+        defaults.parentCallId,
+    )
+    assert list(ctx.ancestry) == defaults.ancestry
+    assert (ctx.budget_ms, ctx.attempt_seq, ctx.audit) == (
+        defaults.callBudgetMs,
+        defaults.attemptSeq,
+        defaults.audit,
+    )
+    assert (ctx.debug_capture is not None) == defaults.debug
+    assert validate(schema.ExecuteCallPayload, required) == defaults
 
 
 def samples() -> list[Any]:
@@ -165,7 +249,7 @@ def test_a_schema_envelope_is_what_the_generic_path_reads(envelope: Any) -> None
     assert message.message_type == type(envelope).__name__
     assert message.call_id == getattr(envelope, "callId", None)
     written = loads_wire(body)[keys.F_PAYLOAD]
-    validated = message.payload.to_wire()
+    validated = to_wire(message.payload)
     assert {key: validated[key] for key in written} == written  # every member, as written
     # And the schema decodes the bytes back: every member it declares, as written (a
     # CallCompleted's timings are not read).

@@ -53,6 +53,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import msgspec
 from greenlet import getcurrent
 
 from blockx.wire.errors import PayloadError
@@ -84,7 +85,8 @@ from blockx.wire.keys import (
     WAIT_IO,
     WAIT_SUBCALL,
 )
-from blockx.wire.messages import ExecuteCall, RemoteError
+from blockx.wire.messages import RemoteError, validate
+from blockx.wire.schema import ExecuteCallPayload
 
 from .errors import (
     REASON_BUDGET_EXHAUSTED,
@@ -306,22 +308,23 @@ def _is_str_list(value: Any) -> bool:
     return True
 
 
-#: What an ExecuteCall payload key means when it is left out (None for the required
-#: ones: the type check refuses it).
-_EXECUTE_CALL_DEFAULTS: Final = {
-    FP_TASK_ID: None,
-    FP_FUNCTION_ID: None,
-    FP_FUNCTION_CODE_DIGEST: None,
-    FP_ENTRY_SELECTOR: "",
-    FP_ARGS: None,
-    FP_PARENT_CALL_ID: None,
-    FP_CALL_KEY: "",
-    FP_ANCESTRY: (),
-    FP_CALL_BUDGET_MS: 0,
-    FP_ATTEMPT_SEQ: 1,
-    FP_AUDIT: None,
-    FP_DEBUG: False,
-}
+def _execute_call_defaults() -> dict[str, Any]:
+    """What each ExecuteCall payload key means when it is left out: the wire schema's
+    default (:class:`~blockx.wire.schema.ExecuteCallPayload`), None for a required key
+    (the type check refuses it), ``()`` for an empty-list default (no list shared)."""
+    defaults: dict[str, Any] = {}
+    for member in msgspec.structs.fields(ExecuteCallPayload):
+        if member.required:
+            default: Any = None
+        elif member.default_factory is list:
+            default = ()
+        else:
+            default = member.default
+        defaults[member.encode_name] = default
+    return defaults
+
+
+_EXECUTE_CALL_DEFAULTS: Final = _execute_call_defaults()
 
 
 class ExecContext:
@@ -444,7 +447,8 @@ class ExecContext:
         Raises :class:`InvalidExecuteCall` naming the bad key (and carrying the
         ``taskId`` / ``attemptSeq`` it could read); nothing is kept.
         The common case is checked inline (no dataclass per frame); a failure
-        is re-checked with :class:`blockx.wire.messages.ExecuteCall` for its message.
+        is re-checked against the wire schema (:func:`blockx.wire.messages.validate`)
+        for its message.
         """
         fields = payload
         while type(fields) is dict:
@@ -622,11 +626,11 @@ class ExecContext:
 def _describe_invalid_execute_call(payload: Any) -> str:
     """The precise reason an ExecuteCall payload was refused (slow path only)."""
     try:
-        parsed = ExecuteCall.from_wire(payload)
+        parsed = validate(ExecuteCallPayload, payload)
     except PayloadError as exc:
         return str(exc)
-    if parsed.call_budget_ms < 0:
+    if parsed.callBudgetMs < 0:
         return f"{MT_EXECUTE_CALL}: {FP_CALL_BUDGET_MS}: must be >= 0"
-    if parsed.attempt_seq < 1:
+    if parsed.attemptSeq < 1:
         return f"{MT_EXECUTE_CALL}: {FP_ATTEMPT_SEQ}: must be >= 1"
     return f"{MT_EXECUTE_CALL}: malformed payload"

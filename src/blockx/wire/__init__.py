@@ -7,9 +7,11 @@ IO-free: frames are built and parsed here, sockets live with their owners.
   ``decode_frame``.
 * :mod:`~blockx.wire.values` — ``dumps_wire`` / ``loads_wire``: strict JSON for user values.
 * :mod:`~blockx.wire.schema` — every message as a ``msgspec.Struct``, defined once: what
-  the typed decoders decode into and the worker's pre-encoded ``ExecuteCall`` is cut from.
-* :mod:`~blockx.wire.messages` — validated payload dataclasses, ``build_envelope``,
-  ``parse_message`` (the slow paths').
+  the typed decoders decode into, what received payloads are validated into, and what
+  the worker's pre-encoded ``ExecuteCall`` is cut from.
+* :mod:`~blockx.wire.messages` — no message of its own: ``validate`` (a payload dict
+  into its schema Struct, errors naming the key), ``RemoteError`` (the value of
+  ``ResumeCall.error``), ``build_envelope``, ``parse_message`` (the slow paths').
 * :mod:`~blockx.wire.errors` — ``ProtocolError`` (peer misbehaved) and
   ``EncodeError`` (caller misused us).
 """
@@ -43,51 +45,33 @@ from .frames import (
     encode_frame,
 )
 from .messages import (
-    PAYLOAD_TYPES,
-    CallCompleted,
-    CallFailed,
-    CallWaiting,
-    CancelCall,
-    ExecuteCall,
-    Heartbeat,
-    HeartbeatAck,
     Message,
-    Payload,
     RemoteError,
-    ResumeCall,
     build_envelope,
     parse_message,
+    validate,
+    validate_payload,
 )
 from .values import dumps_wire, loads_wire
 
 __all__ = [
     "HEADER_SIZE",
     "MAX_FRAME_BYTES",
-    "PAYLOAD_TYPES",
     "SIDECAR_MAGIC",
-    "CallCompleted",
-    "CallFailed",
-    "CallWaiting",
-    "CancelCall",
     "EncodeError",
     "EnvelopeNotObjectError",
-    "ExecuteCall",
     "Frame",
     "FrameDecoder",
     "FrameEncodingError",
     "FrameJSONError",
     "FrameTooLargeError",
-    "Heartbeat",
-    "HeartbeatAck",
     "Message",
     "MissingMessageTypeError",
     "NotSerializableError",
-    "Payload",
     "PayloadError",
     "PayloadTooLargeError",
     "ProtocolError",
     "RemoteError",
-    "ResumeCall",
     "SidecarHeaderError",
     "TruncatedFrameError",
     "UnknownMessageTypeError",
@@ -102,4 +86,6 @@ __all__ = [
     "loads_wire",
     "parse_message",
     "schema",
+    "validate",
+    "validate_payload",
 ]

@@ -1,196 +1,141 @@
-"""Typed messages: one frozen dataclass per payload of docs/protocol.md.
+"""Checked messages: a received payload validated into its wire-schema Struct; envelopes.
 
-The hot paths of the worker and the executor read envelopes as plain dicts with
-the constants of :mod:`blockx.wire.keys` (bench/wire_codec.py measured building
-a dataclass per frame at several times the cost of decoding it). These classes
-are the checked, documented form of the same messages: ``to_wire()`` gives the
-payload dict, ``from_wire(payload)`` validates one and raises
-:class:`~blockx.wire.errors.PayloadError` naming the key. Unknown keys are
-ignored, as the protocol says.
+Theory of operation
+-------------------
+Every message is defined once, in :mod:`blockx.wire.schema` (a ``msgspec.Struct``
+per payload, members named by docs/protocol.md's keys, with their types,
+defaults and required-ness). This module defines no message again; it holds what
+the slow paths do with them:
 
-:class:`Message` bundles an envelope with its typed payload;
-:func:`parse_message` turns a decoded :class:`~blockx.wire.frames.Frame` into
-one, and :func:`build_envelope` is the one place envelopes are assembled.
+* :func:`validate` turns a received payload (a decoded dict) into its schema
+  Struct, exactly as msgspec would decode those bytes (so a bool is not an int, an
+  int is a float, unknown keys are ignored), plus the checks a type cannot say
+  (:func:`_check_call_waiting`: what each ``waitKind`` needs). A bad payload raises
+  :class:`~blockx.wire.errors.PayloadError` naming the key (``is required``, or
+  msgspec's ``Expected `int`, got `bool```);
+* :func:`to_wire` gives a Struct back as the payload dict (``output`` decoded);
+* :class:`RemoteError` is the value of ``ResumeCall.error`` (``{"kind",
+  "message", "retryable"}``), which the worker passes around as an error, not a
+  message;
+* :func:`build_envelope` assembles an envelope dict; :func:`parse_message`
+  validates a decoded :class:`~blockx.wire.frames.Frame` into a :class:`Message`.
+
+The hot paths never come here: they read dicts with :mod:`blockx.wire.keys` or
+decode straight into the schema's Structs (``blockx/executor/execute_frames.py``,
+``blockx/worker/link/completed_frames.py``). The users are the worker's Heartbeat
+(once a second per executor), the executor's refusal of a malformed
+``ExecuteCall`` (its message) and of a malformed ``ResumeCall.error``, and tests.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
-from . import keys
+import msgspec
+
+from . import keys, schema
 from .errors import PayloadError, UnknownMessageTypeError
 from .frames import Frame
+from .values import loads_wire
 
 __all__ = [
-    "PAYLOAD_TYPES",
-    "CallCompleted",
-    "CallFailed",
-    "CallWaiting",
-    "CancelCall",
-    "ExecuteCall",
-    "Heartbeat",
-    "HeartbeatAck",
     "Message",
-    "Payload",
     "RemoteError",
-    "ResumeCall",
     "build_envelope",
     "parse_message",
+    "to_wire",
+    "validate",
+    "validate_payload",
 ]
 
-_MISSING: Any = dataclasses.MISSING
+S = TypeVar("S", bound=msgspec.Struct)
 
-
-# --- value checks ----------------------------------------------------------------
-
-Check = Callable[[Any], bool]
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
-def _is_any(v: Any) -> bool:
-    return True
-
-
-def _is_object(v: Any) -> bool:
-    return isinstance(v, dict)
-
-
-def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-def _is_int_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(_is_int(x) for x in v.values())
-
-
-def _optional(check: Check) -> Check:
-    def optional_check(v: Any) -> bool:
-        return v is None or check(v)
-
-    optional_check.__name__ = f"{check.__name__} or null"
-    return optional_check
-
-
-_DESCRIPTIONS = {
-    _is_str: "a string",
-    _is_int: "an integer",
-    _is_number: "a number",
-    _is_bool: "a boolean",
-    _is_any: "any JSON value",
-    _is_object: "an object",
-    _is_str_list: "a list of strings",
-    _is_int_map: "an object of integers",
+#: Payload Struct → its ``messageType`` (for the errors' messages).
+_MESSAGE_TYPE_OF: Final[dict[type[Any], str]] = {
+    payload: message_type for message_type, payload in schema.PAYLOADS.items()
 }
+_MESSAGE_TYPE_OF[schema.CallCompletedPayload] = keys.MT_CALL_COMPLETED
+
+_MISSING: Final = re.compile(r"missing required field `(\w+)`")
+_AT_KEY: Final = re.compile(r"(.*) - at `\$\.(\w+)")
+
+# One decoder per payload Struct, made on first use.
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 
-def _describe(check: Check) -> str:
-    if check in _DESCRIPTIONS:
-        return _DESCRIPTIONS[check]
-    return check.__name__.replace("_is_", "").replace("_", " ")
+def _payload_error(message_type: str, exc: msgspec.ValidationError) -> PayloadError:
+    text = str(exc)
+    missing = _MISSING.search(text)
+    if missing is not None and " - at `" not in text:
+        return PayloadError(message_type, missing.group(1), "is required")
+    at = _AT_KEY.match(text)
+    if at is not None:
+        return PayloadError(message_type, at.group(2), at.group(1))
+    return PayloadError(message_type, keys.F_PAYLOAD, text)
 
 
-def wire(key: str, check: Check, default: Any = _MISSING) -> Any:
-    """A dataclass field travelling under ``key``; required unless it has a default."""
-    if isinstance(default, (list, dict)):
-        value = default
-        return field(
-            default_factory=lambda: type(value)(value), metadata={"key": key, "check": check}
+def validate(cls: type[S], payload: Any) -> S:
+    """``payload`` (a received payload object) as the schema Struct ``cls``.
+
+    Raises :class:`~blockx.wire.errors.PayloadError` naming the key at fault.
+    """
+    message_type = _MESSAGE_TYPE_OF[cls]
+    if not isinstance(payload, Mapping):
+        raise PayloadError(message_type, keys.F_PAYLOAD, "must be an object")
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        decoder = _DECODERS[cls] = msgspec.json.Decoder(cls)
+    try:
+        # Through JSON, not msgspec.convert: the value is what its bytes decode to,
+        # a CallCompleted's output (a msgspec.Raw) included.
+        body = msgspec.json.encode(dict(payload))
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise PayloadError(message_type, keys.F_PAYLOAD, f"is not JSON: {exc}") from None
+    try:
+        value: S = decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _payload_error(message_type, exc) from None
+    if cls is schema.CallWaitingPayload:
+        _check_call_waiting(value)  # type: ignore[arg-type]
+    return value
+
+
+def validate_payload(message_type: str, payload: Any) -> Any:
+    """:func:`validate` for the payload Struct of ``message_type`` (a known one)."""
+    return validate(schema.PAYLOADS[message_type], payload)
+
+
+def _check_call_waiting(payload: schema.CallWaitingPayload) -> None:
+    """What each ``waitKind`` needs (docs/protocol.md, ``CallWaiting``)."""
+    mt = keys.MT_CALL_WAITING
+    wait_kind = payload.waitKind
+    if wait_kind not in keys.WAIT_KINDS:
+        raise PayloadError(mt, keys.FP_WAIT_KIND, f"unknown {wait_kind!r}")
+    if wait_kind == keys.WAIT_IO:
+        if payload.ioKind not in keys.IO_KINDS:
+            raise PayloadError(mt, keys.FP_IO_KIND, "must be read, write or capability")
+        if payload.backend is None or payload.operation is None:
+            raise PayloadError(mt, keys.FP_BACKEND, "io waits need backend and operation")
+    elif wait_kind == keys.WAIT_SUBCALL:
+        if payload.functionId is None:
+            raise PayloadError(mt, keys.FP_FUNCTION_ID, "subcall waits need it")
+    elif payload.functionId is None or payload.functionCodeDigest is None:
+        raise PayloadError(
+            mt, keys.FP_FUNCTION_CODE_DIGEST, "function_code waits need functionId and digest"
         )
-    return field(default=default, metadata={"key": key, "check": check})
 
 
-T = TypeVar("T", bound="Payload")
-
-
-class Payload:
-    """Base of the typed payloads. Subclasses are frozen slotted dataclasses."""
-
-    __slots__ = ()
-    message_type: ClassVar[str]
-    _wire_fields: ClassVar[tuple[tuple[str, str, Check, bool], ...]]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-
-    @classmethod
-    def _fields(cls) -> tuple[tuple[str, str, Check, bool], ...]:
-        cached: tuple[tuple[str, str, Check, bool], ...] | None = cls.__dict__.get("_wire_cache")
-        if cached is None:
-            cached = tuple(
-                (
-                    f.name,
-                    f.metadata["key"],
-                    f.metadata["check"],
-                    f.default is _MISSING and f.default_factory is _MISSING,
-                )
-                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            )
-            type.__setattr__(cls, "_wire_cache", cached)
-        return cached
-
-    def to_wire(self) -> dict[str, Any]:
-        """The payload as a dict with docs/protocol.md's keys."""
-        return {key: getattr(self, name) for name, key, _check, _required in self._fields()}
-
-    @classmethod
-    def from_wire(cls: type[T], payload: Mapping[str, Any]) -> T:
-        """Validate and convert a received payload. Unknown keys are ignored."""
-        if not isinstance(payload, Mapping):
-            raise PayloadError(cls.message_type, keys.F_PAYLOAD, "must be an object")
-        values: dict[str, Any] = {}
-        for name, key, check, required in cls._fields():
-            if key in payload:
-                value = payload[key]
-                if not check(value):
-                    raise PayloadError(
-                        cls.message_type,
-                        key,
-                        f"must be {_describe(check)}, got {type(value).__name__}",
-                    )
-                values[name] = value
-            elif required:
-                raise PayloadError(cls.message_type, key, "is required")
-        return cls(**values)
-
-
-# --- worker → executor -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExecuteCall(Payload):
-    """Run one attempt of a call. The source is not sent: only its digest."""
-
-    message_type: ClassVar[str] = keys.MT_EXECUTE_CALL
-    task_id: str = wire(keys.FP_TASK_ID, _is_str)
-    function_id: str = wire(keys.FP_FUNCTION_ID, _is_str)
-    function_code_digest: str = wire(keys.FP_FUNCTION_CODE_DIGEST, _is_str)
-    entry_selector: str = wire(keys.FP_ENTRY_SELECTOR, _is_str, "")
-    args: Any = wire(keys.FP_ARGS, _is_any, None)
-    parent_call_id: str | None = wire(keys.FP_PARENT_CALL_ID, _optional(_is_str), None)
-    call_key: str = wire(keys.FP_CALL_KEY, _is_str, "")
-    ancestry: list[str] = wire(keys.FP_ANCESTRY, _is_str_list, [])
-    call_budget_ms: int = wire(keys.FP_CALL_BUDGET_MS, _is_int, 0)
-    attempt_seq: int = wire(keys.FP_ATTEMPT_SEQ, _is_int, 1)
-    audit: dict[str, Any] | None = wire(keys.FP_AUDIT, _optional(_is_object), None)
-    debug: bool = wire(keys.FP_DEBUG, _is_bool, False)
+def to_wire(payload: msgspec.Struct) -> dict[str, Any]:
+    """A schema payload Struct as the payload dict (docs/protocol.md's keys; a
+    ``msgspec.Raw`` member decoded)."""
+    wire = msgspec.structs.asdict(payload)
+    for key, value in wire.items():
+        if type(value) is msgspec.Raw:
+            wire[key] = None if value is schema.MISSING_OUTPUT else loads_wire(value)
+    return wire
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,152 +169,8 @@ class RemoteError:
         return cls(kind=kind, message=message, retryable=retryable)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeCall(Payload):
-    """The answer to a CallWaiting: a result or an error (envelope requestId = the pending one)."""
-
-    message_type: ClassVar[str] = keys.MT_RESUME_CALL
-    resume_kind: str = wire(keys.FP_RESUME_KIND, _is_str)
-    result: Any = wire(keys.FP_RESULT, _is_any, None)
-    error: dict[str, Any] | None = wire(keys.FP_ERROR, _optional(_is_object), None)
-    budget_used_ms: int = wire(keys.FP_BUDGET_USED_MS, _is_int, 0)
-
-    def remote_error(self) -> RemoteError | None:
-        return None if self.error is None else RemoteError.from_wire(self.error)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CancelCall(Payload):
-    """Best-effort cancellation of one attempt."""
-
-    message_type: ClassVar[str] = keys.MT_CANCEL_CALL
-    reason: str = wire(keys.FP_REASON, _is_str, keys.DEFAULT_CANCEL_REASON)
-    attempt_seq: int = wire(keys.FP_ATTEMPT_SEQ, _is_int, 0)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeartbeatAck(Payload):
-    """Empty; losing it is harmless."""
-
-    message_type: ClassVar[str] = keys.MT_HEARTBEAT_ACK
-
-
-# --- executor → worker -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallWaiting(Payload):
-    """A call suspended on IO, a sub-call or a code fetch."""
-
-    message_type: ClassVar[str] = keys.MT_CALL_WAITING
-    task_id: str = wire(keys.FP_TASK_ID, _is_str)
-    wait_kind: str = wire(keys.FP_WAIT_KIND, _is_str)
-    attempt_seq: int = wire(keys.FP_ATTEMPT_SEQ, _is_int, 1)
-    # io
-    io_kind: str | None = wire(keys.FP_IO_KIND, _optional(_is_str), None)
-    backend: str | None = wire(keys.FP_BACKEND, _optional(_is_str), None)
-    operation: str | None = wire(keys.FP_OPERATION, _optional(_is_str), None)
-    params: Any = wire(keys.FP_PARAMS, _is_any, None)
-    cache_key: str | None = wire(keys.FP_CACHE_KEY, _optional(_is_str), None)
-    # subcall (functionId also names the function to fetch for function_code)
-    function_id: str | None = wire(keys.FP_FUNCTION_ID, _optional(_is_str), None)
-    args: Any = wire(keys.FP_ARGS, _is_any, None)
-    ancestry: list[str] = wire(keys.FP_ANCESTRY, _is_str_list, [])
-    granted_budget_ms: int = wire(keys.FP_GRANTED_BUDGET_MS, _is_int, 0)
-    # function_code
-    function_code_digest: str | None = wire(keys.FP_FUNCTION_CODE_DIGEST, _optional(_is_str), None)
-
-    def __post_init__(self) -> None:
-        if self.wait_kind not in keys.WAIT_KINDS:
-            raise PayloadError(self.message_type, keys.FP_WAIT_KIND, f"unknown {self.wait_kind!r}")
-        if self.wait_kind == keys.WAIT_IO:
-            if self.io_kind not in keys.IO_KINDS:
-                raise PayloadError(
-                    self.message_type, keys.FP_IO_KIND, "must be read, write or capability"
-                )
-            if self.backend is None or self.operation is None:
-                raise PayloadError(
-                    self.message_type, keys.FP_BACKEND, "io waits need backend and operation"
-                )
-        elif self.wait_kind == keys.WAIT_SUBCALL:
-            if self.function_id is None:
-                raise PayloadError(self.message_type, keys.FP_FUNCTION_ID, "subcall waits need it")
-        elif self.function_id is None or self.function_code_digest is None:
-            raise PayloadError(
-                self.message_type,
-                keys.FP_FUNCTION_CODE_DIGEST,
-                "function_code waits need functionId and digest",
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallCompleted(Payload):
-    """The attempt returned; ``output`` is its JSON value."""
-
-    message_type: ClassVar[str] = keys.MT_CALL_COMPLETED
-    task_id: str = wire(keys.FP_TASK_ID, _is_str)
-    attempt_seq: int = wire(keys.FP_ATTEMPT_SEQ, _is_int, 1)
-    output: Any = wire(keys.FP_OUTPUT, _is_any, None)
-    budget_used_ms: int = wire(keys.FP_BUDGET_USED_MS, _is_int, 0)
-    effective_execution_duration_us: int = wire(keys.FP_EFFECTIVE_EXECUTION_DURATION_US, _is_int, 0)
-    queue_wait_us: int = wire(keys.FP_QUEUE_WAIT_US, _is_int, 0)
-    debug_output: str | None = wire(keys.FP_DEBUG_OUTPUT, _optional(_is_str), None)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CallFailed(Payload):
-    """The attempt ended without an output."""
-
-    message_type: ClassVar[str] = keys.MT_CALL_FAILED
-    task_id: str = wire(keys.FP_TASK_ID, _is_str)
-    attempt_seq: int = wire(keys.FP_ATTEMPT_SEQ, _is_int, 1)
-    error_kind: str = wire(keys.FP_ERROR_KIND, _is_str)
-    retryable: bool = wire(keys.FP_RETRYABLE, _is_bool, False)
-    error_message: str = wire(keys.FP_ERROR_MESSAGE, _is_str, "")
-    error_stack: str | None = wire(keys.FP_ERROR_STACK, _optional(_is_str), None)
-    local_vars: dict[str, Any] | None = wire(keys.FP_LOCAL_VARS, _optional(_is_object), None)
-    budget_used_ms: int = wire(keys.FP_BUDGET_USED_MS, _is_int, 0)
-    debug_output: str | None = wire(keys.FP_DEBUG_OUTPUT, _optional(_is_str), None)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat(Payload):
-    """The executor's periodic report; the first valid one attaches a connection."""
-
-    message_type: ClassVar[str] = keys.MT_HEARTBEAT
-    executor_id: str = wire(keys.FP_EXECUTOR_ID, _is_str)
-    heartbeat_seq: int = wire(keys.FP_HEARTBEAT_SEQ, _is_int)
-    runnable_count: int = wire(keys.FP_RUNNABLE_COUNT, _is_int, 0)
-    inflight_count: int = wire(keys.FP_INFLIGHT_COUNT, _is_int, 0)
-    available_contexts: int = wire(keys.FP_AVAILABLE_CONTEXTS, _is_int, 0)
-    memory_bytes: int = wire(keys.FP_MEMORY_BYTES, _is_int, 0)
-    executor_cpu_utilization: float = wire(keys.FP_EXECUTOR_CPU_UTILIZATION, _is_number, 0.0)
-    executor_cpu_seconds_total: float = wire(keys.FP_EXECUTOR_CPU_SECONDS_TOTAL, _is_number, 0.0)
-    executor_process_instance_id: str = wire(keys.FP_EXECUTOR_PROCESS_INSTANCE_ID, _is_str, "")
-    last_scheduler_active_at_ms: int = wire(keys.FP_LAST_SCHEDULER_ACTIVE_AT_MS, _is_int, 0)
-    running_call_id: str | None = wire(keys.FP_RUNNING_CALL_ID, _optional(_is_str), None)
-    running_for_ms: int = wire(keys.FP_RUNNING_FOR_MS, _is_int, 0)
-    running_call_budget_ms: int = wire(keys.FP_RUNNING_CALL_BUDGET_MS, _is_int, 0)
-    call_state_counts: dict[str, int] = wire(keys.FP_CALL_STATE_COUNTS, _is_int_map, {})
-    sent_at_ms: int = wire(keys.FP_SENT_AT_MS, _is_int, 0)
-
-
-PAYLOAD_TYPES: dict[str, type[Payload]] = {
-    cls.message_type: cls
-    for cls in (
-        ExecuteCall,
-        ResumeCall,
-        CancelCall,
-        HeartbeatAck,
-        CallWaiting,
-        CallCompleted,
-        CallFailed,
-        Heartbeat,
-    )
-}
-
 #: Message types whose envelope must carry a callId.
-_CALL_MESSAGES = frozenset(
+_CALL_MESSAGES: Final = frozenset(
     {
         keys.MT_EXECUTE_CALL,
         keys.MT_RESUME_CALL,
@@ -386,7 +187,7 @@ _CALL_MESSAGES = frozenset(
 
 def build_envelope(
     message_type: str,
-    payload: Mapping[str, Any] | Payload,
+    payload: Mapping[str, Any] | msgspec.Struct,
     *,
     call_id: str | None = None,
     request_id: str | None = None,
@@ -397,7 +198,7 @@ def build_envelope(
     """Assemble an envelope dict; absent optional keys are left out."""
     envelope: dict[str, Any] = {
         keys.F_MESSAGE_TYPE: message_type,
-        keys.F_PAYLOAD: payload.to_wire() if isinstance(payload, Payload) else payload,
+        keys.F_PAYLOAD: to_wire(payload) if isinstance(payload, msgspec.Struct) else payload,
     }
     if call_id is not None:
         envelope[keys.F_CALL_ID] = call_id
@@ -414,10 +215,10 @@ def build_envelope(
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A decoded, validated envelope with its typed payload."""
+    """A decoded, validated envelope with its payload as the schema's Struct."""
 
     message_type: str
-    payload: Payload
+    payload: Any
     call_id: str | None = None
     request_id: str | None = None
     executor_id: str | None = None
@@ -437,10 +238,10 @@ class Message:
         )
 
 
-def _optional_key(message_type: str, envelope: Mapping[str, Any], key: str, check: Check) -> Any:
+def _optional_key(message_type: str, envelope: Mapping[str, Any], key: str, kind: type) -> Any:
     value = envelope.get(key)
-    if value is not None and not check(value):
-        raise PayloadError(message_type, key, f"must be {_describe(check)}")
+    if value is not None and (type(value) is not kind):
+        raise PayloadError(message_type, key, f"must be {kind.__name__}")
     return value
 
 
@@ -453,17 +254,17 @@ def parse_message(frame: Frame) -> Message:
     """
     envelope = frame.envelope
     message_type = envelope[keys.F_MESSAGE_TYPE]
-    payload_type = PAYLOAD_TYPES.get(message_type)
+    payload_type = schema.PAYLOADS.get(message_type)
     if payload_type is None:
         raise UnknownMessageTypeError(message_type)
     if keys.F_PAYLOAD not in envelope and message_type != keys.MT_HEARTBEAT_ACK:
         raise PayloadError(message_type, keys.F_PAYLOAD, "is required")
     raw_payload = envelope.get(keys.F_PAYLOAD)
-    payload = payload_type.from_wire({} if raw_payload is None else raw_payload)
-    call_id = _optional_key(message_type, envelope, keys.F_CALL_ID, _is_str)
+    payload = validate(payload_type, {} if raw_payload is None else raw_payload)
+    call_id = _optional_key(message_type, envelope, keys.F_CALL_ID, str)
     if call_id is None and message_type in _CALL_MESSAGES:
         raise PayloadError(message_type, keys.F_CALL_ID, "is required")
-    request_id = _optional_key(message_type, envelope, keys.F_REQUEST_ID, _is_str)
+    request_id = _optional_key(message_type, envelope, keys.F_REQUEST_ID, str)
     if request_id is None and message_type == keys.MT_RESUME_CALL:
         raise PayloadError(message_type, keys.F_REQUEST_ID, "is required")
     return Message(
@@ -471,8 +272,8 @@ def parse_message(frame: Frame) -> Message:
         payload=payload,
         call_id=call_id,
         request_id=request_id,
-        executor_id=_optional_key(message_type, envelope, keys.F_EXECUTOR_ID, _is_str),
-        sent_at_ms=_optional_key(message_type, envelope, keys.F_SENT_AT_MS, _is_int),
-        trace=_optional_key(message_type, envelope, keys.F_TRACE, _is_object),
+        executor_id=_optional_key(message_type, envelope, keys.F_EXECUTOR_ID, str),
+        sent_at_ms=_optional_key(message_type, envelope, keys.F_SENT_AT_MS, int),
+        trace=_optional_key(message_type, envelope, keys.F_TRACE, dict),
         sidecar=frame.sidecar,
     )

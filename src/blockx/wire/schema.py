@@ -9,7 +9,19 @@ names are docs/protocol.md's keys exactly as written (``callBudgetMs``, not
 ``call_budget_ms``): a Struct's attribute is the key on the wire, with no
 renaming table between them, and ``tests/wire/test_schema.py`` checks every
 one against :mod:`blockx.wire.keys` (still the one place key strings are
-spelled for code that builds dicts) and docs/protocol.md.
+spelled for code that builds dicts) and docs/protocol.md. A member's type,
+default and required-ness are written here and nowhere else: the typed decoders,
+the slow paths' validation (:func:`blockx.wire.messages.validate`) and the
+executor's defaults for an ``ExecuteCall`` key left out
+(``blockx/executor/context.py``) all read them from these classes.
+
+Required-ness follows the receivers. ``attemptSeq`` is required in
+``CallCompleted`` and ``CallFailed`` (the worker refuses a terminal frame
+without one: ``blockx/worker/link/handlers.py``, ``call_frame_error``) and
+defaults to 1 in ``ExecuteCall`` and ``CallWaiting``, where the receivers have
+always accepted it left out. ``taskId`` may be left out of ``CallCompleted`` and
+``CallFailed`` (the worker does not need it there; the executor always writes
+it). docs/protocol.md, "Required payload keys", says the same.
 
 Who uses them:
 
@@ -20,6 +32,8 @@ Who uses them:
   executor's JSON bytes, a ``msgspec.Raw``) and ``CallWaiting`` (the payload
   kept as the dict the wait's handlers take) the same way
   (``blockx/worker/link/completed_frames.py``);
+* the worker validates each ``Heartbeat`` into :class:`HeartbeatPayload` and keeps
+  it as the executor's latest report (``blockx/worker/link/state.py``);
 * the worker's pre-encoded ``ExecuteCall`` (``blockx/worker/actor/execute.py``)
   takes its literal bytes from encoding :class:`ExecuteCall`, so its frames are
   byte for byte ``msgspec.json.encode(ExecuteCall(...))``
@@ -46,9 +60,10 @@ the two timings ~350):
   subclass, :class:`TimedCallCompletedPayload`: each member is still declared
   once, and the worker decodes into the base.
 
-``blockx.wire.messages`` keeps the older validated dataclasses (snake_case
-attributes, ``from_wire`` errors naming the key) for the slow paths that use
-them; ``tests/wire/test_schema.py`` checks their keys against these Structs.
+:mod:`blockx.wire.messages` defines no message: it validates a received payload
+dict into these Structs (:func:`~blockx.wire.messages.validate`, errors naming the
+key), adds the checks a type cannot express (what each ``waitKind`` needs), and
+assembles envelopes.
 
 This module is not compiled by mypyc: mypyc drops the ``tag=`` class arguments
 msgspec reads.
@@ -256,8 +271,8 @@ class CallCompleted(msgspec.Struct, tag=keys.MT_CALL_COMPLETED, tag_field=_TAG):
 class CallFailedPayload(msgspec.Struct, kw_only=True):
     """The attempt ended without an output. ``debugOutput`` only for a debug call."""
 
-    taskId: str
-    attemptSeq: int = 1
+    taskId: str | None = None
+    attemptSeq: int
     errorKind: str
     retryable: bool = False
     errorMessage: str = ""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tests.helpers.fake_worker import FakeWorker, IoReply, digest_of, process_is_gone
 
-from blockx.wire import Frame, Heartbeat, keys
+from blockx.wire import Frame, keys, schema, validate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -377,7 +377,7 @@ def test_heartbeats_carry_every_field_and_count_from_1(start_worker: StartWorker
     for frame in beats:
         payload = _payload(frame)
         assert required <= payload.keys(), required - payload.keys()
-        Heartbeat.from_wire(payload)  # every field has its docs/protocol.md type
+        validate(schema.HeartbeatPayload, payload)  # every field has its docs/protocol.md type
         assert frame.envelope[keys.F_EXECUTOR_ID] == "exec-test"
         assert keys.F_CALL_ID not in frame.envelope
         assert payload[keys.FP_EXECUTOR_ID] == "exec-test"

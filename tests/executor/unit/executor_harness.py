@@ -5,7 +5,7 @@
 ``drain_outbox``. It answers ``CallWaiting(function_code)`` from the sources it
 was given (so tests exercise the real fetch path) unless ``auto_code=False``,
 and it checks the protocol's invariants on every frame it sees: each frame
-carries ``executorId`` and validates as its typed payload, and no attempt gets
+carries ``executorId`` and validates into its wire-schema payload, and no attempt gets
 two terminal frames.
 """
 
@@ -21,7 +21,7 @@ import greenlet
 from blockx.executor.module_registry import PRELUDE, ModuleRegistry
 from blockx.executor.runtime import ExecutorRuntime
 from blockx.wire import keys
-from blockx.wire.messages import PAYLOAD_TYPES
+from blockx.wire.messages import validate_payload
 
 Envelope = dict[str, Any]
 
@@ -226,7 +226,7 @@ class Harness:
     def _check(self, envelope: Envelope) -> None:
         assert envelope.get(keys.F_EXECUTOR_ID) == "exec-1", envelope
         message_type = envelope[keys.F_MESSAGE_TYPE]
-        PAYLOAD_TYPES[message_type].from_wire(envelope[keys.F_PAYLOAD])
+        validate_payload(message_type, envelope[keys.F_PAYLOAD])
         if message_type in TERMINAL_TYPES:
             attempt = (envelope[keys.F_CALL_ID], envelope[keys.F_PAYLOAD][keys.FP_ATTEMPT_SEQ])
             self._terminals[attempt] += 1

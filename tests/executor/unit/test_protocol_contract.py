@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from executor_harness import Harness
 
-from blockx.wire import keys
-from blockx.wire.messages import Heartbeat
+from blockx.wire import keys, schema, validate
 
 READ = dedent(
     """
@@ -253,7 +252,7 @@ class TestHeartbeat:
         h.rt.handle_inbound_message({keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK})
         h.execute("c5", READ, 5)  # admitted, never run
         beat = h.rt.build_heartbeat()
-        Heartbeat.from_wire(beat)  # validates every key and type
+        validate(schema.HeartbeatPayload, beat)  # validates every key and type
         assert set(beat) == {
             keys.FP_EXECUTOR_ID,
             keys.FP_HEARTBEAT_SEQ,

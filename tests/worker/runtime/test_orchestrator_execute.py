@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockx.wire import ExecuteCall, keys, schema
+from blockx.wire import keys, schema, validate
 from blockx.worker.actor.execute import execute_body, execute_prefix
 from blockx.worker.core import DispatchCallCmd, PreparedCall
 from blockx.worker.json_values import encode_args
@@ -166,9 +166,9 @@ def test_the_encoded_envelope_is_the_schemas_and_the_dict_form(
         attempt,
     )
     assert decoded.payload.args == args and decoded.payload.ancestry == list(ancestry)
-    # And the validated dataclass form reads it too.
-    payload = ExecuteCall.from_wire(orjson.loads(body)[keys.F_PAYLOAD])
-    assert (payload.call_budget_ms, payload.parent_call_id, payload.debug) == (
+    # And the slow path's validation of the decoded dict reads it too.
+    payload = validate(schema.ExecuteCallPayload, orjson.loads(body)[keys.F_PAYLOAD])
+    assert (payload.callBudgetMs, payload.parentCallId, payload.debug) == (
         budget,
         parent,
         debug,

@@ -98,9 +98,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from blockx.wire import ExecuteCall as ExecuteCallPayload
 from blockx.wire import ProtocolError, keys
-from blockx.wire import ResumeCall as ResumeCallPayload
+from blockx.wire.schema import ExecuteCallPayload, ResumeCallPayload
 from blockx.worker.errors import (
     AdapterUsageError,
     ExecutorCapacityError,

@@ -36,7 +36,8 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from blockx.wire import Heartbeat, ProtocolError
+from blockx.wire import ProtocolError
+from blockx.wire.schema import HeartbeatPayload
 from blockx.worker.link.callbacks import AdapterCallbacks
 from blockx.worker.link.connection import ExecutorConnection
 from blockx.worker.link.loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
@@ -108,7 +109,11 @@ class Eras:
     # --- beginning and ending --------------------------------------------------------------
 
     def begin(
-        self, state: ExecutorState, conn: ExecutorConnection, heartbeat: Heartbeat, now: float
+        self,
+        state: ExecutorState,
+        conn: ExecutorConnection,
+        heartbeat: HeartbeatPayload,
+        now: float,
     ) -> None:
         """Attach ``conn`` as ``state``'s new era (its previous era must have ended).
 
@@ -156,9 +161,9 @@ class Eras:
             lost=lost,
             reason=reason,
             started=frozenset(c.call_id for c in lost if c.started),
-            running_call_id=None if heartbeat is None else heartbeat.running_call_id,
-            running_for_ms=0 if heartbeat is None else heartbeat.running_for_ms,
-            running_call_budget_ms=0 if heartbeat is None else heartbeat.running_call_budget_ms,
+            running_call_id=None if heartbeat is None else heartbeat.runningCallId,
+            running_for_ms=0 if heartbeat is None else heartbeat.runningForMs,
+            running_call_budget_ms=0 if heartbeat is None else heartbeat.runningCallBudgetMs,
         )
         if cause is None and self._stopping:
             cause = "shutdown"

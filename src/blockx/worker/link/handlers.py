@@ -29,10 +29,10 @@ by the connection's ``data_received``) and is routed by ``messageType``:
   optional members of their docs/protocol.md types;
 * anything else — logged and dropped (docs/protocol.md, "Envelope").
 
-The hot path reads envelopes as dicts (bench/wire_codec.py: a typed payload
-per frame costs several times the decode). Heartbeats (one a second) and
-function-code waits (one per digest per executor) are validated in full with
-the typed payloads of :mod:`blockx.wire.messages`.
+The hot path reads envelopes as dicts, or as the wire schema's Structs when the
+connection decoded them typed (``completed_frames.py``). Heartbeats (one a second)
+are validated in full into the schema's ``HeartbeatPayload``
+(:func:`blockx.wire.validate`), which the executor's state keeps.
 
 Who owns what: the handlers own the inbound counts (``unknown_frames``,
 ``refused_attaches``, ``stale_terminal_frames``, ``function_code_answered``)
@@ -54,11 +54,12 @@ from typing import Any, Final
 from blockx.wire import (
     EncodeError,
     Frame,
-    Heartbeat,
     PayloadError,
     encode_frame,
     keys,
+    validate,
 )
+from blockx.wire.schema import HeartbeatPayload
 from blockx.worker.errors import ExecutorUnavailableError, OutboxFullError
 from blockx.worker.link.callbacks import (
     AdapterCallbacks,
@@ -373,13 +374,11 @@ class InboundHandlers:
 
     def _parse_heartbeat(
         self, conn: ExecutorConnection, envelope: dict[str, Any]
-    ) -> Heartbeat | None:
+    ) -> HeartbeatPayload | None:
         payload = envelope.get(_F_PAYLOAD)
         try:
-            if not isinstance(payload, dict):
-                raise PayloadError(_MT_HEARTBEAT, _F_PAYLOAD, "must be an object")
-            heartbeat = Heartbeat.from_wire(payload)
-            if not heartbeat.executor_id:
+            heartbeat = validate(HeartbeatPayload, payload)
+            if not heartbeat.executorId:
                 raise PayloadError(_MT_HEARTBEAT, keys.FP_EXECUTOR_ID, "must not be empty")
         except PayloadError as exc:
             self._protocol_error(conn, exc)
@@ -390,7 +389,7 @@ class InboundHandlers:
         heartbeat = self._parse_heartbeat(conn, envelope)
         if heartbeat is None:
             return None
-        executor_id = heartbeat.executor_id
+        executor_id = heartbeat.executorId
         check = self.peer_check
         if check is not None:
             refusal = check(executor_id, conn.peer_pid)
@@ -414,7 +413,7 @@ class InboundHandlers:
             executor_id,
             state.era,
             conn.connection_id,
-            heartbeat.executor_process_instance_id or "?",
+            heartbeat.executorProcessInstanceId or "?",
             extra={"executorId": executor_id},
         )
         snapshot = build_snapshot(state, now, self._heartbeat_timeout_ms)
@@ -430,10 +429,10 @@ class InboundHandlers:
         heartbeat = self._parse_heartbeat(conn, envelope)
         if heartbeat is None:
             return
-        if heartbeat.executor_id != state.executor_id:
+        if heartbeat.executorId != state.executor_id:
             self._protocol_error(
                 conn,
-                f"Heartbeat for {heartbeat.executor_id!r} on the connection of "
+                f"Heartbeat for {heartbeat.executorId!r} on the connection of "
                 f"{state.executor_id!r}",
             )
             return

@@ -31,8 +31,8 @@ from typing import Any, Final
 import orjson
 
 from blockx.wire import MAX_FRAME_BYTES, PayloadTooLargeError, encode_frame, keys
-from blockx.wire import ExecuteCall as ExecuteCallPayload
-from blockx.wire import ResumeCall as ResumeCallPayload
+from blockx.wire.messages import to_wire
+from blockx.wire.schema import ExecuteCallPayload, ResumeCallPayload
 from blockx.worker.errors import CallNotBoundError
 from blockx.worker.link.connection import ControlSend
 from blockx.worker.link.state import ExecutorState, unavailable_error
@@ -89,8 +89,8 @@ class OutboundSends:
         """Queue an ``ExecuteCall`` for a bound call; never blocks.
 
         ``payload`` is the ExecuteCall payload dict (docs/protocol.md keys; values
-        from user code may be ``orjson.Fragment``) or a typed
-        :class:`blockx.wire.ExecuteCall`. Raises :class:`ExecutorUnavailableError`,
+        from user code may be ``orjson.Fragment``) or the wire schema's
+        :class:`~blockx.wire.schema.ExecuteCallPayload`. Raises :class:`ExecutorUnavailableError`,
         :class:`CallNotBoundError` (no
         reservation in this era, retryable), :class:`CallDrainingError` (the
         call was cancelled), or an :class:`~blockx.wire.EncodeError`.
@@ -103,9 +103,7 @@ class OutboundSends:
         reservations = state.reservations  # type: ignore[union-attr]
         reservations.check_sendable(call_id)
         if type(payload) is not dict:
-            payload = (
-                payload.to_wire() if isinstance(payload, ExecuteCallPayload) else dict(payload)
-            )
+            payload = to_wire(payload) if isinstance(payload, ExecuteCallPayload) else dict(payload)
         envelope: dict[str, Any] = {
             _F_MESSAGE_TYPE: _MT_EXECUTE_CALL,
             _F_CALL_ID: call_id,
@@ -176,7 +174,7 @@ class OutboundSends:
         if call_id not in state.reservations.reserved:  # type: ignore[union-attr]
             raise CallNotBoundError(executor_id, call_id=call_id)
         if type(payload) is not dict and isinstance(payload, ResumeCallPayload):
-            payload = payload.to_wire()
+            payload = to_wire(payload)
         envelope = {
             _F_MESSAGE_TYPE: _MT_RESUME_CALL,
             _F_CALL_ID: call_id,

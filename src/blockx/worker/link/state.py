@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from blockx.wire import Heartbeat, keys
+from blockx.wire import keys
+from blockx.wire.schema import HeartbeatPayload
 from blockx.worker.errors import ExecutorUnavailableError
 from blockx.worker.link.connection import ExecutorConnection
 from blockx.worker.link.reservations import Reservations
@@ -60,7 +61,7 @@ class ExecutorState:
         self.connection: ExecutorConnection | None = None
         self.reservations = Reservations(executor_id, 0)
         #: Latest heartbeat (kept after the era ends, for the unhealthy snapshot).
-        self.heartbeat: Heartbeat | None = None
+        self.heartbeat: HeartbeatPayload | None = None
         self.heartbeat_at = 0.0  # worker monotonic seconds
         self.attached_at = 0.0
         #: Terminal frames since the latest heartbeat (completion compensation).
@@ -74,13 +75,15 @@ class ExecutorState:
 
     def __repr__(self) -> str:
         status = "attached" if self.connection is not None else f"lost({self.lost_reason})"
-        seq = self.heartbeat.heartbeat_seq if self.heartbeat is not None else None
+        seq = self.heartbeat.heartbeatSeq if self.heartbeat is not None else None
         return (
             f"ExecutorState({self.executor_id!r}, era={self.era}, {status}, "
             f"reserved={len(self.reservations)}, hb#{seq})"
         )
 
-    def start_era(self, connection: ExecutorConnection, heartbeat: Heartbeat, now: float) -> None:
+    def start_era(
+        self, connection: ExecutorConnection, heartbeat: HeartbeatPayload, now: float
+    ) -> None:
         """Attach ``connection`` as a new era (the previous one must have ended)."""
         self.era += 1
         self.reservations = Reservations(self.executor_id, self.era)
@@ -90,7 +93,7 @@ class ExecutorState:
         self.attached_at = now
         self.record_heartbeat(heartbeat, now)
 
-    def record_heartbeat(self, heartbeat: Heartbeat, now: float) -> None:
+    def record_heartbeat(self, heartbeat: HeartbeatPayload, now: float) -> None:
         self.heartbeat = heartbeat
         self.heartbeat_at = now
         self.completions_since_heartbeat = 0
@@ -119,7 +122,7 @@ def unavailable_error(
     return ExecutorUnavailableError(executor_id, call_id=call_id, reason=reason)
 
 
-def usable_contexts(heartbeat: Heartbeat | None) -> int:
+def usable_contexts(heartbeat: HeartbeatPayload | None) -> int:
     """Contexts the executor can hold: ``availableContexts + inflightCount``.
 
     The executor reports ``available = max(0, maxInflight - inflight)``, so the
@@ -128,10 +131,10 @@ def usable_contexts(heartbeat: Heartbeat | None) -> int:
     """
     if heartbeat is None:
         return 0
-    available = heartbeat.available_contexts
+    available = heartbeat.availableContexts
     if available >= keys.UNLIMITED_CONTEXTS:
         return keys.UNLIMITED_CONTEXTS
-    return max(available, 0) + max(heartbeat.inflight_count, 0)
+    return max(available, 0) + max(heartbeat.inflightCount, 0)
 
 
 def build_snapshot(state: ExecutorState, now: float, heartbeat_timeout_ms: int) -> ExecutorSnapshot:
@@ -144,18 +147,18 @@ def build_snapshot(state: ExecutorState, now: float, heartbeat_timeout_ms: int) 
     return ExecutorSnapshot(
         executor_id=state.executor_id,
         healthy=conn is not None and not conn.closed and age_ms <= heartbeat_timeout_ms,
-        runnable_count=heartbeat.runnable_count,
+        runnable_count=heartbeat.runnableCount,
         local_inflight=len(reservations),
         usable_contexts=usable_contexts(heartbeat),
-        memory_bytes=heartbeat.memory_bytes,
-        heartbeat_seq=heartbeat.heartbeat_seq,
-        running_call_id=heartbeat.running_call_id,
-        last_scheduler_active_at_ms=heartbeat.last_scheduler_active_at_ms,
+        memory_bytes=heartbeat.memoryBytes,
+        heartbeat_seq=heartbeat.heartbeatSeq,
+        running_call_id=heartbeat.runningCallId,
+        last_scheduler_active_at_ms=heartbeat.lastSchedulerActiveAtMs,
         completions_since_heartbeat=state.completions_since_heartbeat,
         draining=reservations.draining_count,
-        inflight_count=heartbeat.inflight_count,
+        inflight_count=heartbeat.inflightCount,
         heartbeat_age_ms=age_ms,
         era=state.era,
-        running_for_ms=heartbeat.running_for_ms,
-        running_call_budget_ms=heartbeat.running_call_budget_ms,
+        running_for_ms=heartbeat.runningForMs,
+        running_call_budget_ms=heartbeat.runningCallBudgetMs,
     )
