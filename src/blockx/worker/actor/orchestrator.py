@@ -497,7 +497,6 @@ class Orchestrator:
         if not commands:
             return
         executors = self._executors
-        unbind = self._adapter.unbind
         self.stats.commands += len(commands)
         binds: list[BindCall] | None = None
         for command in commands:
@@ -511,10 +510,7 @@ class Orchestrator:
             if binds is not None:
                 self._execute_binds(binds)
                 binds = None
-            if kind is UnbindCall:  # _execute_unbind, inlined: one per completed call
-                unbind(command.call_id, command.executor_id)  # type: ignore[union-attr, arg-type]
-            else:
-                executors[kind](command)
+            executors[kind](command)
         if binds is not None:
             self._execute_binds(binds)
 

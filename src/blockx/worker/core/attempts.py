@@ -98,18 +98,8 @@ def confirm_bind(
     core: CoreState, call_id: str, executor_id: str, attempt_seq: int, out: list[DispatchCommand]
 ) -> None:
     """``Bind`` succeeded: ``DispatchCallCmd``, then binds of sub-calls parked on this call."""
-    # pending_bind, inlined (once per call).
-    ctx = core.calls.get(call_id)
-    ex = None if ctx is None else ctx.executor
-    if (
-        ctx is None
-        or ctx.state is not _RUNNING
-        or ctx.bound
-        or ctx.attempt_seq != attempt_seq
-        or ex is None
-        or ex.executor_id != executor_id
-    ):
-        core.stats.stale_events += 1
+    ctx = pending_bind(core, call_id, executor_id, attempt_seq)
+    if ctx is None:
         return
     ctx.bound = True
     parent = ctx.parent
@@ -133,35 +123,22 @@ def confirm_bind(
 
 def suspend_attempts(core: CoreState, waits: Iterable[WaitingCall]) -> None:
     """``CallWaiting`` (io / subcall) of each ``(call_id, attempt_seq)``, in order:
-    RUNNING -> WAITING. One loop for a read's waits (once per wait: ``live_attempt``,
-    inlined); a single event is a batch of one."""
-    calls = core.calls
-    stats = core.stats
+    RUNNING -> WAITING (one already WAITING stays so); a single event is a batch of one."""
     for call_id, attempt_seq in waits:
-        ctx = calls.get(call_id)
-        if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-            stats.stale_events += 1
-        elif ctx.state is _RUNNING:
+        ctx = live_attempt(core, call_id, attempt_seq)
+        if ctx is not None and ctx.state is _RUNNING:
             ctx.state = _WAITING  # RUNNING -> WAITING is in CALL_TRANSITIONS
-        elif ctx.state is not _WAITING:
-            stats.stale_events += 1
 
 
 def resume_attempts(core: CoreState, resumes: Iterable[ResumedCall]) -> None:
     """The ``ResumeCall`` of each ``(call_id, attempt_seq)`` was flushed, in order:
     WAITING -> RUNNING (like :func:`suspend_attempts`: one loop, a single event is a
     batch of one)."""
-    calls = core.calls
-    stats = core.stats
     for call_id, attempt_seq in resumes:
-        ctx = calls.get(call_id)
-        if ctx is None or ctx.attempt_seq != attempt_seq or not ctx.bound:
-            stats.stale_events += 1
-        elif ctx.state is _WAITING:
+        ctx = live_attempt(core, call_id, attempt_seq)
+        if ctx is not None and ctx.state is _WAITING:
             ctx.state = _RUNNING  # WAITING -> RUNNING is in CALL_TRANSITIONS
             ctx.wait_handle = None  # answered: nothing of this wait to release
-        elif ctx.state is not _RUNNING:
-            stats.stale_events += 1
 
 
 def complete_attempt(
@@ -173,15 +150,8 @@ def complete_attempt(
     out: list[DispatchCommand],
 ) -> None:
     """``CallCompleted``: ``UnbindCall``, then the call ends SUCCEEDED with its output."""
-    # live_attempt, inlined (once per call).
-    ctx = core.calls.get(call_id)
-    if (
-        ctx is None
-        or ctx.attempt_seq != attempt_seq
-        or (ctx.state is not _RUNNING and ctx.state is not _WAITING)
-        or not ctx.bound
-    ):
-        core.stats.stale_events += 1
+    ctx = live_attempt(core, call_id, attempt_seq)
+    if ctx is None:
         return
     if ctx.wait_handle is not None:  # completed while waiting (the resume's note is late)
         release_wait(ctx, out)

@@ -189,16 +189,7 @@ class ReadyScheduler:
     def pick(self) -> TaskDispatchState | None:
         """The task the next decision serves, or None if no task is dispatchable."""
         if not self._fair:
-            # _pick_from(self._ring), inlined: once per release decision.
-            ring = self._ring
-            window = self._window
-            while ring:
-                head = ring[0]
-                if head.ready_queue and not head.stop_dispatching and head.inflight_roots < window:
-                    return head
-                ring.popleft()
-                head.in_ring = False
-            return None
+            return self._pick_from(self._ring)
         current = self._current
         if current is not None and 0 < self._quantum_left < self._quantum:
             task = self._pick_from(current.tasks)

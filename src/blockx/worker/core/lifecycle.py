@@ -297,9 +297,7 @@ def set_call_terminal(
         batch = ctx.batch
         if batch is not None:
             batch.remaining -= 1
-    if not task.dirty:  # mark_dirty, inlined: once per call
-        task.dirty = True
-        core.dirty.append(task)
+    mark_dirty(core, task)
     return True
 
 

@@ -285,17 +285,9 @@ class ExecutorConnection(asyncio.Protocol):
         frames = self._frames
         if self._closed:
             raise self._unavailable(call_id)
-        queued = len(frames)
         frames.append(frame)
         self._enqueued += 1
-        # _after_enqueue, inlined: this is once per dispatched call.
-        if self._paused:
-            return
-        if queued + 1 >= self.frames_per_write:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._scheduled_flush)  # type: ignore[union-attr]
+        self._after_enqueue()
 
     def enqueue_control(
         self, frame: bytes, note: ControlSend | None, call_id: str | None = None
@@ -314,14 +306,7 @@ class ExecutorConnection(asyncio.Protocol):
         if note is not None:
             self._notes.append((self._enqueued, note))
         self._enqueued += 1
-        # _after_enqueue, inlined: once per ResumeCall.
-        if self._paused:
-            return
-        if len(frames) >= self.frames_per_write:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._scheduled_flush)  # type: ignore[union-attr]
+        self._after_enqueue()
 
     def enqueue_lossy(self, frame: bytes) -> bool:
         """Queue a frame whose loss is harmless (``HeartbeatAck``); False if dropped."""
