@@ -97,7 +97,7 @@ if TYPE_CHECKING:
     from blockx.worker.actor.runs import TaskRuns
     from blockx.worker.actor.stats import OrchestratorStats
     from blockx.worker.actor.task_run import TaskRun
-    from blockx.worker.core import DispatchCommand, DispatcherCore
+    from blockx.worker.core import DispatchCallContext, DispatchCommand, DispatcherCore
     from blockx.worker.link.adapter import ExecutorAdapter
 
 __all__ = ["Waits"]
@@ -180,8 +180,8 @@ class Waits:
         """A run of ``CallWaiting`` frames of one executor: the core moves them all to
         WAITING in one call, then each live wait is served in order.
 
-        The hot path of IO-bound work (once per wait): ``_start_io`` is inlined
-        here and an IO answer comes back through a ``partial`` of
+        The hot path of IO-bound work (once per wait): :meth:`_start_io` serves each
+        IO wait, and an IO answer comes back through a ``partial`` of
         :meth:`_io_answered` (no per-wait Python object to build). A future
         answer is also put in the call's ``wait_handle`` (one attribute store), so
         that an attempt leaving the wait unanswered can cancel it
@@ -196,7 +196,6 @@ class Waits:
         call_context = core.call_contexts.get
         tasks = self._runs.by_id
         stats = self._stats
-        io_answered = self._io_answered
         for (call_id, attempt), frame in zip(waits, frames, strict=True):
             ctx = call_context(call_id)
             if (
@@ -222,48 +221,64 @@ class Waits:
                     stats.handler_errors += 1
                     _log.exception("dispatch actor: serving the wait of %s failed", call_id)
                 continue
-            # The io wait, inline: the handler answers now (an IOResult) or later (a future).
-            stats.io_waits += 1
-            run.io_calls += 1
-            started = _monotonic()
-            try:
-                answer: Any = run.io_handler.handle_io(run.user_task_id, call_id, payload, frame[4])
-            except Exception as exc:
-                _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
-                answer = _handler_failed(exc)
-            try:
-                if type(answer) is IOResult:
-                    io_answered(executor_id, call_id, request_id, attempt, started, answer)
-                    continue
-                # A C future (or TaskIOScope's subclass of it): no Python-level check.
-                if not isinstance(answer, _Future) and not _isfuture(answer):
-                    try:
-                        answer = asyncio.ensure_future(answer)
-                    except TypeError:
-                        io_answered(
-                            executor_id,
-                            call_id,
-                            request_id,
-                            attempt,
-                            started,
-                            _handler_failed(
-                                TypeError(
-                                    f"IO handler returned {type(answer).__name__}, not an "
-                                    "IOResult or an awaitable of one"
-                                )
-                            ),
-                        )
-                        continue
-                answered = _partial(io_answered, executor_id, call_id, request_id, attempt, started)
-                if type(answer) is _ReadAnswer:
-                    answer.deliver_to(answered)  # a task scope's read: no loop turn between
-                else:
-                    answer.add_done_callback(answered)
-                # Only while the call waits: cleared by the core when the answer is delivered.
-                ctx.wait_handle = answer
-            except Exception:
-                stats.handler_errors += 1
-                _log.exception("dispatch actor: serving the wait of %s failed", call_id)
+            self._start_io(run, executor_id, call_id, request_id, attempt, payload, frame[4], ctx)
+
+    def _start_io(
+        self,
+        run: TaskRun,
+        executor_id: str,
+        call_id: str,
+        request_id: str,
+        attempt: int,
+        payload: dict[str, Any],
+        sidecar: Any,
+        ctx: DispatchCallContext,
+    ) -> None:
+        """Serve one IO wait: the handler answers now (an :class:`IOResult`) or later (a
+        future, whose done callback is a ``partial`` of :meth:`_io_answered`)."""
+        stats = self._stats
+        io_answered = self._io_answered
+        stats.io_waits += 1
+        run.io_calls += 1
+        started = _monotonic()
+        try:
+            answer: Any = run.io_handler.handle_io(run.user_task_id, call_id, payload, sidecar)
+        except Exception as exc:
+            _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
+            answer = _handler_failed(exc)
+        try:
+            if type(answer) is IOResult:
+                io_answered(executor_id, call_id, request_id, attempt, started, answer)
+                return
+            # A C future (or TaskIOScope's subclass of it): no Python-level check.
+            if not isinstance(answer, _Future) and not _isfuture(answer):
+                try:
+                    answer = asyncio.ensure_future(answer)
+                except TypeError:
+                    io_answered(
+                        executor_id,
+                        call_id,
+                        request_id,
+                        attempt,
+                        started,
+                        _handler_failed(
+                            TypeError(
+                                f"IO handler returned {type(answer).__name__}, not an "
+                                "IOResult or an awaitable of one"
+                            )
+                        ),
+                    )
+                    return
+            answered = _partial(io_answered, executor_id, call_id, request_id, attempt, started)
+            if type(answer) is _ReadAnswer:
+                answer.deliver_to(answered)  # a task scope's read: no loop turn between
+            else:
+                answer.add_done_callback(answered)
+            # Only while the call waits: cleared by the core when the answer is delivered.
+            ctx.wait_handle = answer
+        except Exception:
+            stats.handler_errors += 1
+            _log.exception("dispatch actor: serving the wait of %s failed", call_id)
 
     # --- io -----------------------------------------------------------------------------------
 

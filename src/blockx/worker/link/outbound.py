@@ -111,16 +111,7 @@ class OutboundSends:
         }
         if trace is not None:
             envelope[_F_TRACE] = dict(trace)
-        # _encode, inlined (once per call).
-        try:
-            body = _dumps(envelope)
-        except TypeError:
-            frame = encode_frame(envelope)  # big ints via the stdlib, or a typed EncodeError
-        else:
-            if len(body) > MAX_FRAME_BYTES:
-                raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
-            frame = _pack_length(len(body)) + body
-        conn.enqueue(frame, call_id)
+        conn.enqueue(_encode(envelope), call_id)
         attempt = payload.get(_FP_ATTEMPT_SEQ, 1)
         reservations.note_dispatched(call_id, attempt if type(attempt) is int else 1)
 
@@ -182,15 +173,7 @@ class OutboundSends:
             _F_PAYLOAD: payload,
         }
         if sidecar is None:
-            # _encode, inlined (once per IO wait).
-            try:
-                body = _dumps(envelope)
-            except TypeError:
-                frame = encode_frame(envelope)  # big ints via the stdlib, or an EncodeError
-            else:
-                if len(body) > MAX_FRAME_BYTES:
-                    raise PayloadTooLargeError(len(body), MAX_FRAME_BYTES)
-                frame = _pack_length(len(body)) + body
+            frame = _encode(envelope)
         else:
             frame = encode_frame(envelope, sidecar)
         conn.enqueue_control(
