@@ -220,9 +220,7 @@ def batch_frames(frames: list[bytes], *, limit: int = MAX_FRAME_BYTES) -> bytes:
     if count < 2:
         return frames[0] if count else b""
     room = limit - _BATCH_HEADER_SIZE
-    total = 0
-    for frame in frames:
-        total += len(frame)
+    total: int = sum(map(len, frames))
     if total <= room:  # the common case: one batch
         header = _u32_pack(total + _BATCH_HEADER_SIZE) + BATCH_MAGIC + _u32_pack(count)
         return b"".join((header, *frames))
@@ -358,16 +356,19 @@ def decode_body(body: bytes | memoryview) -> Frame[dict[str, Any]]:
 
 
 def _decode_batch(
-    body: bytes | memoryview,
+    buf: bytes,
+    begin: int,
+    stop: int,
     typed: Callable[[bytes | memoryview], Any] | None,
     typed_prefix: bytes,
 ) -> list[Frame[Any]]:
-    """The frames of one ``BXM1`` body, in order (``typed``: a hook's ``decode_matching``)."""
-    size = len(body)
+    """The frames of the ``BXM1`` body ``buf[begin:stop]``, in order (``typed``: a hook's
+    ``decode_matching``). Each inner body takes :meth:`FrameDecoder.feed`'s path: the
+    typed hook, then the inline JSON fast path, then :func:`decode_body` and its errors."""
+    size = stop - begin
     if size < _BATCH_HEADER_SIZE:
         raise BatchFrameError(f"batched frame of {size} bytes has no count")
-    view = memoryview(body)
-    (count,) = _U32.unpack_from(view, 4)
+    count = (buf[begin + 4] << 24) | (buf[begin + 5] << 16) | (buf[begin + 6] << 8) | buf[begin + 7]
     if count == 0:
         raise BatchFrameError("batched frame holds no frames (K = 0)")
     # Each inner frame needs its 4-byte length at least: a K no body could hold is
@@ -376,31 +377,50 @@ def _decode_batch(
         raise BatchFrameError(f"batched frame announces {count} frames in {size} bytes")
     typed_size = len(typed_prefix)
     frames: list[Frame[Any]] = []
-    offset = _BATCH_HEADER_SIZE
+    offset = begin + _BATCH_HEADER_SIZE
     for index in range(count):
-        if size - offset < HEADER_SIZE:
+        if stop - offset < HEADER_SIZE:
             raise BatchFrameError(f"batched frame ends before inner frame {index} of {count}")
-        (length,) = _U32.unpack_from(view, offset)
+        length = (
+            (buf[offset] << 24) | (buf[offset + 1] << 16) | (buf[offset + 2] << 8) | buf[offset + 3]
+        )
         start = offset + HEADER_SIZE
         end = start + length
-        if end > size:
+        if end > stop:
             raise BatchFrameError(
                 f"inner frame {index} of {length} bytes runs past the batch's end"
-                f" ({size - start} bytes left)"
+                f" ({stop - start} bytes left)"
             )
-        inner = view[start:end]
-        if length >= 4 and inner[0] == _MAGIC_FIRST and inner[:4].tobytes() == BATCH_MAGIC:
+        plain = length != 0 and buf[start] != _MAGIC_FIRST
+        if not plain and length >= 4 and buf[start : start + 4] == BATCH_MAGIC:
             raise BatchFrameError(f"inner frame {index} is itself a batch")
-        if typed is not None and length >= typed_size and inner[:typed_size] == typed_prefix:
-            envelope = typed(inner)
-            if envelope is not None:
-                frames.append(_new_frame(Frame, (envelope, None)))
-                offset = end
-                continue
-        frames.append(decode_body(inner))
+        # As in feed: small plain bodies are sliced out, the rest read through a view.
+        inner: bytes | memoryview = (
+            buf[start:end] if plain and length <= _COPIED_BODY_MAX else memoryview(buf)[start:end]
+        )
+        envelope: Any = None
+        if plain:
+            if (
+                typed is not None
+                and length >= typed_size
+                and buf[start : start + typed_size] == typed_prefix
+            ):
+                envelope = typed(inner)
+                if envelope is not None:
+                    frames.append(_new_frame(Frame, (envelope, None)))
+                    offset = end
+                    continue
+            try:
+                envelope = _json_decode(inner)
+            except (msgspec.DecodeError, RecursionError):
+                pass  # decode_body raises the precise ProtocolError
+        if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
+            frames.append(_new_frame(Frame, (envelope, None)))
+        else:
+            frames.append(decode_body(inner))
         offset = end
-    if offset != size:
-        raise BatchFrameError(f"{size - offset} bytes after the last of {count} inner frames")
+    if offset != stop:
+        raise BatchFrameError(f"{stop - offset} bytes after the last of {count} inner frames")
     return frames
 
 
@@ -408,7 +428,7 @@ def decode_frames(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> list[Frame[di
     """Decode exactly one whole frame (prefix included): its one frame, or a batch's frames."""
     body = _frame_body(data, limit)
     if len(body) >= 4 and body[:4].tobytes() == BATCH_MAGIC:
-        return _decode_batch(body, None, b"")
+        return _decode_batch(bytes(data), HEADER_SIZE, len(data), None, b"")
     return [decode_body(body)]
 
 
@@ -546,8 +566,8 @@ class FrameDecoder(Generic[T]):
                         pass  # decode_body raises the precise ProtocolError
                 if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
                     frames.append(_new_frame(Frame, (envelope, None)))
-                elif not plain and size >= 4 and body[:4] == BATCH_MAGIC:
-                    frames.extend(_decode_batch(body, typed, typed_prefix))
+                elif not plain and size >= 4 and buf[start : start + 4] == BATCH_MAGIC:
+                    frames.extend(_decode_batch(buf, start, end, typed, typed_prefix))
                 else:
                     frames.append(decode_body(body))
                 offset = end
