@@ -28,6 +28,7 @@ import queue
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
+from blockx.wire import BATCH_MAGIC, Frame, FrameDecoder, ProtocolError, encode_frame, keys
 
 __all__ = [
     "TERMINAL_TYPES",
@@ -83,6 +84,28 @@ class ExecutorExited(AssertionError):
 IoHandler = Callable[[Frame], "IoReply | Any | None"]
 
 
+class OuterFrames:
+    """Counts the frames of a byte stream as written: ``frames`` outer frames, of which
+    ``batched`` are ``BXM1`` batched frames (docs/protocol.md "Batched frames")."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.frames = 0
+        self.batched = 0
+
+    def feed(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        while len(buffer) >= 4:
+            (size,) = struct.unpack_from(">I", buffer, 0)
+            if len(buffer) < 4 + size:
+                return
+            self.frames += 1
+            if buffer[4:8] == BATCH_MAGIC:
+                self.batched += 1
+            del buffer[: 4 + size]
+
+
 @dataclass
 class FakeWorker:
     """See the module docstring. Use as a context manager, or call start()/stop()."""
@@ -106,6 +129,8 @@ class FakeWorker:
         self.sock: socket.socket | None = None
         self._listener: socket.socket | None = None
         self._decoder = FrameDecoder()
+        # The outer frames as they came on the wire (a batched frame counts once).
+        self.outer_frames = OuterFrames()
         self._send_lock = threading.Lock()
         self._frames: queue.Queue[Frame] = queue.Queue()
         self._backlog: list[Frame] = []
@@ -477,6 +502,7 @@ class FakeWorker:
                     return
                 if not data:
                     return
+                self.outer_frames.feed(data)
                 for frame in self._decoder.feed(data):
                     self._dispatch(frame)
         except BaseException as exc:  # surfaced by tests through reader_error

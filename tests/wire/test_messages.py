@@ -163,6 +163,7 @@ def test_heartbeat_with_every_field():
         runningCallBudgetMs=0,
         callStateCounts={"RUNNABLE": 2, "WAITING_IO": 1},
         sentAtMs=100,
+        features=["batch"],
     )
     message = _roundtrip(build_envelope(keys.MT_HEARTBEAT, hb, executor_id="exec-1"))
     assert message.payload == hb
@@ -171,6 +172,7 @@ def test_heartbeat_with_every_field():
         "memoryBytes", "executorCpuUtilization", "executorCpuSecondsTotal",
         "executorProcessInstanceId", "lastSchedulerActiveAtMs", "runningCallId",
         "runningForMs", "runningCallBudgetMs", "callStateCounts", "sentAtMs",
+        "features",
     }  # fmt: skip
 
 

@@ -29,13 +29,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-from blockx.wire import keys
+from blockx.wire import FEATURE_BATCH, keys
 
 from .context import ExecContext, ExecState
 
 __all__ = ["HeartbeatThread", "MetricsLike", "heartbeat_payload"]
+
+#: The protocol features this executor announces (written as a JSON list).
+_FEATURES: Final = (FEATURE_BATCH,)
 
 _log = logging.getLogger("blockx.executor.heartbeat")
 
@@ -112,6 +115,9 @@ def heartbeat_payload(
         keys.FP_RUNNING_CALL_BUDGET_MS: running_call_budget_ms,
         keys.FP_CALL_STATE_COUNTS: counts,
         keys.FP_SENT_AT_MS: sent_at_ms,
+        # Every heartbeat asks for batched frames (docs/protocol.md "Batched frames"): the
+        # reader decodes them always; the worker's ack carrying it turns batching on here.
+        keys.FP_FEATURES: _FEATURES,
     }
 
 

@@ -26,7 +26,8 @@ and sends refusals. It owns only ``closed`` (set at shutdown). The runtime's
   is answered with one ``CallFailed``, after replacing the live attempt if
   there is one. :meth:`InboundFrames._handle_resume` and
   :meth:`InboundFrames._handle_cancel` read their members and pass them on; a
-  ``HeartbeatAck`` is only counted.
+  ``HeartbeatAck`` is counted, and one whose ``features`` holds ``"batch"``
+  turns on batched frames for the session (docs/protocol.md "Batched frames").
 * The three semantic entry points:
 
   * :meth:`InboundFrames.submit_call` — admission (capacity for top-level
@@ -52,6 +53,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from blockx.wire.frames import FEATURE_BATCH
 from blockx.wire.keys import (
     DEFAULT_CANCEL_REASON,
     F_CALL_ID,
@@ -59,6 +61,7 @@ from blockx.wire.keys import (
     F_PAYLOAD,
     F_REQUEST_ID,
     FP_ATTEMPT_SEQ,
+    FP_FEATURES,
     FP_REASON,
     MT_CANCEL_CALL,
     MT_EXECUTE_CALL,
@@ -308,6 +311,7 @@ class InboundFrames:
                 self._handle_cancel(envelope)
             elif message_type == MT_HEARTBEAT_ACK:
                 self._counters["heartbeat_acks"] += 1
+                self._note_ack_features(envelope.get(F_PAYLOAD))
             elif type(message_type) is str:
                 self._counters["unknown_message_dropped"] += 1
                 _log.warning("dropped a frame of unknown messageType %r", message_type)
@@ -317,6 +321,16 @@ class InboundFrames:
         except Exception:
             self._counters["inbound_errors"] += 1
             _log.exception("failed to handle an inbound frame")
+
+    def _note_ack_features(self, payload: Any) -> None:
+        """An ack whose ``features`` holds ``"batch"`` lets the session send batched
+        frames from now on (docs/protocol.md "Batched frames"); one without it changes
+        nothing (a v1 worker never sends it, so it never gets a batch)."""
+        if type(payload) is not dict:
+            return
+        features = payload.get(FP_FEATURES)
+        if type(features) is list and FEATURE_BATCH in features:
+            self._outbox.enable_batching()
 
     def _handle_execute(self, envelope: dict[str, Any]) -> None:
         call_id = envelope.get(F_CALL_ID)

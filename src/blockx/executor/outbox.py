@@ -91,6 +91,14 @@ class Outbox:
             raise ConnectionError("executor transport is gone")
         self._collected.append(frame)
 
+    def enable_batching(self) -> None:
+        """The worker acked ``features: ["batch"]``: the session may send batched frames
+        (docs/protocol.md "Batched frames"). A session without ``enable_batching``
+        (test doubles) and the collecting outbox keep sending plain frames."""
+        enable = getattr(self._session, "enable_batching", None)
+        if enable is not None:
+            enable()
+
     def note_transport_lost(self) -> None:
         """A send found the transport gone; every context converges at the next pass."""
         if not self.transport_lost:

@@ -15,7 +15,9 @@ directions and never touch the runtime:
   encoded in the *caller's* thread (so an encoding error reaches the caller and
   nothing is half-queued) and the writer joins everything queued since its last
   write — up to :data:`MAX_FRAMES_PER_WRITE` frames or :data:`MAX_BYTES_PER_WRITE`
-  bytes — into one ``sendall``.
+  bytes — into one ``sendall``. Once the worker has acked ``features: ["batch"]``
+  (:meth:`UDSSession.enable_batching`, docs/protocol.md "Batched frames") the frames
+  of one write go out as one batched frame instead of back to back.
 
 **Owner flush.** The thread that built the session (the main loop) also writes,
 without a thread hand-off: when its queue reaches a full write, and in
@@ -55,7 +57,7 @@ import time
 from collections import deque
 from typing import Any, Final
 
-from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
+from blockx.wire import Frame, FrameDecoder, ProtocolError, batch_frames, encode_frame, keys
 
 from .errors import SessionConnectError
 from .execute_frames import decode_inbound
@@ -184,6 +186,9 @@ class UDSSession:
         self._out_lock = threading.Lock()
         self._outgoing: list[bytes] = []
         self._outgoing_bytes = 0
+        # True once the worker acked features ["batch"] (never reset): each write's run of
+        # frames then goes out as batched frames (docs/protocol.md "Batched frames").
+        self._batching = False
         # The unsent tail of a partial owner write; goes out before _outgoing.
         self._partial: memoryview | None = None
         # Held by whichever thread is writing to the socket.
@@ -265,6 +270,16 @@ class UDSSession:
             )
         if full and is_owner:
             self._flush_from_owner()
+
+    def enable_batching(self) -> None:
+        """The worker acked ``features: ["batch"]``: from the next write on, the frames
+        one write joins go out as batched frames. Thread-safe; never turned off."""
+        self._batching = True
+
+    @property
+    def batching(self) -> bool:
+        """Whether writes send batched frames (the worker acked the feature)."""
+        return self._batching
 
     def flush(self) -> None:
         """Send what is queued now, from the calling thread, without blocking.
@@ -450,7 +465,7 @@ class UDSSession:
                         if partial is not None:
                             sendall(partial)
                             self.writes += 1
-                        for chunk in _coalesce(batch):
+                        for chunk in _coalesce(batch, self._batching):
                             sendall(chunk)
                             self.writes += 1
                         self.frames_sent += len(batch)
@@ -489,7 +504,12 @@ class UDSSession:
                 batch = self._outgoing
                 self._outgoing = []
                 self._outgoing_bytes = 0
-            data = batch[0] if len(batch) == 1 else b"".join(batch)
+            if len(batch) == 1:
+                data = batch[0]
+            elif self._batching:
+                data = batch_frames(batch)
+            else:
+                data = b"".join(batch)
             try:
                 sent = self._sock.send(data, socket.MSG_DONTWAIT)
             except BlockingIOError:
@@ -522,8 +542,9 @@ class UDSSession:
         self._wake.set()
 
 
-def _coalesce(frames: list[bytes]) -> list[bytes]:
-    """Group encoded frames into write-sized chunks, each whole frames only."""
+def _coalesce(frames: list[bytes], batching: bool = False) -> list[bytes]:
+    """Group encoded frames into write-sized chunks, each whole frames only; with
+    ``batching``, each chunk of several frames is written as batched frames."""
     if len(frames) == 1:
         return frames
     chunks: list[bytes] = []
@@ -532,12 +553,15 @@ def _coalesce(frames: list[bytes]) -> list[bytes]:
     for frame in frames:
         full = len(group) >= MAX_FRAMES_PER_WRITE or size + len(frame) > MAX_BYTES_PER_WRITE
         if group and full:
-            chunks.append(b"".join(group))
+            chunks.append(batch_frames(group) if batching else b"".join(group))
             group = []
             size = 0
         group.append(frame)
         size += len(frame)
-    chunks.append(group[0] if len(group) == 1 else b"".join(group))
+    if len(group) == 1:
+        chunks.append(group[0])
+    else:
+        chunks.append(batch_frames(group) if batching else b"".join(group))
     return chunks
 
 

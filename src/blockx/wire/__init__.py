@@ -18,6 +18,7 @@ IO-free: frames are built and parsed here, sockets live with their owners.
 
 from . import keys, schema
 from .errors import (
+    BatchFrameError,
     EncodeError,
     EnvelopeNotObjectError,
     FrameEncodingError,
@@ -34,13 +35,18 @@ from .errors import (
     WireError,
 )
 from .frames import (
+    BATCH_MAGIC,
+    FEATURE_BATCH,
     HEADER_SIZE,
     MAX_FRAME_BYTES,
     SIDECAR_MAGIC,
     Frame,
     FrameDecoder,
+    batch_frames,
     decode_body,
     decode_frame,
+    decode_frames,
+    encode_batch,
     encode_envelope,
     encode_frame,
 )
@@ -55,9 +61,12 @@ from .messages import (
 from .values import dumps_wire, loads_wire
 
 __all__ = [
+    "BATCH_MAGIC",
+    "FEATURE_BATCH",
     "HEADER_SIZE",
     "MAX_FRAME_BYTES",
     "SIDECAR_MAGIC",
+    "BatchFrameError",
     "EncodeError",
     "EnvelopeNotObjectError",
     "Frame",
@@ -76,10 +85,13 @@ __all__ = [
     "TruncatedFrameError",
     "UnknownMessageTypeError",
     "WireError",
+    "batch_frames",
     "build_envelope",
     "decode_body",
     "decode_frame",
+    "decode_frames",
     "dumps_wire",
+    "encode_batch",
     "encode_envelope",
     "encode_frame",
     "keys",

@@ -44,6 +44,11 @@ class SidecarHeaderError(ProtocolError):
     """A ``BXB1`` frame whose JSON length J does not fit the body (J > N-8 or N < 8)."""
 
 
+class BatchFrameError(ProtocolError):
+    """A ``BXM1`` batched frame that does not hold K >= 1 whole inner bodies exactly
+    (K = 0, an inner length past the end, bytes left over, or a batch inside a batch)."""
+
+
 class FrameEncodingError(ProtocolError):
     """The envelope bytes are not valid UTF-8."""
 

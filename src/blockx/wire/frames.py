@@ -5,6 +5,7 @@
     uint32 big-endian N | N bytes body                       (N <= 16 MiB)
     body = JSON envelope                                      plain frame
     body = b"BXB1" | uint32 BE J | J bytes JSON | N-8-J bytes sidecar frame
+    body = b"BXM1" | uint32 BE K | K x (uint32 BE L | L bytes body)  batched frame
 
 :func:`encode_frame` builds one frame; :class:`FrameDecoder` is an incremental,
 sans-IO decoder: feed it whatever bytes arrived (a whole buffer, one byte, a
@@ -12,6 +13,13 @@ split at any boundary) and it returns every frame completed so far. It never
 reads a socket, so the executor's reader thread and the worker's asyncio
 protocol use the same code. The length limit is checked as soon as the 4-byte
 prefix is in, before any of the body is buffered.
+
+A batched frame (v1.1, negotiated: docs/protocol.md "Batched frames") carries K
+inner bodies, each exactly the body its own frame would have; the decoder yields
+them in order as if K frames had arrived, the ``typed`` hook applying to each.
+Its inner entries have the frame layout (``uint32 L | L bytes``), so
+:func:`batch_frames` builds one from already encoded frames by writing a 12-byte
+header before their concatenation: no frame is re-encoded.
 
 A body nested too deeply to decode (a "depth bomb": msgspec's recursion limit)
 is malformed JSON like any other, a :class:`~blockx.wire.errors.FrameJSONError`,
@@ -33,6 +41,7 @@ import orjson
 
 from . import keys
 from .errors import (
+    BatchFrameError,
     EnvelopeNotObjectError,
     FrameEncodingError,
     FrameJSONError,
@@ -47,14 +56,19 @@ from .type_params import E, T
 from .values import dumps_wire, loads_wire
 
 __all__ = [
+    "BATCH_MAGIC",
+    "FEATURE_BATCH",
     "HEADER_SIZE",
     "MAX_FRAME_BYTES",
     "SIDECAR_MAGIC",
     "Frame",
     "FrameDecoder",
     "TypedHook",
+    "batch_frames",
     "decode_body",
     "decode_frame",
+    "decode_frames",
+    "encode_batch",
     "encode_envelope",
     "encode_frame",
     "encode_frame_with_value",
@@ -65,6 +79,12 @@ MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 HEADER_SIZE: Final = 4
 SIDECAR_MAGIC: Final = b"BXB1"
 _SIDECAR_HEADER_SIZE: Final = 8
+#: The body of a batched frame (docs/protocol.md "Batched frames"); shares its first
+#: byte with SIDECAR_MAGIC, so a plain frame still costs one byte compare.
+BATCH_MAGIC: Final = b"BXM1"
+#: The ``features`` entry peers announce (Heartbeat / HeartbeatAck) to receive batches.
+FEATURE_BATCH: Final = "batch"
+_BATCH_HEADER_SIZE: Final = 8
 _MAGIC_FIRST: Final = SIDECAR_MAGIC[0]
 
 _U32 = struct.Struct(">I")
@@ -187,6 +207,52 @@ def encode_frame_with_value(
     return encode_frame(body, sidecar)
 
 
+def batch_frames(frames: list[bytes], *, limit: int = MAX_FRAME_BYTES) -> bytes:
+    """The bytes to write for ``frames`` (each a complete frame, length prefix
+    included, as :func:`encode_frame` builds it), batched: every run of two or
+    more consecutive frames whose batch body fits ``limit`` becomes one ``BXM1``
+    frame; a run of one (or a frame too big to share a batch) stays a plain frame.
+
+    Order is kept. Send this only to a peer that announced
+    :data:`FEATURE_BATCH` (docs/protocol.md "Batched frames").
+    """
+    count = len(frames)
+    if count < 2:
+        return frames[0] if count else b""
+    room = limit - _BATCH_HEADER_SIZE
+    total: int = sum(map(len, frames))
+    if total <= room:  # the common case: one batch
+        header = _u32_pack(total + _BATCH_HEADER_SIZE) + BATCH_MAGIC + _u32_pack(count)
+        return b"".join((header, *frames))
+    parts: list[bytes] = []
+    run: list[bytes] = []
+    run_size = 0
+    for frame in frames:
+        if run and run_size + len(frame) > room:
+            _append_run(parts, run, run_size)
+            run = []
+            run_size = 0
+        run.append(frame)
+        run_size += len(frame)
+    _append_run(parts, run, run_size)
+    return b"".join(parts)
+
+
+def _append_run(parts: list[bytes], run: list[bytes], run_size: int) -> None:
+    if len(run) == 1:
+        parts.append(run[0])
+        return
+    parts.append(_u32_pack(run_size + _BATCH_HEADER_SIZE))
+    parts.append(BATCH_MAGIC)
+    parts.append(_u32_pack(len(run)))
+    parts.extend(run)
+
+
+def encode_batch(bodies: list[bytes], *, limit: int = MAX_FRAME_BYTES) -> bytes:
+    """:func:`batch_frames` for frame bodies (plain or sidecar, without their prefix)."""
+    return batch_frames([_u32_pack(len(body)) + body for body in bodies], limit=limit)
+
+
 # --- decoding ------------------------------------------------------------------
 
 
@@ -266,8 +332,14 @@ def _decode_json(data: bytes | memoryview) -> dict[str, Any]:
 
 
 def decode_body(body: bytes | memoryview) -> Frame[dict[str, Any]]:
-    """Decode one frame body (without its length prefix)."""
+    """Decode one plain or sidecar frame body (without its length prefix).
+
+    A batched body is refused (:class:`BatchFrameError`): it holds several frames
+    (:func:`decode_frames`); inside a batch, a batch is a protocol error.
+    """
     # A JSON envelope starts with "{" or blank space, never "B": one byte decides.
+    if len(body) >= 4 and body[0] == _MAGIC_FIRST and body[:4] == BATCH_MAGIC:
+        raise BatchFrameError("a batched frame where one frame body was expected")
     if len(body) >= 4 and body[0] == _MAGIC_FIRST and body[:4] == SIDECAR_MAGIC:
         size = len(body)
         if size < _SIDECAR_HEADER_SIZE:
@@ -283,8 +355,90 @@ def decode_body(body: bytes | memoryview) -> Frame[dict[str, Any]]:
     return Frame(_decode_json(body))
 
 
+def _decode_batch(
+    buf: bytes,
+    begin: int,
+    stop: int,
+    typed: Callable[[bytes | memoryview], Any] | None,
+    typed_prefix: bytes,
+) -> list[Frame[Any]]:
+    """The frames of the ``BXM1`` body ``buf[begin:stop]``, in order (``typed``: a hook's
+    ``decode_matching``). Each inner body takes :meth:`FrameDecoder.feed`'s path: the
+    typed hook, then the inline JSON fast path, then :func:`decode_body` and its errors."""
+    size = stop - begin
+    if size < _BATCH_HEADER_SIZE:
+        raise BatchFrameError(f"batched frame of {size} bytes has no count")
+    count = (buf[begin + 4] << 24) | (buf[begin + 5] << 16) | (buf[begin + 6] << 8) | buf[begin + 7]
+    if count == 0:
+        raise BatchFrameError("batched frame holds no frames (K = 0)")
+    # Each inner frame needs its 4-byte length at least: a K no body could hold is
+    # refused before any list of that size is built.
+    if count > (size - _BATCH_HEADER_SIZE) // HEADER_SIZE:
+        raise BatchFrameError(f"batched frame announces {count} frames in {size} bytes")
+    typed_size = len(typed_prefix)
+    frames: list[Frame[Any]] = []
+    offset = begin + _BATCH_HEADER_SIZE
+    for index in range(count):
+        if stop - offset < HEADER_SIZE:
+            raise BatchFrameError(f"batched frame ends before inner frame {index} of {count}")
+        length = (
+            (buf[offset] << 24) | (buf[offset + 1] << 16) | (buf[offset + 2] << 8) | buf[offset + 3]
+        )
+        start = offset + HEADER_SIZE
+        end = start + length
+        if end > stop:
+            raise BatchFrameError(
+                f"inner frame {index} of {length} bytes runs past the batch's end"
+                f" ({stop - start} bytes left)"
+            )
+        plain = length != 0 and buf[start] != _MAGIC_FIRST
+        if not plain and length >= 4 and buf[start : start + 4] == BATCH_MAGIC:
+            raise BatchFrameError(f"inner frame {index} is itself a batch")
+        # As in feed: small plain bodies are sliced out, the rest read through a view.
+        inner: bytes | memoryview = (
+            buf[start:end] if plain and length <= _COPIED_BODY_MAX else memoryview(buf)[start:end]
+        )
+        envelope: Any = None
+        if plain:
+            if (
+                typed is not None
+                and length >= typed_size
+                and buf[start : start + typed_size] == typed_prefix
+            ):
+                envelope = typed(inner)
+                if envelope is not None:
+                    frames.append(_new_frame(Frame, (envelope, None)))
+                    offset = end
+                    continue
+            try:
+                envelope = _json_decode(inner)
+            except (msgspec.DecodeError, RecursionError):
+                pass  # decode_body raises the precise ProtocolError
+        if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
+            frames.append(_new_frame(Frame, (envelope, None)))
+        else:
+            frames.append(decode_body(inner))
+        offset = end
+    if offset != stop:
+        raise BatchFrameError(f"{stop - offset} bytes after the last of {count} inner frames")
+    return frames
+
+
+def decode_frames(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> list[Frame[dict[str, Any]]]:
+    """Decode exactly one whole frame (prefix included): its one frame, or a batch's frames."""
+    body = _frame_body(data, limit)
+    if len(body) >= 4 and body[:4].tobytes() == BATCH_MAGIC:
+        return _decode_batch(bytes(data), HEADER_SIZE, len(data), None, b"")
+    return [decode_body(body)]
+
+
 def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame[dict[str, Any]]:
-    """Decode exactly one whole frame (prefix included); extra bytes are an error."""
+    """Decode exactly one whole plain or sidecar frame (prefix included); extra bytes
+    are an error, and so is a batched frame (:func:`decode_frames` takes those)."""
+    return decode_body(_frame_body(data, limit))
+
+
+def _frame_body(data: bytes, limit: int) -> memoryview:
     if len(data) < HEADER_SIZE:
         raise TruncatedFrameError(f"frame header needs 4 bytes, got {len(data)}")
     (size,) = _U32.unpack_from(data, 0)
@@ -294,7 +448,7 @@ def decode_frame(data: bytes, *, limit: int = MAX_FRAME_BYTES) -> Frame[dict[str
         raise TruncatedFrameError(f"frame body needs {size} bytes, got {len(data) - HEADER_SIZE}")
     if len(data) - HEADER_SIZE > size:
         raise ProtocolError(f"{len(data) - HEADER_SIZE - size} bytes after the frame")
-    return decode_body(memoryview(data)[HEADER_SIZE:])
+    return memoryview(data)[HEADER_SIZE:]
 
 
 class FrameDecoder(Generic[T]):
@@ -412,6 +566,8 @@ class FrameDecoder(Generic[T]):
                         pass  # decode_body raises the precise ProtocolError
                 if type(envelope) is dict and type(envelope.get(keys.F_MESSAGE_TYPE)) is str:
                     frames.append(_new_frame(Frame, (envelope, None)))
+                elif not plain and size >= 4 and buf[start : start + 4] == BATCH_MAGIC:
+                    frames.extend(_decode_batch(buf, start, end, typed, typed_prefix))
                 else:
                     frames.append(decode_body(body))
                 offset = end

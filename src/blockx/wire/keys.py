@@ -124,6 +124,9 @@ FP_RUNNING_FOR_MS: Final = "runningForMs"
 FP_RUNNING_CALL_BUDGET_MS: Final = "runningCallBudgetMs"
 FP_CALL_STATE_COUNTS: Final = "callStateCounts"
 FP_SENT_AT_MS: Final = "sentAtMs"
+#: (v1.1 addition) Optional features the sender understands, in Heartbeat and
+#: HeartbeatAck payloads; ``"batch"`` is the only one (docs/protocol.md "Batched frames").
+FP_FEATURES: Final = "features"
 
 # --- closed value sets ---------------------------------------------------------
 

@@ -171,7 +171,10 @@ class CancelCall(msgspec.Struct, tag=keys.MT_CANCEL_CALL, tag_field=_TAG):
 
 
 class HeartbeatAckPayload(msgspec.Struct):
-    """Empty."""
+    """Empty in v1; v1.1 adds ``features``: the worker's answer to the executor's
+    (``["batch"]``: it sends batched frames, and takes them; docs/protocol.md "Batched frames")."""
+
+    features: list[str] = []
 
 
 class HeartbeatAck(msgspec.Struct, tag=keys.MT_HEARTBEAT_ACK, tag_field=_TAG):
@@ -307,6 +310,7 @@ class HeartbeatPayload(msgspec.Struct, kw_only=True):
     runningCallBudgetMs: int = 0
     callStateCounts: dict[str, int] = {}
     sentAtMs: int = 0
+    features: list[str] = []
 
 
 class Heartbeat(msgspec.Struct, tag=keys.MT_HEARTBEAT, tag_field=_TAG):

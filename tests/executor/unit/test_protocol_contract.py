@@ -269,7 +269,9 @@ class TestHeartbeat:
             keys.FP_RUNNING_CALL_BUDGET_MS,
             keys.FP_CALL_STATE_COUNTS,
             keys.FP_SENT_AT_MS,
+            keys.FP_FEATURES,
         }
+        assert list(beat[keys.FP_FEATURES]) == ["batch"]  # docs/protocol.md "Batched frames"
         assert beat[keys.FP_EXECUTOR_ID] == "exec-1"
         assert beat[keys.FP_HEARTBEAT_SEQ] == 1
         assert beat[keys.FP_INFLIGHT_COUNT] == 5

@@ -15,7 +15,7 @@ from typing import Any
 
 from tests.helpers.processes import process_is_gone
 
-from blockx.wire import Frame, FrameDecoder, ProtocolError, encode_frame, keys
+from blockx.wire import BATCH_MAGIC, Frame, FrameDecoder, ProtocolError, encode_frame, keys
 from blockx.worker.link.adapter import ExecutorAdapter
 from blockx.worker.link.callbacks import AdapterCallbacks
 from blockx.worker.link.loss import ExecutorLoss
@@ -57,6 +57,10 @@ class ExecutorPeer(asyncio.Protocol):
         self.decoder = FrameDecoder()
         self.frames: list[Frame] = []
         self.recv_batches = 0
+        # The frames as written (a batched frame counts once) and how many were batched.
+        self.outer_frames = 0
+        self.outer_batched = 0
+        self._outer = bytearray()
         self.closed = asyncio.Event()
         self.protocol_error: ProtocolError | None = None
         self._changed = asyncio.Event()
@@ -74,11 +78,24 @@ class ExecutorPeer(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.recv_batches += 1
+        self._count_outer(data)
         try:
             self.frames.extend(self.decoder.feed(data))
         except ProtocolError as exc:
             self.protocol_error = exc
         self._changed.set()
+
+    def _count_outer(self, data: bytes) -> None:
+        buffer = self._outer
+        buffer += data
+        while len(buffer) >= 4:
+            size = int.from_bytes(buffer[:4], "big")
+            if len(buffer) < 4 + size:
+                return
+            self.outer_frames += 1
+            if buffer[4:8] == BATCH_MAGIC:
+                self.outer_batched += 1
+            del buffer[: 4 + size]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed.set()

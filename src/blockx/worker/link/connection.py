@@ -15,7 +15,9 @@ frame (docs/operations.md: a Task + Future per call costs ~9 µs):
   flush for the end of the current event-loop turn (``loop.call_soon``), and an
   outbox that reaches :attr:`frames_per_write` frames is flushed at once. A
   flush joins up to ``frames_per_write`` (64) frames into each
-  ``transport.write``. While the transport is paused (its buffer passed the
+  ``transport.write`` — as one batched frame once the executor announced
+  ``features: ["batch"]`` (:attr:`ExecutorConnection.batching`, docs/protocol.md
+  "Batched frames"). While the transport is paused (its buffer passed the
   high-water mark: ``pause_writing``) frames wait in the outbox until it
   drains: that is the back-pressure. No call frame is ever refused for want of
   room (a refused ``ExecuteCall`` or ``ResumeCall`` would fail its call): each
@@ -65,7 +67,7 @@ import struct
 from collections import deque
 from typing import Any, Final, NamedTuple, Protocol, cast
 
-from blockx.wire import Frame, FrameDecoder, ProtocolError
+from blockx.wire import Frame, FrameDecoder, ProtocolError, batch_frames
 from blockx.worker.errors import ExecutorUnavailableError
 from blockx.worker.link.completed_frames import decode_call_frames
 
@@ -134,6 +136,8 @@ class ExecutorConnection(asyncio.Protocol):
         "_transport",
         "_written",
         "batches_received",
+        "batches_sent",
+        "batching",
         "close_reason",
         "connection_id",
         "executor_id",
@@ -171,6 +175,10 @@ class ExecutorConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._paused = False
         self._closed = False
+        #: True while the attached executor's latest Heartbeat announces ``features:
+        #: ["batch"]`` (set by the handlers): each write's frames then go out as batched
+        #: frames (docs/protocol.md "Batched frames"). A v1 executor never gets one.
+        self.batching = False
         self.connection_id = connection_id
         self.opened_at = opened_at
         self.outbox_depth = outbox_depth
@@ -186,6 +194,7 @@ class ExecutorConnection(asyncio.Protocol):
         self.batches_received = 0
         self.frames_sent = 0
         self.writes = 0
+        self.batches_sent = 0  # writes that went out as batched frames
 
     def __repr__(self) -> str:
         who = self.executor_id if self.executor_id is not None else "unattached"
@@ -366,7 +375,13 @@ class ExecutorConnection(asyncio.Protocol):
             else:
                 chunk = frames[:per_write]
                 del frames[:per_write]
-            write(chunk[0] if len(chunk) == 1 else b"".join(chunk))
+            if len(chunk) == 1:
+                write(chunk[0])
+            elif self.batching:
+                write(batch_frames(chunk))
+                self.batches_sent += 1
+            else:
+                write(b"".join(chunk))
             count = len(chunk)
             self._written += count
             self.frames_sent += count

@@ -19,6 +19,9 @@ by the connection's ``data_received``) and is routed by ``messageType``:
   collected and handed over as one list instead (before any other callback of
   the connection, and at the end of the batch);
 * ``Heartbeat`` — new snapshot data, a lossy ``HeartbeatAck``, ``on_heartbeat``;
+  a Heartbeat announcing ``features: ["batch"]`` turns batched frames on for its
+  connection and is acked with ``features: ["batch"]`` (docs/protocol.md
+  "Batched frames"); any other is acked with the v1 empty payload;
 * a worker→executor type, or a known frame of the wrong shape — protocol
   error: logged, the era ends (connection closed, calls reported lost with
   cause ``protocol_error``). Every call frame is checked *before* it changes
@@ -52,6 +55,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from blockx.wire import (
+    FEATURE_BATCH,
     EncodeError,
     Frame,
     PayloadError,
@@ -73,7 +77,12 @@ from blockx.worker.link.eras import Eras
 from blockx.worker.link.function_code import function_code_resume_payload
 from blockx.worker.link.state import ExecutorState, attached_state, build_snapshot
 
-__all__ = ["HEARTBEAT_ACK_FRAME", "InboundHandlers", "call_frame_error"]
+__all__ = [
+    "HEARTBEAT_ACK_BATCH_FRAME",
+    "HEARTBEAT_ACK_FRAME",
+    "InboundHandlers",
+    "call_frame_error",
+]
 
 _log = logging.getLogger("blockx.worker.adapter")
 
@@ -146,10 +155,25 @@ def call_frame_error(message_type: str, call_id: object, payload: object) -> str
 #: WaitingFrame (``Frame`` says dict: compiled with mypyc, reading it as one would check that).
 _ReadFrame = tuple[Any, bytes | None]
 
-#: HeartbeatAck never changes: encode it once.
+#: HeartbeatAck never changes: encode it once (the v1 ack, and the one that answers an
+#: executor announcing batched frames).
 HEARTBEAT_ACK_FRAME: Final = encode_frame(
     {keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK, keys.F_PAYLOAD: {}}
 )
+HEARTBEAT_ACK_BATCH_FRAME: Final = encode_frame(
+    {
+        keys.F_MESSAGE_TYPE: keys.MT_HEARTBEAT_ACK,
+        keys.F_PAYLOAD: {keys.FP_FEATURES: [FEATURE_BATCH]},
+    }
+)
+
+
+def _acknowledge(conn: ExecutorConnection, heartbeat: HeartbeatPayload) -> None:
+    """Ack ``heartbeat`` on ``conn``; the executor's announced features decide whether
+    the connection sends batched frames from now on, and the ack says so."""
+    batching = FEATURE_BATCH in heartbeat.features
+    conn.batching = batching
+    conn.enqueue_lossy(HEARTBEAT_ACK_BATCH_FRAME if batching else HEARTBEAT_ACK_FRAME)
 
 
 class InboundHandlers:
@@ -407,7 +431,7 @@ class InboundHandlers:
         now = self._clock()
         # (The previous era's report goes out first.)
         self._eras.begin(state, conn, heartbeat, now)
-        conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
+        _acknowledge(conn, heartbeat)
         _log.info(
             "executor %s attached (era %d, connection #%d, process %s)",
             executor_id,
@@ -438,7 +462,7 @@ class InboundHandlers:
             return
         now = self._clock()
         state.record_heartbeat(heartbeat, now)
-        conn.enqueue_lossy(HEARTBEAT_ACK_FRAME)
+        _acknowledge(conn, heartbeat)
         snapshot = build_snapshot(state, now, self._heartbeat_timeout_ms)
         try:
             self.callbacks.on_heartbeat(state.executor_id, snapshot)
