@@ -428,7 +428,10 @@ class AdapterConfig:
         64,
         kind=POSITIVE,
         env="EXECUTOR_FRAMES_PER_WRITE",
-        doc="Frames coalesced into one socket write.",
+        doc=(
+            "Frames coalesced into one socket write (one batched frame when the executor "
+            'announced ``features: ["batch"]``, docs/protocol.md "Batched frames").'
+        ),
     )
     socket_dir: str | None = knob(
         None,
