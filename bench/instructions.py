@@ -59,7 +59,7 @@ SIZES = {"trivial": (500, 2500), "io": (300, 1300)}
 # --- children: what runs under valgrind ------------------------------------------------
 
 
-def _child_worker(mode: str, calls: int, reads: int) -> None:
+def _child_worker(mode: str, calls: int, reads: int, batch: bool = False) -> None:
     import logging
 
     sys.path.insert(0, str(HERE))
@@ -73,6 +73,7 @@ def _child_worker(mode: str, calls: int, reads: int) -> None:
         calls=calls,
         io_calls=calls,
         repeats=1,
+        batch=batch,
         phases=False,
         count=False,
         profile=None,
@@ -167,12 +168,17 @@ def main() -> None:
     parser.add_argument("--only", choices=("worker", "executor"), default=None)
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--keep", default=None, help="keep the callgrind files in this directory")
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="the worker's fake executors announce batched frames (docs/protocol.md)",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        side, mode, calls, reads = args.child
+        side, mode, calls, reads, *rest = args.child
         if side == "worker":
-            _child_worker(mode, int(calls), int(reads))
+            _child_worker(mode, int(calls), int(reads), batch=rest == ["batch"])
         else:
             _child_executor(int(calls), int(reads))
         return
@@ -199,12 +205,17 @@ def main() -> None:
         for size in (small, big):
             name = f"{side}-{label.replace(' ', '_')}-{size}"
             jobs[name] = [*me, side, mode, str(size), str(reads)]
+            if args.batch and side == "worker":
+                jobs[name].append("batch")
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures = {name: pool.submit(_count, argv, out_dir, name) for name, argv in jobs.items()}
         counts = {name: future.result() for name, future in futures.items()}
     from blockx.native import status
 
-    print(f"instructions (valgrind), {status().describe()}, reads per IO call: {args.reads}")
+    frames = ", worker: batched frames" if args.batch else ""
+    print(
+        f"instructions (valgrind), {status().describe()}, reads per IO call: {args.reads}{frames}"
+    )
     print(f"| {'side':<8} | {'calls':<14} | {'instr/call':>11} | {'instr/wait':>11} |")
     print(f"| {'-' * 8} | {'-' * 14} | {'-' * 10}:| {'-' * 10}:|")
     per_call: dict[tuple[str, str], float] = {}

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blockx.wire import encode_frame
+from blockx.wire.frames import BATCH_MAGIC, FEATURE_BATCH, batch_frames
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
@@ -93,7 +94,13 @@ class ImmediateBackend:
 class FakeExecutor:
     """A fake transport and the executor behind it (see the module docstring)."""
 
-    def __init__(self, executor_id: str, conn: Any, reads: int, clock: list[float]) -> None:
+    def __init__(
+        self, executor_id: str, conn: Any, reads: int, clock: list[float], batch: bool = False
+    ) -> None:
+        #: Announce batched frames (docs/protocol.md "Batched frames") and, once the
+        #: worker's ack accepts them, answer each turn's frames as one batch.
+        self.batch = batch
+        self.batching = False
         self.executor_id = executor_id
         self.conn = conn
         self.reads = reads
@@ -155,6 +162,7 @@ class FakeExecutor:
                     "lastSchedulerActiveAtMs": int(time.time() * 1000),
                     "runningCallId": None,
                     "executorProcessInstanceId": f"fake-{self.executor_id}",
+                    **({"features": [FEATURE_BATCH]} if self.batch else {}),
                 },
             }
         )
@@ -171,11 +179,26 @@ class FakeExecutor:
         size = len(data)
         reads = self.reads
         calls = self.calls
+        bodies: list[bytes] = []
         while pos < size:
             (length,) = _U32.unpack_from(data, pos)
-            envelope = _loads(data[pos + 4 : pos + 4 + length])
+            body = data[pos + 4 : pos + 4 + length]
             pos += 4 + length
+            if body[:4] == BATCH_MAGIC:  # K x (uint32 L | L bytes)
+                (count,) = _U32.unpack_from(body, 4)
+                inner = 8
+                for _ in range(count):
+                    (n,) = _U32.unpack_from(body, inner)
+                    bodies.append(body[inner + 4 : inner + 4 + n])
+                    inner += 4 + n
+            else:
+                bodies.append(body)
+        for body in bodies:
+            envelope = _loads(body)
             kind = envelope["messageType"]
+            if kind == "HeartbeatAck":
+                self.batching = FEATURE_BATCH in envelope.get("payload", {}).get("features", ())
+                continue
             if kind == "ExecuteCall":
                 payload = envelope["payload"]
                 call_id = envelope["callId"]
@@ -202,7 +225,7 @@ class FakeExecutor:
                 else:
                     del calls[call_id]
                     out.append(self._completed(call_id, state[0], state[1], {"total": state[4]}))
-        reply = b"".join(out)
+        reply = batch_frames(out) if self.batching else b"".join(out)
         self.clock[0] += time.thread_time() - t0
         if reply and not self.closed:
             self.conn.data_received(reply)
@@ -424,7 +447,7 @@ async def _measure(
         fakes = []
         for i in range(args.executors):
             conn = worker.adapter._new_connection()
-            fake = FakeExecutor(f"exec-{i}", conn, reads, clock)
+            fake = FakeExecutor(f"exec-{i}", conn, reads, clock, getattr(args, "batch", False))
             conn.connection_made(fake)  # type: ignore[arg-type]
             fake.heartbeat()
             fakes.append(fake)
@@ -482,6 +505,9 @@ def main() -> None:
         "--io-mode", choices=("immediate", "delayed", "scope", "sqlite"), default="immediate"
     )
     parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument(
+        "--batch", action="store_true", help="fake executors announce batched frames"
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--profile", choices=("trivial", "io"), default=None)
     parser.add_argument("--sort", default="tottime")
