@@ -127,7 +127,15 @@ def _stamp(compiled: bool, note: str) -> str:
         )
         for path in NATIVE_MODULES
     }
-    return json.dumps({"modules": modules, "note": note}, indent=1, sort_keys=True) + "\n"
+    stamp: dict[str, object] = {"modules": modules, "note": note}
+    if compiled:
+        # Size and mtime of each source as compiled: a process start that finds them
+        # unchanged trusts the digest without reading the file (blockx.native).
+        stamp["stats"] = {
+            _module_name(path): [(SRC / path).stat().st_size, (SRC / path).stat().st_mtime_ns]
+            for path in NATIVE_MODULES
+        }
+    return json.dumps(stamp, indent=1, sort_keys=True) + "\n"
 
 
 def _short(error: object, limit: int = 160) -> str:

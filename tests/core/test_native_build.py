@@ -120,6 +120,44 @@ def test_a_source_edited_after_the_build_runs_as_source_and_is_named(
     assert "blockx/worker/core/gone.py" in missing.reason
 
 
+def test_a_source_whose_size_and_mtime_are_the_stamped_ones_is_not_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(native.ENV_PURE, raising=False)
+    lifecycle = PACKAGE_DIR / "worker" / "core" / "lifecycle.py"
+    name = "blockx.worker.core.lifecycle"
+    digest = native.source_digest(str(lifecycle))
+    info = lifecycle.stat()
+    read: list[str] = []
+    original = native.source_digest
+
+    def counting_digest(path: str) -> str:
+        read.append(path)
+        return original(path)
+
+    monkeypatch.setattr(native, "source_digest", counting_digest)
+    same = {name: [info.st_size, info.st_mtime_ns]}
+    # Stat unchanged: trusted, not read (even a wrong digest stands: the stamp vouches).
+    assert native._decide({"modules": {name: digest}, "stats": same}).compiled == (name,)
+    assert native._decide({"modules": {name: "0" * 64}, "stats": same}).compiled == (name,)
+    assert read == []
+    # Stat changed (touched, or edited): read and compared.
+    moved = {name: [info.st_size, info.st_mtime_ns + 1]}
+    assert native._decide({"modules": {name: digest}, "stats": moved}).compiled == (name,)
+    stale = native._decide({"modules": {name: "0" * 64}, "stats": moved})
+    assert stale.compiled == () and "lifecycle.py" in stale.reason
+    assert len(read) == 2
+
+
+def test_a_compiled_build_stamps_each_sources_size_and_mtime() -> None:
+    stamp = json.loads((PACKAGE_DIR / native.STAMP_NAME).read_text(encoding="utf-8"))
+    if not all(stamp["modules"].values()):
+        pytest.skip(f"this install is pure Python: {stamp.get('note')}")
+    assert set(stamp["stats"]) == set(stamp["modules"])
+    for name, (size, mtime_ns) in stamp["stats"].items():
+        assert isinstance(size, int) and size > 0 and isinstance(mtime_ns, int), name
+
+
 def test_a_pure_build_says_why_and_no_stamp_decides_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
