@@ -85,6 +85,6 @@ def test_core_error_kinds_match_the_wire_vocabulary() -> None:
 
 def test_the_loss_causes_the_core_knows_are_the_links() -> None:
     """Every cause but ``shutdown`` makes suspects (blockx.worker.link.loss)."""
-    from blockx.worker.link.loss import LOSS_CAUSES
+    from blockx.worker.pool.exits import LOSS_CAUSES
 
     assert core_types.LOSS_CAUSES_BLAMING | {core_types.LOSS_SHUTDOWN} == LOSS_CAUSES

@@ -19,7 +19,7 @@ from executor_peer import ExecutorPeer, Recorder, attached, execute_payload
 
 from blockx.wire import keys
 from blockx.worker.link.adapter import ExecutorAdapter
-from blockx.worker.link.loss import ProcessExit
+from blockx.worker.pool.exits import ProcessExit
 
 Run = Callable[[Coroutine[Any, Any, Any]], Any]
 

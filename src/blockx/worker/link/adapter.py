@@ -114,7 +114,6 @@ from blockx.worker.link.connection import (
 )
 from blockx.worker.link.eras import Eras
 from blockx.worker.link.handlers import InboundHandlers
-from blockx.worker.link.loss import LossCause, ProcessExitSource
 from blockx.worker.link.outbound import OutboundSends
 from blockx.worker.link.snapshot import ExecutorSnapshot
 from blockx.worker.link.state import (
@@ -124,6 +123,7 @@ from blockx.worker.link.state import (
     unavailable_error,
 )
 from blockx.worker.link.unattached import UnattachedConnections
+from blockx.worker.pool.exits import LossCause, ProcessExitSource
 
 try:
     # mypyc reads the marker (below). Nothing applies it at run time: a compiled

@@ -40,9 +40,10 @@ from blockx.wire import ProtocolError
 from blockx.wire.schema import HeartbeatPayload
 from blockx.worker.link.callbacks import AdapterCallbacks
 from blockx.worker.link.connection import ExecutorConnection
-from blockx.worker.link.loss import EraEnd, ExecutorLoss, LossCause, ProcessExit, ProcessExitSource
+from blockx.worker.link.loss import EraEnd, ExecutorLoss
 from blockx.worker.link.state import ExecutorState
 from blockx.worker.link.unattached import UnattachedConnections
+from blockx.worker.pool.exits import LossCause, ProcessExit, ProcessExitSource
 
 __all__ = ["Eras"]
 

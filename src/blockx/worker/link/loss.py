@@ -41,26 +41,15 @@ from blockx.wire.blackbox import (
 
 # The pool's facts, re-exported: the link's modules name them from here.
 from blockx.worker.pool.exits import (
-    LOSS_CAUSES,
     LossCause,
     ProcessExit,
-    ProcessExitSource,
     describe_returncode,
 )
 
 if TYPE_CHECKING:
     from blockx.worker.link.reservations import LostCall
 
-__all__ = [
-    "LOSS_CAUSES",
-    "EraEnd",
-    "ExecutorLoss",
-    "LossCause",
-    "ProcessExit",
-    "ProcessExitSource",
-    "describe_returncode",
-    "loss_from_exit",
-]
+__all__ = ["EraEnd", "ExecutorLoss", "loss_from_exit"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
