@@ -102,6 +102,7 @@ NATIVE_MODULES = [
     "blockx/executor/context.py",
     "blockx/executor/deadline.py",
     "blockx/executor/inbound_frames.py",
+    "blockx/executor/local_reads.py",
     "blockx/executor/module_registry.py",
     "blockx/executor/outbox.py",
     "blockx/executor/outputs.py",

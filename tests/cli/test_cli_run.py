@@ -298,6 +298,55 @@ def test_chain_reads_example_against_a_local_json_rpc_node(tmp_path: Path) -> No
     assert "1 call-cache hits" in proc.stderr or "1 singleflight joins" in proc.stderr
 
 
+def test_the_summary_counts_reads_answered_in_the_executors(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "io"))
+    from jsonrpc_node import ALICE, FakeNode, balance
+
+    node = FakeNode().start()
+    try:
+        task = write(
+            tmp_path / "task.yaml",
+            (
+                "functions:\n"
+                "  wei:\n"
+                "    source: |\n"
+                "      def _(p):\n"
+                "          state = ChainState('eth', p['block'])\n"
+                "          return {'i': p['i'], 'wei': [state.get_address_balance(p['a'])\n"
+                "                                       for _ in range(4)]}\n"
+                "calls:\n"
+                + "".join(
+                    f"  - {{function: wei, args: {{i: {i}, a: '{ALICE}', block: 105}}}}\n"
+                    for i in range(6)
+                )
+            ),
+        )
+        summary = tmp_path / "summary.json"
+        proc = blockx(
+            "run",
+            task,
+            "-n",
+            "1",
+            "--summary-json",
+            summary,
+            "--set",
+            f"io.rpc.endpoints=eth={node.url}",
+        )
+        methods = list(node.methods)
+    finally:
+        node.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert [row["wei"] for row in jsonl(proc.stdout)] == [[balance(ALICE, 105)] * 4] * 6
+    assert methods == ["eth_getBalance"]  # one request for 24 reads
+    totals = json.loads(summary.read_text())["io"]["totals"]
+    # Each call's first read may go to the worker (the calls run at once); reads 2..4 of
+    # every call are answered by the executor; every read is counted once.
+    assert totals["requests"] + totals["local_hits"] == 24
+    assert totals["local_hits"] >= 18
+    assert f"{totals['local_hits']} more answered in the executors" in proc.stderr
+    assert "in executor" in proc.stderr
+
+
 def test_print_output_of_functions_goes_to_stderr_not_into_the_rows(tmp_path: Path) -> None:
     task = write(
         tmp_path / "task.yaml",

@@ -75,6 +75,8 @@ class IoReply:
     error: dict[str, Any] | None = None
     sidecar: bytes | None = None
     budget_used_ms: int = 0
+    #: ``ResumeCall.immutable``: the executor may keep the answer for identical reads.
+    immutable: bool = False
 
 
 class ExecutorExited(AssertionError):
@@ -393,6 +395,7 @@ class FakeWorker:
         result: Any = None,
         error: dict[str, Any] | None = None,
         budget_used_ms: int = 0,
+        immutable: bool = False,
     ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             keys.FP_RESUME_KIND: resume_kind,
@@ -402,6 +405,8 @@ class FakeWorker:
             payload[keys.FP_ERROR] = error
         else:
             payload[keys.FP_RESULT] = result
+        if immutable:
+            payload[keys.FP_IMMUTABLE] = True
         return {
             keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
             keys.F_CALL_ID: call_id,
@@ -571,6 +576,7 @@ class FakeWorker:
                 result=reply.result,
                 error=reply.error,
                 budget_used_ms=reply.budget_used_ms,
+                immutable=reply.immutable,
             ),
             reply.sidecar,
         )

@@ -290,12 +290,16 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         # Reads cancelled because nobody waited for them any more: only when there were some.
         abandoned = totals["abandoned"]
         gone = f", {count_text(abandoned)} abandoned" if abandoned else ""
+        # Reads the executors answered themselves (immutable answers they kept): only when
+        # there were some; they never reached the worker, so they are not among the requests.
+        local = totals["local_hits"]
+        kept = f"; {count_text(local)} more answered in the executors" if local else ""
         lines.append(
             f"  io        {count_text(totals['requests'])} requests: "
             f"{count_text(calls)} backend calls, {count_text(totals['cache_hits'])} cached, "
             f"{count_text(totals['singleflight_joins'])} joined{gone}, "
             f"{count_text(totals['errors'])} errors; backend calls mean {mean:,.2f} ms, "
-            f"max {totals['max_ms']:,.2f} ms"
+            f"max {totals['max_ms']:,.2f} ms{kept}"
         )
         lines.append(indent(io_stats.format_table(), "            "))
     else:

@@ -424,6 +424,7 @@ class CallRunner:
             failure,
             budget_used_ms=round(ctx.budget_used_ms()),
             debug_output=capture.getvalue() if capture is not None else None,
+            local_read_hits=ctx.local_hits_wire(),
         )
         self._finish(ctx, envelope, completed=False)
 

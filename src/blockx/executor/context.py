@@ -36,7 +36,8 @@ then (:data:`CUT_OFF_STATES`).
 Who touches it: the scheduler (main thread) and the call's own greenlet; the
 heartbeat thread only reads ``state`` and ``queued``.
 
-Imports: this module imports nothing of the executor's but :mod:`.errors`; the
+Imports: this module imports nothing of the executor's but :mod:`.errors` and
+:mod:`.local_reads` (a leaf: the read cache a context points at); the
 bridge a context carries (for the ``time.sleep`` patch) is typed by the
 :class:`SleepBridge` Protocol, so :mod:`.sdk_bridge`, which imports this module,
 is not imported back.
@@ -74,6 +75,7 @@ from blockx.wire.keys import (
     FP_ERROR_RETRYABLE_FIELD,
     FP_FUNCTION_CODE_DIGEST,
     FP_FUNCTION_ID,
+    FP_IMMUTABLE,
     FP_PARENT_CALL_ID,
     FP_RESULT,
     FP_RESULT_DATA,
@@ -98,6 +100,8 @@ from .errors import (
 
 if TYPE_CHECKING:
     from greenlet import greenlet
+
+    from .local_reads import TaskReads
 
 __all__ = [
     "BUDGET_CUT_OFF_STATES",
@@ -175,7 +179,7 @@ class ResumePayload:
     ``resume_kind`` is None only for a payload too malformed to name one.
     """
 
-    __slots__ = ("budget_used_ms", "error", "result", "resume_kind")
+    __slots__ = ("budget_used_ms", "error", "immutable", "result", "resume_kind")
 
     def __init__(
         self,
@@ -183,11 +187,14 @@ class ResumePayload:
         result: Any,
         error: dict[str, Any] | None,
         budget_used_ms: int,
+        immutable: bool = False,
     ) -> None:
         self.resume_kind = resume_kind
         self.result = result
         self.error = error
         self.budget_used_ms = budget_used_ms
+        # The worker marked the answer as one that never changes (docs/protocol.md).
+        self.immutable = immutable
 
     @classmethod
     def from_wire(cls, payload: Any, sidecar: bytes | None = None) -> ResumePayload:
@@ -217,7 +224,8 @@ class ResumePayload:
             elif type(result) is not dict:
                 return cls.malformed(resume_kind, "a sidecar needs an object result")
             result[FP_RESULT_DATA] = sidecar
-        return cls(resume_kind, result, None, used)
+            return cls(resume_kind, result, None, used)  # never kept: the bytes are not JSON
+        return cls(resume_kind, result, None, used, payload.get(FP_IMMUTABLE) is True)
 
     def charged_ms(self) -> int:
         """What this resume charges to the call's budget: its ``budgetUsedMs``, except
@@ -355,6 +363,8 @@ class ExecContext:
         "function_code_digest",
         "function_id",
         "greenlet",
+        "local_hits",
+        "local_reads",
         "parent_call_id",
         "pending_request_id",
         "queue_wait_s",
@@ -437,6 +447,20 @@ class ExecContext:
         self.suspended_at = 0.0  # when the last slice ended: the wait in progress began
         # The due time of this call's one live wait-limit timer (0.0: none; see timers.py).
         self.wait_timer_due = 0.0
+        # The task's immutable-read cache (set on admission; None: off) and the reads it
+        # answered for this attempt, per (backend, operation) (None: none yet).
+        self.local_reads: TaskReads | None = None
+        self.local_hits: dict[tuple[str, str], int] | None = None
+
+    def local_hits_wire(self) -> dict[str, dict[str, int]] | None:
+        """``localReadHits`` of this attempt's terminal frame: ``{backend: {operation: n}}``."""
+        hits = self.local_hits
+        if hits is None:
+            return None
+        wire: dict[str, dict[str, int]] = {}
+        for (backend, operation), count in hits.items():
+            wire.setdefault(backend, {})[operation] = count
+        return wire
 
     @classmethod
     def from_execute_call(

@@ -203,7 +203,7 @@ class InboundFrames:
         counters["calls_admitted"] += 1
         ctx.bridge = self._bridge
         self._contexts[ctx.call_id] = ctx
-        self._registry.acquire_task(ctx.task_id)
+        ctx.local_reads = self._registry.acquire_task(ctx.task_id)
         if ctx.debug_capture is not None:
             ensure_debug_tee()
         if self.call_timeout_ms:
@@ -295,7 +295,9 @@ class InboundFrames:
             self.resume_call(
                 envelope.callId,
                 envelope.requestId,
-                ResumePayload(resume.resumeKind, resume.result, None, resume.budgetUsedMs),
+                ResumePayload(
+                    resume.resumeKind, resume.result, None, resume.budgetUsedMs, resume.immutable
+                ),
             )
             return
         if isinstance(envelope, ExecuteCallFrame):  # decoded and checked by the reader

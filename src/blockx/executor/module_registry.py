@@ -57,6 +57,13 @@ from blockx.audit.entry import entry_from_defs, top_level_entries
 
 from .compiled_module import CompiledModule, module_filename
 from .errors import NoEntryFunctionError, UserCodeSyntaxError
+from .local_reads import (
+    DEFAULT_LOCAL_READ_CACHE,
+    DEFAULT_LOCAL_READ_CACHE_BYTES,
+    LOCAL_READ_CACHE_BYTES_ENV,
+    LOCAL_READ_CACHE_ENV,
+    TaskReads,
+)
 
 __all__ = [
     "CODE_CACHE_ENV",
@@ -67,6 +74,7 @@ __all__ = [
     "CompiledModule",
     "ModuleRegistry",
     "code_cache_max_entries_from_env",
+    "local_read_cache_from_env",
     "module_filename",
     "released_namespace_cache_from_env",
     "resolve_entry_name",
@@ -122,6 +130,18 @@ def released_namespace_cache_from_env(environ: Mapping[str, str] | None = None) 
     )
 
 
+def local_read_cache_from_env(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(max_entries, max_bytes)`` of each task's immutable-read cache:
+    ``BLOCKX_EXECUTOR_LOCAL_READ_CACHE`` (default 4096 answers; 0 = off) and
+    ``BLOCKX_EXECUTOR_LOCAL_READ_CACHE_BYTES`` (default 8 MiB; 0 = off)."""
+    return (
+        _non_negative_int_from_env(LOCAL_READ_CACHE_ENV, DEFAULT_LOCAL_READ_CACHE, environ),
+        _non_negative_int_from_env(
+            LOCAL_READ_CACHE_BYTES_ENV, DEFAULT_LOCAL_READ_CACHE_BYTES, environ
+        ),
+    )
+
+
 def resolve_entry_name(
     top_level_defs: tuple[str, ...],
     underscore_alias: bool,
@@ -157,14 +177,16 @@ class _LoadedModule:
 
 
 class _TaskModules:
-    """One task's namespaces; ``calls`` counts its resident calls."""
+    """One task's namespaces and immutable reads (None: the read cache is off);
+    ``calls`` counts its resident calls."""
 
-    __slots__ = ("calls", "modules", "restricted_modules")
+    __slots__ = ("calls", "modules", "reads", "restricted_modules")
 
-    def __init__(self) -> None:
+    def __init__(self, reads: TaskReads | None) -> None:
         self.calls = 0
         self.modules: dict[str, _LoadedModule] = {}
         self.restricted_modules: dict[str, _LoadedModule] = {}
+        self.reads = reads
 
     def __repr__(self) -> str:
         return (
@@ -178,7 +200,10 @@ class ModuleRegistry:
 
     ``max_entries`` bounds the compile cache (None: from the environment, 0 =
     unlimited); ``released_namespace_cache`` bounds how many released tasks
-    keep their namespaces (None: from the environment, 0 = none).
+    keep their namespaces (None: from the environment, 0 = none);
+    ``local_read_cache`` is ``(max_entries, max_bytes)`` of each task's
+    :class:`~blockx.executor.local_reads.TaskReads` (None: from the environment;
+    a 0: no read cache).
     """
 
     def __init__(
@@ -188,6 +213,7 @@ class ModuleRegistry:
         prelude: Mapping[str, Any] | None = None,
         restricted_namespace_factory: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         released_namespace_cache: int | None = None,
+        local_read_cache: tuple[int, int] | None = None,
     ) -> None:
         self.max_entries = code_cache_max_entries_from_env() if max_entries is None else max_entries
         if self.max_entries < 0:
@@ -199,6 +225,10 @@ class ModuleRegistry:
                 f"released_namespace_cache must be >= 0 (0 = none), got {released_namespace_cache}"
             )
         self.released_namespace_cache = released_namespace_cache
+        if local_read_cache is None:
+            local_read_cache = local_read_cache_from_env()
+        #: (max_entries, max_bytes) of each task's immutable-read cache; a 0: off.
+        self.local_read_cache = local_read_cache
         # The module-level PRELUDE dict itself unless overridden, so later additions count.
         self.prelude: Mapping[str, Any] = PRELUDE if prelude is None else prelude
         self.restricted_namespace_factory = restricted_namespace_factory
@@ -227,18 +257,29 @@ class ModuleRegistry:
 
     # --- task lifetime ---------------------------------------------------------------
 
-    def acquire_task(self, task_id: str) -> None:
+    def acquire_task(self, task_id: str) -> TaskReads | None:
         """A call of ``task_id`` became resident (the task takes back its released
-        namespaces, if they are still kept)."""
+        namespaces, if they are still kept); returns the task's immutable-read cache
+        (None when it is off)."""
         task = self._tasks.get(task_id)
         if task is None:
             task = self._released.pop(task_id, None)
             if task is None:
-                task = _TaskModules()
+                task = _TaskModules(self._new_reads())
             else:
                 self.namespace_reuses += 1
             self._tasks[task_id] = task
         task.calls += 1
+        return task.reads
+
+    def _new_reads(self) -> TaskReads | None:
+        entries, nbytes = self.local_read_cache
+        return TaskReads(entries, nbytes) if entries and nbytes else None
+
+    def task_reads(self, task_id: str) -> TaskReads | None:
+        """The immutable-read cache of ``task_id`` (resident or kept), or None."""
+        task = self._tasks.get(task_id) or self._released.get(task_id)
+        return None if task is None else task.reads
 
     def release_task(self, task_id: str) -> None:
         """A call of ``task_id`` ended; after the last one the task's namespaces are
@@ -372,7 +413,7 @@ class ModuleRegistry:
         """
         task = self._tasks.get(task_id)
         if task is None:  # a caller that did not acquire the task: keep it for this call only
-            task = _TaskModules()
+            task = _TaskModules(None)
         modules = task.restricted_modules if restricted else task.modules
         loaded = modules.get(digest)
         if loaded is None:

@@ -44,6 +44,7 @@ from blockx.wire.keys import (
     FP_ERROR_KIND,
     FP_ERROR_MESSAGE,
     FP_ERROR_STACK,
+    FP_LOCAL_READ_HITS,
     FP_LOCAL_VARS,
     FP_OUTPUT,
     FP_QUEUE_WAIT_US,
@@ -135,19 +136,22 @@ def call_completed_envelope(
     queue_wait_us: int,
     debug_output: str | None,
 ) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        FP_TASK_ID: ctx.task_id,
+        FP_ATTEMPT_SEQ: ctx.attempt_seq,
+        FP_OUTPUT: output,
+        FP_BUDGET_USED_MS: budget_used_ms,
+        FP_EFFECTIVE_EXECUTION_DURATION_US: effective_us,
+        FP_QUEUE_WAIT_US: queue_wait_us,
+        FP_DEBUG_OUTPUT: debug_output,
+    }
+    if ctx.local_hits is not None:  # reads answered by the task's immutable-read cache
+        payload[FP_LOCAL_READ_HITS] = ctx.local_hits_wire()
     return {
         F_MESSAGE_TYPE: MT_CALL_COMPLETED,
         F_CALL_ID: ctx.call_id,
         F_EXECUTOR_ID: executor_id,
-        F_PAYLOAD: {
-            FP_TASK_ID: ctx.task_id,
-            FP_ATTEMPT_SEQ: ctx.attempt_seq,
-            FP_OUTPUT: output,
-            FP_BUDGET_USED_MS: budget_used_ms,
-            FP_EFFECTIVE_EXECUTION_DURATION_US: effective_us,
-            FP_QUEUE_WAIT_US: queue_wait_us,
-            FP_DEBUG_OUTPUT: debug_output,
-        },
+        F_PAYLOAD: payload,
     }
 
 
@@ -160,6 +164,7 @@ def call_failed_envelope(
     *,
     budget_used_ms: int = 0,
     debug_output: str | None = None,
+    local_read_hits: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     error_kind, retryable, message, stack, local_vars = failure
     payload: dict[str, Any] = {
@@ -174,6 +179,8 @@ def call_failed_envelope(
     }
     if debug_output is not None:  # a debug call's captured stdout/stderr, as CallCompleted's
         payload[FP_DEBUG_OUTPUT] = debug_output
+    if local_read_hits is not None:
+        payload[FP_LOCAL_READ_HITS] = local_read_hits
     return {
         F_MESSAGE_TYPE: MT_CALL_FAILED,
         F_CALL_ID: call_id,

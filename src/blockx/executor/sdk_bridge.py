@@ -111,6 +111,7 @@ from .errors import (
     WaitDeadlineExceededError,
     chain_subcall_error,
 )
+from .local_reads import MISS, read_key
 from .markers import SLEEP_WAKE, SUSPENDED, WAIT_CUT_OFF, Marker
 from .outbox import Outbox
 
@@ -348,6 +349,25 @@ class SdkBridge:
             raise TypeError("backend and operation must be strings")
         if cache_key is not None and type(cache_key) is not str:
             raise TypeError("cache_key must be a string or None")
+        local_key: str | None = None
+        reads = ctx.local_reads
+        if reads is not None:
+            if cache_key is not None and io_kind == IO_READ:
+                # An immutable answer kept from an earlier identical read (local_reads.py):
+                # answered here, no frame. A cancelled or out-of-budget call still stops.
+                local_key = read_key(backend, operation, cache_key)
+                kept = reads.get(local_key)
+                if kept is not MISS:
+                    if ctx.cancel_reason is not None or ctx.expires_at <= ctx.clock():
+                        ctx.check_safe_point()
+                    hits = ctx.local_hits
+                    if hits is None:
+                        hits = ctx.local_hits = {}
+                    op = (backend, operation)
+                    hits[op] = hits.get(op, 0) + 1
+                    return kept
+            elif io_kind == IO_WRITE and len(reads):
+                reads.drop_backend(backend)
         sidecar: bytes | None = None
         if type(params) is dict:
             pass  # the common case, without the isinstance checks below
@@ -376,6 +396,7 @@ class SdkBridge:
                 sidecar,
                 value_key=None if params is None else FP_PARAMS,
                 skeleton_nulls=1 if cache_key is None else 0,
+                local_key=local_key,
             )
         except WaitDeadlineExceededError as exc:
             # Named here, not per wait in _perform_wait: free unless a wait is cut off.
@@ -540,12 +561,15 @@ class SdkBridge:
         *,
         value_key: str | None = None,
         skeleton_nulls: int = 0,
+        local_key: str | None = None,
     ) -> Any:
         """Send one ``CallWaiting``, suspend, and return the result of its ``ResumeCall``.
 
         ``payload[value_key]``, if named, is a raw user value (IO params, sub-call
         args), encoded with ``dumps_wire``'s rules in the frame's one orjson pass;
         ``skeleton_nulls`` counts the ``null`` the rest of the frame writes.
+        ``local_key`` names a read the task's immutable-read cache may keep: an
+        answer the worker marked ``immutable`` is kept under it.
         Raises the mapped :class:`RemoteCallError` for a ``ResumeCall.error``,
         an ``EncodeError`` when the request cannot be framed (nothing sent), or
         a framework exception when the call is cancelled or out of budget
@@ -620,6 +644,10 @@ class SdkBridge:
             ):
                 raise self._grant_spent(ctx, request_id, resumed.budget_used_ms)
             raise _map_resume_error(wait_kind, resumed.error)
+        if resumed.immutable and local_key is not None:
+            reads = ctx.local_reads
+            if reads is not None:
+                reads.put(local_key, resumed.result)
         return resumed.result
 
     @staticmethod

@@ -79,6 +79,9 @@ FP_ERROR_MESSAGE_FIELD: Final = "message"
 FP_ERROR_RETRYABLE_FIELD: Final = "retryable"
 FP_RESULT_DATA: Final = "data"
 FP_SOURCE: Final = "source"
+#: (addition) true on an IO answer that never changes (a chain read at a block number
+#: or hash): the executor may answer an identical read of the task from its own cache.
+FP_IMMUTABLE: Final = "immutable"
 
 # CancelCall
 FP_REASON: Final = "reason"
@@ -97,6 +100,9 @@ FP_OUTPUT: Final = "output"
 FP_EFFECTIVE_EXECUTION_DURATION_US: Final = "effectiveExecutionDurationUs"
 FP_QUEUE_WAIT_US: Final = "queueWaitUs"
 FP_DEBUG_OUTPUT: Final = "debugOutput"
+#: (addition, CallCompleted and CallFailed) reads the executor answered from its own
+#: cache during the attempt: ``{backend: {operation: count}}``; absent when none.
+FP_LOCAL_READ_HITS: Final = "localReadHits"
 
 # CallFailed
 FP_ERROR_KIND: Final = "errorKind"

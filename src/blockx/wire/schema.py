@@ -146,6 +146,8 @@ class ResumeCallPayload(msgspec.Struct, kw_only=True):
     result: Any = None
     error: dict[str, Any] | None = None
     budgetUsedMs: int = 0
+    #: (addition) the answer never changes: the executor may keep it for identical reads.
+    immutable: bool = False
 
 
 class ResumeCall(msgspec.Struct, tag=keys.MT_RESUME_CALL, tag_field=_TAG):
@@ -244,16 +246,21 @@ class CallCompletedPayload(msgspec.Struct, kw_only=True):
     output: msgspec.Raw = MISSING_OUTPUT
     budgetUsedMs: int = 0
     debugOutput: str | None = None
+    #: (addition) ``{backend: {operation: count}}`` of reads answered inside the executor.
+    localReadHits: dict[str, dict[str, int]] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The members the worker reads, as the generic path decodes them (output decoded)."""
-        return {
+        wire = {
             keys.FP_TASK_ID: self.taskId,
             keys.FP_ATTEMPT_SEQ: self.attemptSeq,
             keys.FP_OUTPUT: loads_wire(self.output),
             keys.FP_BUDGET_USED_MS: self.budgetUsedMs,
             keys.FP_DEBUG_OUTPUT: self.debugOutput,
         }
+        if self.localReadHits is not None:
+            wire[keys.FP_LOCAL_READ_HITS] = self.localReadHits
+        return wire
 
 
 class TimedCallCompletedPayload(CallCompletedPayload, kw_only=True):
@@ -283,6 +290,7 @@ class CallFailedPayload(msgspec.Struct, kw_only=True):
     localVars: dict[str, Any] | None = None
     budgetUsedMs: int = 0
     debugOutput: str | None = None
+    localReadHits: dict[str, dict[str, int]] | None = None
 
 
 class CallFailed(msgspec.Struct, tag=keys.MT_CALL_FAILED, tag_field=_TAG):

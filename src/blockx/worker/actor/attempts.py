@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.wire import keys
 from blockx.worker.actor.events import AttemptCompleted, AttemptFailed, CallFramesReceived, RetryDue
@@ -51,6 +51,7 @@ _FP_OUTPUT: Final = keys.FP_OUTPUT
 _FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
+_FP_LOCAL_READ_HITS: Final = keys.FP_LOCAL_READ_HITS
 _MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
 _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _encode_output: Final = encode_output_fast
@@ -107,6 +108,8 @@ class AttemptEnds:
                         waits = []
                     payload = frame[2]
                     if isinstance(payload, CompletedPayload):  # typed: the output stays JSON
+                        if payload.localReadHits is not None:
+                            self._note_local_hits(payload.taskId, payload.localReadHits)
                         if self._runs.output_limited or payload.debugOutput is not None:
                             if completions:
                                 self._complete_calls(completions)
@@ -127,6 +130,9 @@ class AttemptEnds:
                         continue
                     attempt = payload.get(_FP_ATTEMPT_SEQ)
                     budget = payload.get(_FP_BUDGET_USED_MS, 0)
+                    hits = payload.get(_FP_LOCAL_READ_HITS)
+                    if hits is not None:
+                        self._note_local_hits(payload.get(_FP_TASK_ID), hits)
                     try:  # right-sized, big ints exact: see json_values
                         output_json = _encode_output(payload.get(_FP_OUTPUT))
                     except (TypeError, ValueError, OverflowError):
@@ -175,8 +181,22 @@ class AttemptEnds:
     def _complete_calls(self, completions: list[CompletedCall]) -> None:
         self._run(self._core.handle_calls_completed(completions))
 
+    def _note_local_hits(self, task_id: Any, hits: Any) -> None:
+        """Reads the executor answered from its own cache during an attempt (CallCompleted
+        or CallFailed ``localReadHits``): counted in the task's IO statistics when its IO
+        handler keeps them (a ``TaskIOScope``: ``note_local_hits``)."""
+        run = self._runs.by_id.get(task_id) if type(task_id) is str else None
+        if run is None:
+            return
+        note = getattr(run.io_handler, "note_local_hits", None)
+        if note is not None:
+            note(hits)
+
     def apply_attempt_completed(self, event: AttemptCompleted) -> None:
         payload = event.payload
+        hits = payload.get(_FP_LOCAL_READ_HITS)
+        if hits is not None:
+            self._note_local_hits(payload.get(_FP_TASK_ID), hits)
         output_json = encode_output(payload.get(_FP_OUTPUT))
         self._complete_one(event, output_json)
 
@@ -224,6 +244,9 @@ class AttemptEnds:
 
     def apply_attempt_failed(self, event: AttemptFailed) -> None:
         payload = event.payload
+        hits = payload.get(_FP_LOCAL_READ_HITS)
+        if hits is not None:
+            self._note_local_hits(payload.get(_FP_TASK_ID), hits)
         attempt = payload.get(_FP_ATTEMPT_SEQ)
         budget = payload.get(_FP_BUDGET_USED_MS, 0)
         kind = payload.get(keys.FP_ERROR_KIND)

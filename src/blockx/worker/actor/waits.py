@@ -111,6 +111,7 @@ _FP_ATTEMPT_SEQ: Final = keys.FP_ATTEMPT_SEQ
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_WAIT_KIND: Final = keys.FP_WAIT_KIND
 _FP_RESUME_KIND: Final = keys.FP_RESUME_KIND
+_FP_IMMUTABLE: Final = keys.FP_IMMUTABLE
 _FP_RESULT: Final = keys.FP_RESULT
 _FP_ERROR: Final = keys.FP_ERROR
 _FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
@@ -329,6 +330,8 @@ class Waits:
                 _FP_RESULT: answer.result,
                 _FP_BUDGET_USED_MS: budget,
             }
+            if answer.immutable:  # the executor may keep it (docs/protocol.md)
+                payload[_FP_IMMUTABLE] = True
         else:
             payload = {
                 _FP_RESUME_KIND: _WAIT_IO,

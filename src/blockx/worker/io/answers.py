@@ -37,16 +37,21 @@ class IOResult:
     call fails with its kind and ``retryable`` flag). ``budget_used_ms`` is
     charged to the call's budget; ``None``: the wall time of the request.
 
+    ``immutable``: the answer never changes (a chain read at a block number or
+    hash); the executor may keep it and answer identical reads of the task
+    itself (docs/protocol.md, ``ResumeCall.immutable``).
+
     Treat it as immutable: a cached one answers many waits.
     """
 
-    __slots__ = ("budget_used_ms", "error", "result", "sidecar")
+    __slots__ = ("budget_used_ms", "error", "immutable", "result", "sidecar")
 
     result: Any
     error: RemoteError | None
     #: Raw response bytes (a protobuf, a JSON-RPC body), sent without base64.
     sidecar: bytes | None
     budget_used_ms: int | None
+    immutable: bool
 
     def __init__(
         self,
@@ -55,16 +60,19 @@ class IOResult:
         error: RemoteError | None = None,
         sidecar: bytes | None = None,
         budget_used_ms: int | None = None,
+        immutable: bool = False,
     ) -> None:
         self.result = result
         self.error = error
         self.sidecar = sidecar
         self.budget_used_ms = budget_used_ms
+        self.immutable = immutable
 
     def __repr__(self) -> str:
+        tail = ", immutable=True" if self.immutable else ""
         return (
             f"IOResult(result={self.result!r}, error={self.error!r}, "
-            f"sidecar={self.sidecar!r}, budget_used_ms={self.budget_used_ms!r})"
+            f"sidecar={self.sidecar!r}, budget_used_ms={self.budget_used_ms!r}{tail})"
         )
 
     def __eq__(self, other: object) -> bool:
@@ -72,11 +80,12 @@ class IOResult:
         # (identity first, so a result holding a NaN still equals itself).
         if type(other) is not IOResult:
             return NotImplemented
-        return (self.result, self.error, self.sidecar, self.budget_used_ms) == (
+        return (self.result, self.error, self.sidecar, self.budget_used_ms, self.immutable) == (
             other.result,
             other.error,
             other.sidecar,
             other.budget_used_ms,
+            other.immutable,
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as a dataclass)
@@ -88,29 +97,41 @@ class PreparedRequest:
     ``domain`` groups requests for write invalidation: a write to a domain
     drops the task's cached reads of the same backend and domain (``None``: the
     whole backend). ``cacheable`` False keeps a read's answer out of the cache
-    (identical concurrent reads still share one backend call). ``body`` is the
-    backend's own parsed form of the request.
+    (identical concurrent reads still share one backend call). ``immutable``
+    True says a successful answer never changes, whoever writes what (a chain
+    read at a block number or hash; never a table read): the executor may then
+    keep it and answer identical reads itself. ``body`` is the backend's own
+    parsed form of the request.
     """
 
-    __slots__ = ("body", "cacheable", "domain", "operation")
+    __slots__ = ("body", "cacheable", "domain", "immutable", "operation")
 
     operation: str
     body: Any
     domain: str | None
     cacheable: bool
+    immutable: bool
 
     def __init__(
-        self, operation: str, body: Any, *, domain: str | None, cacheable: bool = True
+        self,
+        operation: str,
+        body: Any,
+        *,
+        domain: str | None,
+        cacheable: bool = True,
+        immutable: bool = False,
     ) -> None:
         self.operation = operation
         self.body = body
         self.domain = domain
         self.cacheable = cacheable
+        self.immutable = immutable and cacheable
 
     def __repr__(self) -> str:
+        tail = ", immutable=True" if self.immutable else ""
         return (
             f"PreparedRequest({self.operation!r}, domain={self.domain!r}, "
-            f"cacheable={self.cacheable})"
+            f"cacheable={self.cacheable}{tail})"
         )
 
 

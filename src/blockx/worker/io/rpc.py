@@ -37,6 +37,15 @@ A read at ``latest`` is cached per request (an identical read sees the same
 answer; different reads may see different heads): pass a block number for a
 consistent snapshot.
 
+**Immutable reads.** A state read at a block number or a block hash, never at
+a tag (``eth_getBalance``, ``eth_getTransactionCount``, ``eth_getCode``,
+``eth_getStorageAt``, ``eth_call``, ``eth_getProof``, ``eth_getBlockByNumber``,
+``eth_getBlockByHash``, ... see :data:`IMMUTABLE_AT_BLOCK`), answers the same
+forever: it is marked immutable (:func:`immutable_read`), so the executor keeps
+a successful, non-null answer and serves identical reads of the task itself
+(docs/protocol.md, ``ResumeCall.immutable``). A ``null`` answer (a block not
+there yet) and an error are never kept.
+
 The HTTP client is one ``aiohttp.ClientSession`` (keep-alive, at most
 ``max_connections`` connections per endpoint host), created on first use.
 """
@@ -59,7 +68,7 @@ from blockx.wire import dumps_wire, loads_wire
 from .backend import IORequestError, PreparedRequest, Reply
 from .config import RpcConfig
 
-__all__ = ["VOLATILE_METHODS", "RpcBackend", "RpcStats"]
+__all__ = ["IMMUTABLE_AT_BLOCK", "VOLATILE_METHODS", "RpcBackend", "RpcStats", "immutable_read"]
 
 _log = logging.getLogger("blockx.worker.io.rpc")
 
@@ -118,6 +127,45 @@ class _Request:
         self.method = method
         self.params = params
         self.future = future
+
+
+#: Methods whose answer at a fixed block never changes: the index of their block parameter.
+IMMUTABLE_AT_BLOCK: Final[Mapping[str, int]] = {
+    "eth_getBalance": 1,
+    "eth_getTransactionCount": 1,
+    "eth_getCode": 1,
+    "eth_getStorageAt": 2,
+    "eth_call": 1,
+    "eth_getProof": 2,
+    "eth_getBlockByNumber": 0,
+    "eth_getBlockByHash": 0,
+    "eth_getBlockTransactionCountByNumber": 0,
+    "eth_getBlockTransactionCountByHash": 0,
+    "eth_getUncleCountByBlockNumber": 0,
+    "eth_getUncleCountByBlockHash": 0,
+}
+_BLOCK_NUMBER_RE: Final = re.compile(r"0x[0-9a-fA-F]{1,16}\Z")
+_BLOCK_HASH_RE: Final = re.compile(r"0x[0-9a-fA-F]{64}\Z")
+
+
+def _fixed_block(ref: Any) -> bool:
+    """Whether ``ref`` names one block for good: a hex number or a block hash, or an
+    EIP-1898 object of one (never a tag such as ``latest``)."""
+    if type(ref) is str:
+        return bool(_BLOCK_NUMBER_RE.match(ref) or _BLOCK_HASH_RE.match(ref))
+    if type(ref) is dict:
+        block_hash = ref.get("blockHash")
+        if block_hash is not None:
+            return type(block_hash) is str and bool(_BLOCK_HASH_RE.match(block_hash))
+        number = ref.get("blockNumber")
+        return type(number) is str and bool(_BLOCK_NUMBER_RE.match(number))
+    return False
+
+
+def immutable_read(method: str, params: list[Any]) -> bool:
+    """Whether ``method(*params)`` answers the same forever (module docstring)."""
+    index = IMMUTABLE_AT_BLOCK.get(method)
+    return index is not None and index < len(params) and _fixed_block(params[index])
 
 
 def _contains_pending(params: Any) -> bool:
@@ -436,7 +484,13 @@ class RpcBackend:
                 f"rpc {operation}: 'params' must be a list (positional JSON-RPC params)"
             )
         cacheable = operation not in VOLATILE_METHODS and not _contains_pending(method_params)
-        return PreparedRequest(operation, (chain, method_params), domain=chain, cacheable=cacheable)
+        return PreparedRequest(
+            operation,
+            (chain, method_params),
+            domain=chain,
+            cacheable=cacheable,
+            immutable=cacheable and immutable_read(operation, method_params),
+        )
 
     def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
         chain, method_params = request.body

@@ -95,6 +95,7 @@ class _Flight:
         "cacheable",
         "domain",
         "generation",
+        "immutable",
         "joiners",
         "key",
         "pending",
@@ -122,6 +123,7 @@ class _Flight:
         self.backend = backend
         self.domain = prepared.domain
         self.cacheable = prepared.cacheable and key is not None and not write
+        self.immutable = prepared.immutable and self.cacheable
         self.generation = scope._cache.generation(backend, prepared.domain)
         self.stats = stats
         self.write = write
@@ -252,6 +254,15 @@ class _Flight:
         elapsed = time.perf_counter() - self.started
         self.stats.record_call(elapsed, reply.error is not None)
         result = reply.to_io_result()
+        if (
+            self.immutable
+            and reply.error is None
+            and reply.sidecar is None
+            and (
+                reply.result is not None  # null: a block not there yet, which may come
+            )
+        ):
+            result.immutable = True  # the executor may keep it (docs/protocol.md)
         scope._flight_done(self, reply)
         answer = self.answer
         joiners = self.joiners
@@ -363,6 +374,21 @@ class TaskIOScope:
             pending = flight.pending
             if pending is not None and not pending.done():
                 pending.cancel()
+
+    def note_local_hits(self, hits: Any) -> None:
+        """Count reads an executor answered from its own immutable-read cache
+        (``{backend: {operation: count}}``, a call's ``localReadHits``) in
+        ``stats.local_hits``; anything malformed is ignored (statistics only)."""
+        if type(hits) is not dict:
+            return
+        for backend, operations in hits.items():
+            if type(backend) is not str or type(operations) is not dict:
+                continue
+            for operation, count in operations.items():
+                if type(operation) is str and type(count) is int and count > 0:
+                    self.stats.operation(
+                        backend[:_MAX_NAME], operation[:_MAX_NAME]
+                    ).record_local_hits(count)
 
     # --- IOHandler ------------------------------------------------------------------------------
 
@@ -525,5 +551,10 @@ class TaskIOScope:
         if key is None or not flight.cacheable or reply.error is not None or self._closed:
             return
         nbytes = reply.nbytes or estimate_size(reply.result, reply.sidecar)
-        hit = IOResult(result=reply.result, sidecar=reply.sidecar, budget_used_ms=0)
+        hit = IOResult(
+            result=reply.result,
+            sidecar=reply.sidecar,
+            budget_used_ms=0,
+            immutable=flight.immutable and reply.sidecar is None and reply.result is not None,
+        )
         self._cache.put(key, hit, flight.backend, flight.domain, flight.generation, nbytes)

@@ -9,6 +9,9 @@ backend (``rejected``), or by a backend call of its own (``backend_calls``) --
 or that read's call was cancelled because every wait for it was gone before it
 answered (``abandoned``: the call's attempt failed, its budget ran out, it was
 cancelled or its executor was lost; no latency is recorded for it).
+Reads the executors answered from their own immutable-read caches never reach
+the scope: they are counted apart, in ``local_hits`` (reported with each
+call's end, :meth:`OperationStats.record_local_hits`), not in ``requests``.
 ``errors`` counts backend calls that answered an error (refusals are counted in
 ``rejected`` and ``errors`` both). Latency is measured for backend calls only,
 on ``time.perf_counter`` (not the event loop's clock: uvloop's counts whole
@@ -59,6 +62,7 @@ class OperationStats:
         "backend_calls",
         "cache_hits",
         "errors",
+        "local_hits",
         "max_ms",
         "operation",
         "rejected",
@@ -78,6 +82,7 @@ class OperationStats:
         self.cache_hits = 0
         self.singleflight_joins = 0
         self.abandoned = 0
+        self.local_hits = 0
         self.total_ms = 0.0
         self.max_ms = 0.0
         self._histogram: list[int] | None = None
@@ -93,6 +98,13 @@ class OperationStats:
         parent = self._parent
         if parent is not None:
             parent.record_cache_hit()
+
+    def record_local_hits(self, count: int) -> None:
+        """``count`` reads an executor answered from its own cache (never a request here)."""
+        self.local_hits += count
+        parent = self._parent
+        if parent is not None:
+            parent.record_local_hits(count)
 
     def record_join(self) -> None:
         self.requests += 1
@@ -169,6 +181,7 @@ class OperationStats:
             "cache_hits": self.cache_hits,
             "singleflight_joins": self.singleflight_joins,
             "abandoned": self.abandoned,
+            "local_hits": self.local_hits,
             "total_ms": round(self.total_ms, 3),
             "mean_ms": round(self.mean_ms, 3),
             "p50_ms": round(self.percentile_ms(0.50), 3),
@@ -214,6 +227,7 @@ class IOStats:
             "cache_hits": sum(s.cache_hits for s in ops),
             "singleflight_joins": sum(s.singleflight_joins for s in ops),
             "abandoned": sum(s.abandoned for s in ops),
+            "local_hits": sum(s.local_hits for s in ops),
             "total_ms": round(sum(s.total_ms for s in ops), 3),
             "max_ms": round(max((s.max_ms for s in ops), default=0.0), 3),
         }
@@ -231,6 +245,9 @@ class IOStats:
             f"{'joined':>7} {'abandoned':>9} {'errors':>7} {'p50 ms':>8} {'p95 ms':>8} "
             f"{'max ms':>8}"
         )
+        local = any(s.local_hits for s in self._ops.values())
+        if local:  # the executors answered some reads themselves
+            header += f" {'in executor':>11}"
         lines = [header]
         for s in self:
             name = f"{s.backend}/{s.operation}"
@@ -239,5 +256,6 @@ class IOStats:
                 f"{s.singleflight_joins:>7} {s.abandoned:>9} {s.errors:>7} "
                 f"{s.percentile_ms(0.5):>8.2f} "
                 f"{s.percentile_ms(0.95):>8.2f} {s.max_ms:>8.2f}"
+                + (f" {s.local_hits:>11}" if local else "")
             )
         return "\n".join(lines)
