@@ -3,8 +3,9 @@
 A task is written into a directory (``task.yaml``, its calls as ``calls.jsonl``,
 a stream), then ``sys.executable -m blockx run task.yaml -o rows.jsonl
 --summary-json summary.json --quiet --executors N`` runs with this process's
-environment (so ``PYTHONPATH`` and ``BLOCKX_PURE_PYTHON`` pass through: the
-BlockX that runs is the one this interpreter imports). The wall time is taken
+environment (``BLOCKX_PURE_PYTHON`` and the rest pass through), this checkout's
+``src`` put first on ``PYTHONPATH`` — the sources the in-process benches put first
+on ``sys.path``, so both kinds of bench measure the same BlockX. The wall time is taken
 around the child, from just before it is spawned to its exit: interpreter
 start-up, imports, executors, the task, the last row written and shutdown.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +104,10 @@ def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -
         "--executors",
         str(executors),
     ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
     t0 = time.perf_counter()
-    done = subprocess.run(
-        argv, env=dict(os.environ), capture_output=True, text=True, timeout=timeout_s
-    )
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"blockx run {task} exited {done.returncode}:\n{done.stderr[-4000:]}")
@@ -117,3 +121,17 @@ def read_rows(path: Path) -> list[Any]:
     """The rows of a run, one JSON value per line."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def steady_rate(calls: int, walls: list[float], fixed: list[float]) -> float | None:
+    """The median of ``calls / (wall - fixed)`` over paired runs; None when a run took no
+    longer than its start-up estimate (too few calls to tell the two apart)."""
+    spans = [wall - f for wall, f in zip(walls, fixed, strict=True)]
+    if min(spans) <= 0:
+        return None
+    return statistics.median(calls / span for span in spans)
+
+
+def format_rate(rate: float | None, width: int = 0) -> str:
+    """``12,345``, or ``n/a`` for a rate :func:`steady_rate` could not tell."""
+    return f"{'n/a' if rate is None else f'{rate:,.0f}':>{width}}"
