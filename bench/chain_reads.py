@@ -145,9 +145,10 @@ class NodeProtocol(asyncio.Protocol):
     buffer (headers, then ``Content-Length`` bytes); each JSON-RPC body is answered
     ``delay_s`` later, in arrival order (equal delays keep the order)."""
 
-    def __init__(self, counts: _Counts, delay_s: float) -> None:
+    def __init__(self, counts: _Counts, delay_s: float, skew: int = 0) -> None:
         self.counts = counts
         self.delay_s = delay_s
+        self.skew = skew  # added to every balance: only to prove that the checks fail
         self.buffer = bytearray()
         self.transport: asyncio.Transport | None = None
 
@@ -200,14 +201,13 @@ class NodeProtocol(asyncio.Protocol):
             answer = self._answer(request)
         self._respond(200, json.dumps(answer, separators=(",", ":")).encode(), self.delay_s)
 
-    @staticmethod
-    def _answer(item: Any) -> dict[str, Any]:
+    def _answer(self, item: Any) -> dict[str, Any]:
         rid = item.get("id") if isinstance(item, dict) else None
         try:
             assert isinstance(item, dict) and item.get("method") == "eth_getBalance"
             address, block = item["params"]
             assert isinstance(block, str) and block.startswith("0x")
-            result = hex(balance(address, int(block, 16)))
+            result = hex(balance(address, int(block, 16)) + self.skew)
         except (AssertionError, KeyError, TypeError, ValueError):
             error = {
                 "code": -32601,
@@ -232,14 +232,14 @@ class NodeProtocol(asyncio.Protocol):
             self.transport.write(message)
 
 
-def serve_node(delay_ms: float) -> None:
+def serve_node(delay_ms: float, skew: int) -> None:
     """The node's process: print the port, serve until stdin closes (the driver went away)."""
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         counts = _Counts()
         server = await loop.create_server(
-            lambda: NodeProtocol(counts, delay_ms / 1000), "127.0.0.1", 0, backlog=1024
+            lambda: NodeProtocol(counts, delay_ms / 1000, skew), "127.0.0.1", 0, backlog=1024
         )
         print(server.sockets[0].getsockname()[1], flush=True)
         await loop.run_in_executor(None, sys.stdin.read)
@@ -251,9 +251,10 @@ def serve_node(delay_ms: float) -> None:
 class Node:
     """The node's child process, seen from the driver: ``url``, ``reset()``, ``stats()``."""
 
-    def __init__(self, delay_ms: float) -> None:
+    def __init__(self, delay_ms: float, skew: int = 0) -> None:
+        argv = [sys.executable, __file__, "--serve-node", "--delay-ms", str(delay_ms)]
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve-node", "--delay-ms", str(delay_ms)],
+            [*argv, "--node-skew", str(skew)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -428,15 +429,17 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=2.0)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--serve-node", action="store_true", help=argparse.SUPPRESS)
+    # A node whose balances are off by this much: the checks must stop the bench (a test).
+    parser.add_argument("--node-skew", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_node:
-        serve_node(args.delay_ms)
+        serve_node(args.delay_ms, args.node_skew)
         return
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     plans = {w: workload_addresses(w, args.calls, args.reads) for w in workloads}
     expected = {w: expected_balances(a) for w, a in plans.items()}
 
-    node = Node(args.delay_ms)
+    node = Node(args.delay_ms, args.node_skew)
     results: dict[str, dict[str, list[dict[str, float]]]] = {
         w: {"blockx": [], "threads": [], "aiohttp": []} for w in workloads
     }
