@@ -14,7 +14,9 @@ What the process spends outside the calls is estimated honestly from outside:
 fixed cost (start-up and shutdown, one call's work is noise next to it); the
 steady-state rate of an N-call run is ``N / (wall - fixed)``. The summary's
 own ``task_wall_time_s`` (from the task's submission to its end: it includes
-the executors' start, which runs concurrently with it) is kept too.
+the executors' start, which runs concurrently with it) is kept too, and so is
+the part of the wall time the command's own clock (``wall_time_s``) does not
+see: interpreter start-up, imports, the input checks, the exit.
 
 Nothing here checks the rows: each bench reads ``rows_path`` and checks them
 against what its calls must return, failing loudly on a wrong answer.
@@ -52,6 +54,13 @@ class ProcessRun:
     @property
     def task_wall_s(self) -> float:
         return float(self.summary["task_wall_time_s"])
+
+    @property
+    def outside_command_clock_s(self) -> float:
+        """The process's wall time the command's own clock (the summary's ``wall_time_s``,
+        from the run's start to its last row) does not see: interpreter start-up, imports,
+        the task file's and the calls file's checks, and the exit."""
+        return self.wall_s - float(self.summary["wall_time_s"])
 
     def __repr__(self) -> str:
         return f"ProcessRun(calls={self.calls}, wall_s={self.wall_s:.3f}, task_wall_s={self.task_wall_s:.3f})"
