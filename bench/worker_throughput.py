@@ -40,8 +40,30 @@ hottest functions (the executors run in their own processes; see
 bench/executor_throughput.py for their side). Worker CPU per call is the worker
 process's CPU time over the task.
 
+``--whole-process`` runs a different comparison instead (the first row of issue
+#18 used ``--calls 100000``): the trivial task as a user runs it, whole
+processes timed from outside, interleaved, medians of ``--repeats``:
+
+* **BlockX** — ``blockx run`` as a child process (``bench/blockx_process.py``:
+  ``sys.executable -m blockx run task.yaml -o rows.jsonl --executors N``, this
+  environment passed through) on a task whose ``--calls`` calls are a calls
+  file (a stream), rows to a file;
+* **imap** — a child ``python -c`` process (no BlockX import) that reads the
+  same calls file line by line, runs the same function through
+  ``multiprocessing.Pool(N).imap(chunksize=1)`` (fork) and writes the same rows
+  to a file with ``json``.
+
+Both are timed from spawn to exit; both row files are checked (every
+``{"y": x + 1}``, once). Start-up is estimated the same way for both: a run of
+one call (before each repeat) is the process's fixed cost (interpreter,
+imports, pool or executors, shutdown), and ``calls / (wall - fixed)`` the
+steady-state rate; BlockX's summary rate (``task_wall_time_s``, from the
+task's submission, executors' start included) is printed beside it.
+
     .venv/bin/python bench/worker_throughput.py [--calls 20000] [--io-calls 5000]
         [--executors 2] [--repeats 3] [--io-sweep 16,32,64] [--profile]
+    .venv/bin/python bench/worker_throughput.py --whole-process [--calls 100000]
+        [--executors 2] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -55,13 +77,16 @@ import multiprocessing
 import os
 import pstats
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tests.helpers.pipelined_driver import process_cpu_seconds
 
@@ -72,6 +97,7 @@ from blockx.worker.io import IOResult
 from blockx.worker.io.backend import PreparedRequest, Reply
 from blockx.worker.io.registry import BackendRegistry, IOSubsystem
 from blockx.worker.pool.spawner import ExecutorLaunchSpec, ProcessSpawner
+from blockx_process import format_rate, read_rows, run_blockx, steady_rate, write_task
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
 READS = 5
@@ -303,6 +329,132 @@ def imap_run(n: int, pool: Any) -> float:
     return n / wall
 
 
+# --- whole processes (--whole-process) --------------------------------------------------------
+
+#: The imap peer as its own process: no BlockX import; the calls file in, the rows file out.
+IMAP_PROCESS = """
+import json, multiprocessing, sys
+
+def t(p):
+    return {"y": p["x"] + 1}
+
+def main():
+    calls_path, rows_path, processes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with open(calls_path, encoding="utf-8") as calls, open(rows_path, "w", encoding="utf-8") as rows:
+        args = (json.loads(line)["args"] for line in calls if line.strip())
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            for row in pool.imap(t, args, chunksize=1):
+                rows.write(json.dumps(row, separators=(",", ":")))
+                rows.write("\\n")
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def check_trivial_rows(system: str, rows: list[Any], n: int) -> None:
+    """Every call's row, once (a stream's rows may come in batch order, not call order)."""
+    ys = sorted(row["y"] for row in rows)
+    if ys != list(range(1, n + 1)):
+        raise SystemExit(f"{system}: wrong rows: {len(rows)} rows for {n} calls")
+
+
+def trivial_task(directory: Path, n: int) -> Path:
+    task, _ = write_task(
+        directory,
+        {"t": TRIVIAL},
+        ({"function": "t", "args": {"x": i}} for i in range(n)),
+    )
+    return task
+
+
+def blockx_process_run(directory: Path, n: int, executors: int) -> dict[str, float]:
+    run = run_blockx(trivial_task(directory, n), n, executors)
+    check_trivial_rows("BlockX", read_rows(run.rows_path), n)
+    return {
+        "wall_s": run.wall_s,
+        "task_wall_s": run.task_wall_s,
+        "outside_s": run.outside_command_clock_s,
+    }
+
+
+def imap_process_run(directory: Path, n: int, executors: int) -> dict[str, float]:
+    task = trivial_task(directory, n)  # the same calls file
+    rows = task.parent / "imap-rows.jsonl"
+    argv = [sys.executable, "-c", IMAP_PROCESS, str(task.parent / "calls.jsonl"), str(rows)]
+    t0 = time.perf_counter()
+    done = subprocess.run([*argv, str(executors)], capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"the imap process exited {done.returncode}:\n{done.stderr[-4000:]}")
+    check_trivial_rows("imap", read_rows(rows), n)
+    return {"wall_s": wall}
+
+
+def whole_process_main(args: argparse.Namespace) -> None:
+    n = args.calls
+    runs: dict[str, list[dict[str, float]]] = {"blockx": [], "imap": []}
+    fixed: dict[str, list[float]] = {"blockx": [], "imap": []}
+    outside: list[float] = []  # BlockX one-call runs: wall time outside the command's clock
+    systems = {"blockx": blockx_process_run, "imap": imap_process_run}
+    with tempfile.TemporaryDirectory(prefix="bench-whole-process-") as tmp:
+        root = Path(tmp)
+        for r in range(args.repeats):
+            order = ["blockx", "imap"] if r % 2 == 0 else ["imap", "blockx"]
+            for system in order:
+                one = systems[system](root / f"{system}-one-{r}", 1, args.executors)
+                fixed[system].append(one["wall_s"])
+                if system == "blockx":
+                    outside.append(one["outside_s"])
+            for system in order:
+                runs[system].append(systems[system](root / f"{system}-{r}", n, args.executors))
+
+    med = statistics.median
+    rate = {s: med(n / run["wall_s"] for run in runs[s]) for s in runs}
+    start = {s: med(fixed[s]) for s in fixed}
+    steady = {s: steady_rate(n, [run["wall_s"] for run in runs[s]], fixed[s]) for s in runs}
+    task_rate = med(n / run["task_wall_s"] for run in runs["blockx"])
+    print(
+        f"\nwhole processes: {n:,} trivial calls from a calls file, rows to a file, "
+        f"{args.executors} executors / processes, medians of {args.repeats}"
+    )
+    print(
+        f"| {'system':<52} | {'calls/s':>10} | {'start-up ms':>11} | {'steady calls/s':>14} | {'ratio to imap':>13} |"
+    )
+    print(f"| {'-' * 52} | {'-' * 10}:| {'-' * 11}:| {'-' * 14}:| {'-' * 13}:|")
+    labels = {
+        "blockx": "BlockX: blockx run -o FILE",
+        "imap": "python: multiprocessing.Pool.imap(chunksize=1)",
+    }
+    for s in ("blockx", "imap"):
+        print(
+            f"| {labels[s]:<52} | {rate[s]:>10,.0f} | {start[s] * 1000:>11,.0f} |"
+            f" {format_rate(steady[s], 14)} | {rate['blockx'] / rate[s]:>12.2f}x |"
+        )
+    bx_steady, imap_steady = steady["blockx"], steady["imap"]
+    steady_ratio = (
+        f"{bx_steady / imap_steady:.2f}x"
+        if bx_steady is not None and imap_steady is not None
+        else "n/a (a run no longer than its start-up: use more calls)"
+    )
+    print(
+        f"steady state: BlockX / imap {steady_ratio} "
+        f"(start-up: a one-call run's wall; steady: calls / (wall - start-up)); BlockX's "
+        f"start-up spends {med(outside) * 1000:,.0f} ms before and after the command's own "
+        "clock (interpreter, imports, input checks, exit); "
+        f"BlockX's summary rate (task_wall_time_s, from the task's submission, executors' "
+        f"start included): {task_rate:,.0f} calls/s"
+    )
+    print(
+        "runs (calls/s): "
+        + "; ".join(
+            f"{s} " + ", ".join(f"{n / run['wall_s']:,.0f}" for run in runs[s]) for s in runs
+        )
+        + "; start-up (ms): "
+        + "; ".join(f"{s} " + ", ".join(f"{f * 1000:,.0f}" for f in fixed[s]) for s in fixed)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20_000)
@@ -316,8 +468,16 @@ def main() -> None:
         help="comma-separated calls in flight per executor: one more IO row each",
     )
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--whole-process",
+        action="store_true",
+        help="time blockx run and a multiprocessing.Pool.imap script as whole processes instead",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.whole_process:
+        whole_process_main(args)
+        return
 
     backend = DelayedBackend()
     blockx = run(blockx_runs(args, backend))

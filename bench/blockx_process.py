@@ -1,0 +1,146 @@
+"""Time ``blockx run`` as a whole process, the way a user runs it: shared by the benches.
+
+A task is written into a directory (``task.yaml``, its calls as ``calls.jsonl``,
+a stream), then ``sys.executable -m blockx run task.yaml -o rows.jsonl
+--summary-json summary.json --quiet --executors N`` runs with this process's
+environment (``BLOCKX_PURE_PYTHON`` and the rest pass through), this checkout's
+``src`` put first on ``PYTHONPATH`` — the sources the in-process benches put first
+on ``sys.path``, so both kinds of bench measure the same BlockX. The wall time is taken
+around the child, from just before it is spawned to its exit: interpreter
+start-up, imports, executors, the task, the last row written and shutdown.
+
+What the process spends outside the calls is estimated honestly from outside:
+:func:`run_blockx` on a one-call task of the same functions and IO is the
+fixed cost (start-up and shutdown, one call's work is noise next to it); the
+steady-state rate of an N-call run is ``N / (wall - fixed)``. The summary's
+own ``task_wall_time_s`` (from the task's submission to its end: it includes
+the executors' start, which runs concurrently with it) is kept too, and so is
+the part of the wall time the command's own clock (``wall_time_s``) does not
+see: interpreter start-up, imports, the input checks, the exit.
+
+Nothing here checks the rows: each bench reads ``rows_path`` and checks them
+against what its calls must return, failing loudly on a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRun:
+    """One ``blockx run`` process: its wall time, its ``--summary-json`` and its rows file."""
+
+    calls: int
+    wall_s: float
+    summary: dict[str, Any]
+    rows_path: Path
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.calls / self.wall_s
+
+    @property
+    def task_wall_s(self) -> float:
+        return float(self.summary["task_wall_time_s"])
+
+    @property
+    def outside_command_clock_s(self) -> float:
+        """The process's wall time the command's own clock (the summary's ``wall_time_s``,
+        from the run's start to its last row) does not see: interpreter start-up, imports,
+        the task file's and the calls file's checks, and the exit."""
+        return self.wall_s - float(self.summary["wall_time_s"])
+
+    def __repr__(self) -> str:
+        return f"ProcessRun(calls={self.calls}, wall_s={self.wall_s:.3f}, task_wall_s={self.task_wall_s:.3f})"
+
+
+def write_task(
+    directory: Path,
+    functions: dict[str, str],
+    calls: Iterable[dict[str, Any]],
+    io: dict[str, Any] | None = None,
+    call_budget_ms: int = 60_000,
+) -> tuple[Path, int]:
+    """Write ``task.yaml`` (JSON is YAML) and ``calls.jsonl`` into ``directory``; return the
+    task file and the number of calls."""
+    directory.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(directory / "calls.jsonl", "w", encoding="utf-8") as f:
+        for call in calls:
+            f.write(json.dumps(call, separators=(",", ":")))
+            f.write("\n")
+            n += 1
+    spec: dict[str, Any] = {
+        "task_id": directory.name,
+        "functions": {fid: {"source": source} for fid, source in functions.items()},
+        "calls_file": "calls.jsonl",
+        # fast_fail: one failed call stops the run, and the bench then fails loudly.
+        "policy": {"failure": "fast_fail", "call_budget_ms": call_budget_ms},
+        "io": {"data_dir": str(directory / "data"), **(io or {})},
+    }
+    task = directory / "task.yaml"
+    task.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    return task, n
+
+
+def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -> ProcessRun:
+    """Run ``blockx run`` on ``task`` as a child process; raise if it does not succeed."""
+    rows = task.parent / "rows.jsonl"
+    summary_path = task.parent / "summary.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "blockx",
+        "run",
+        str(task),
+        "-o",
+        str(rows),
+        "--summary-json",
+        str(summary_path),
+        "--quiet",
+        "--executors",
+        str(executors),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"blockx run {task} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    if summary.get("succeeded") != calls or summary.get("failed"):
+        raise SystemExit(f"blockx run {task}: not every call succeeded: {summary}")
+    return ProcessRun(calls=calls, wall_s=wall, summary=summary, rows_path=rows)
+
+
+def read_rows(path: Path) -> list[Any]:
+    """The rows of a run, one JSON value per line."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def steady_rate(calls: int, walls: list[float], fixed: list[float]) -> float | None:
+    """The median of ``calls / (wall - fixed)`` over paired runs; None when a run took no
+    longer than its start-up estimate (too few calls to tell the two apart)."""
+    spans = [wall - f for wall, f in zip(walls, fixed, strict=True)]
+    if min(spans) <= 0:
+        return None
+    return statistics.median(calls / span for span in spans)
+
+
+def format_rate(rate: float | None, width: int = 0) -> str:
+    """``12,345``, or ``n/a`` for a rate :func:`steady_rate` could not tell."""
+    return f"{'n/a' if rate is None else f'{rate:,.0f}':>{width}}"

@@ -1,0 +1,530 @@
+"""Chain reads: ``blockx run`` against a thread pool and asyncio, over a local JSON-RPC node.
+
+The workload users run most: calls that each read a few account balances at a
+block. ``--calls`` calls, each making ``--reads`` sequential
+``ChainState("eth", block).get_address_balance(address)`` reads, in two
+workloads:
+
+* **distinct** — every read a different address at one block number: nothing
+  repeats, so nothing can be answered from a cache; batching is all a system
+  can win;
+* **repeated** — the addresses drawn (seeded) from 100 at one block number:
+  a system that remembers immutable reads makes ~100 of them.
+
+The node (:class:`Node`) is an Ethereum JSON-RPC server on 127.0.0.1 in a child
+process of its own (``bench/chain_reads.py --serve-node``), so its CPU is not
+the driver's — but it shares the machine's cores with everything measured.
+It is a bare ``asyncio.Protocol`` speaking HTTP/1.1 keep-alive (a request with a
+``Content-Length`` body, one response per request, in order), because
+``aiohttp.web`` costs ~1.5x the CPU per request (200 µs against 130 µs of the
+node's CPU per keep-alive request, measured on the 2-core machine, syscalls
+included) and would tax the peers, which send one HTTP request per read, far
+more than BlockX. Each HTTP request — one JSON-RPC object or a batch array — is
+answered ``--delay-ms`` after it arrived (one timer per request). It counts HTTP requests and JSON-RPC requests
+(``GET /stats``, reset by ``POST /reset`` before every run).
+``eth_getBalance(address, block)`` answers
+``int(sha256(f"{address.lower()}:{block}"), 16) % 10**24`` (beyond 64 bits,
+as real wei balances are), in hex; any other method or a block tag is a
+JSON-RPC error. Every system's answers are checked against that formula (and
+the call order): a wrong or missing answer stops the bench with an error.
+
+Systems, interleaved within each repeat, medians of ``--repeats``:
+
+* **BlockX** — the whole ``blockx run`` process (``bench/blockx_process.py``):
+  a task file in a temporary directory with the function's source inline,
+  the calls as a calls file (a stream), ``io.rpc.endpoints`` pointing at the
+  node, rows to a file, ``--executors`` executors; the product's defaults
+  otherwise (``io.rpc.max_batch`` 100, the task's read cache). Its rate is over
+  the process's wall time. Start-up is measured apart: a one-call run of the
+  same task (before every repeat) is the fixed cost of the process (interpreter,
+  imports, executors, shutdown), and ``calls / (wall - fixed)`` the
+  steady-state rate; the summary's ``task_wall_time_s`` rate is printed too
+  (it counts from the task's submission, executors' start included).
+* **ThreadPoolExecutor(256) + http.client** — one keep-alive
+  ``http.client.HTTPConnection`` per thread, one JSON-RPC request (one HTTP
+  request) per read, ``json`` to encode and decode; the pool is created inside
+  the timed run.
+* **asyncio + aiohttp** — one ``ClientSession`` (``TCPConnector(limit=256)``),
+  256 coroutines taking calls from a shared counter, one request per read; the
+  session is created inside the timed run.
+
+Printed per workload: calls/s, HTTP and JSON-RPC requests the node saw, and
+BlockX's ratio to the best peer; then BlockX's start-up and steady-state rate.
+Figures are only worth anything on a quiet machine: the node, the driver and
+BlockX's processes all share its cores.
+
+    .venv/bin/python bench/chain_reads.py [--calls 10000] [--reads 5] [--executors 2]
+        [--repeats 3] [--delay-ms 2] [--workloads distinct,repeated]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import hashlib
+import http.client
+import itertools
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from blockx_process import ProcessRun, format_rate, read_rows, run_blockx, steady_rate, write_task
+
+BLOCK = 19_000_000
+CHAIN = "eth"
+REPEATED_ADDRESSES = 100
+PEER_CONCURRENCY = 256
+WORKLOADS = ("distinct", "repeated")
+
+READS_FUNCTION = """
+def _(p):
+    state = ChainState("eth", p["block"])
+    return {"i": p["i"], "b": [state.get_address_balance(a) for a in p["addresses"]]}
+"""
+
+
+def balance(address: str, block: int) -> int:
+    """The node's balance of ``address`` at ``block``: what every system must read."""
+    digest = hashlib.sha256(f"{address.lower()}:{block}".encode()).hexdigest()
+    return int(digest, 16) % 10**24
+
+
+def address_of(n: int) -> str:
+    return "0x" + format(n, "040x")
+
+
+def workload_addresses(workload: str, calls: int, reads: int) -> list[list[str]]:
+    """Each call's addresses, in read order."""
+    if workload == "distinct":
+        return [[address_of(i * reads + k + 1) for k in range(reads)] for i in range(calls)]
+    if workload == "repeated":
+        rng = random.Random(18)
+        pool = [address_of(0xA000 + n) for n in range(REPEATED_ADDRESSES)]
+        return [[rng.choice(pool) for _ in range(reads)] for _ in range(calls)]
+    raise SystemExit(f"unknown workload {workload!r} (workloads: {', '.join(WORKLOADS)})")
+
+
+def expected_balances(addresses: list[list[str]]) -> list[list[int]]:
+    return [[balance(a, BLOCK) for a in call] for call in addresses]
+
+
+def check(system: str, got: list[list[int]], expected: list[list[int]]) -> None:
+    """Fail the bench loudly on any wrong or missing answer."""
+    if got != expected:
+        wrong = next(
+            (i for i, (g, e) in enumerate(zip(got, expected, strict=False)) if g != e),
+            min(len(got), len(expected)),
+        )
+        raise SystemExit(
+            f"{system}: wrong answers: {len(got)} calls answered of {len(expected)}; "
+            f"first difference at call {wrong}: "
+            f"{got[wrong] if wrong < len(got) else None} != "
+            f"{expected[wrong] if wrong < len(expected) else None}"
+        )
+
+
+# --- the node ------------------------------------------------------------------------------
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.http = 0
+        self.rpc = 0
+
+
+class NodeProtocol(asyncio.Protocol):
+    """One HTTP/1.1 keep-alive connection of the node. Requests are parsed from the
+    buffer (headers, then ``Content-Length`` bytes); each JSON-RPC body is answered
+    ``delay_s`` later, in arrival order (equal delays keep the order)."""
+
+    def __init__(self, counts: _Counts, delay_s: float, skew: int = 0) -> None:
+        self.counts = counts
+        self.delay_s = delay_s
+        self.skew = skew  # added to every balance: only to prove that the checks fail
+        self.buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.buffer[:end]).decode("latin-1").split("\r\n")
+            length = 0
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+                elif name.strip().lower() == "transfer-encoding":
+                    self._respond(411, b'"chunked bodies are not supported"', 0)
+                    return
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = bytes(self.buffer[end + 4 : end + 4 + length])
+            del self.buffer[: end + 4 + length]
+            method, path = head[0].split(" ")[:2]
+            self._request(method, path, body)
+
+    def _request(self, method: str, path: str, body: bytes) -> None:
+        counts = self.counts
+        if method == "GET" and path == "/stats":
+            self._respond(200, json.dumps({"http": counts.http, "rpc": counts.rpc}).encode(), 0)
+            return
+        if method == "POST" and path == "/reset":
+            counts.http = counts.rpc = 0
+            self._respond(200, b"{}", 0)
+            return
+        counts.http += 1
+        try:
+            request = json.loads(body)
+        except ValueError:
+            self._respond(400, b'"not JSON"', self.delay_s)
+            return
+        if isinstance(request, list):
+            counts.rpc += len(request)
+            answer: Any = [self._answer(item) for item in request]
+        else:
+            counts.rpc += 1
+            answer = self._answer(request)
+        self._respond(200, json.dumps(answer, separators=(",", ":")).encode(), self.delay_s)
+
+    def _answer(self, item: Any) -> dict[str, Any]:
+        rid = item.get("id") if isinstance(item, dict) else None
+        try:
+            assert isinstance(item, dict) and item.get("method") == "eth_getBalance"
+            address, block = item["params"]
+            assert isinstance(block, str) and block.startswith("0x")
+            result = hex(balance(address, int(block, 16)) + self.skew)
+        except (AssertionError, KeyError, TypeError, ValueError):
+            error = {
+                "code": -32601,
+                "message": f"this node answers eth_getBalance at a block number only, not {item!r}",
+            }
+            return {"jsonrpc": "2.0", "id": rid, "error": error}
+        return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+    def _respond(self, status: int, body: bytes, delay_s: float) -> None:
+        reason = {200: "OK", 400: "Bad Request", 411: "Length Required"}[status]
+        message = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        if delay_s > 0:
+            asyncio.get_running_loop().call_later(delay_s, self._write, message)
+        else:
+            self._write(message)
+
+    def _write(self, message: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(message)
+
+
+def serve_node(delay_ms: float, skew: int) -> None:
+    """The node's process: print the port, serve until stdin closes (the driver went away)."""
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        counts = _Counts()
+        server = await loop.create_server(
+            lambda: NodeProtocol(counts, delay_ms / 1000, skew), "127.0.0.1", 0, backlog=1024
+        )
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        server.close()
+
+    asyncio.run(serve())
+
+
+class Node:
+    """The node's child process, seen from the driver: ``url``, ``reset()``, ``stats()``."""
+
+    def __init__(self, delay_ms: float, skew: int = 0) -> None:
+        argv = [sys.executable, __file__, "--serve-node", "--delay-ms", str(delay_ms)]
+        self.process = subprocess.Popen(
+            [*argv, "--node-skew", str(skew)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.strip().isdigit():
+            raise SystemExit(f"the JSON-RPC node did not start (it printed {line!r})")
+        self.port = int(line)
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def _get(self, method: str, path: str) -> dict[str, int]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request(method, path, body=b"" if method == "POST" else None)
+            return json.loads(connection.getresponse().read())  # type: ignore[no-any-return]
+        finally:
+            connection.close()
+
+    def reset(self) -> None:
+        self._get("POST", "/reset")
+
+    def stats(self) -> dict[str, int]:
+        return self._get("GET", "/stats")
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# --- the systems -----------------------------------------------------------------------------
+
+
+def blockx_run(
+    node: Node, addresses: list[list[str]], executors: int, directory: Path
+) -> ProcessRun:
+    """``blockx run`` over the node; the rows are read back and returned in call order."""
+    task, n = write_task(
+        directory,
+        {"reads": READS_FUNCTION},
+        (
+            {"function": "reads", "args": {"i": i, "block": BLOCK, "addresses": call}}
+            for i, call in enumerate(addresses)
+        ),
+        io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
+    )
+    return run_blockx(task, n, executors)
+
+
+def blockx_answers(run: ProcessRun, calls: int) -> list[list[int]]:
+    got: list[list[int] | None] = [None] * calls
+    for row in read_rows(run.rows_path):
+        got[row["i"]] = row["b"]
+    return [g if g is not None else [] for g in got]
+
+
+def threads_run(port: int, addresses: list[list[str]]) -> list[list[int]]:
+    """ThreadPoolExecutor(256), one keep-alive HTTPConnection per thread, one request per read."""
+    local = threading.local()
+    block = hex(BLOCK)
+
+    def call(addrs: list[str]) -> list[int]:
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            connection = local.connection = http.client.HTTPConnection("127.0.0.1", port)
+        out = []
+        for k, address in enumerate(addrs):
+            body = json.dumps(
+                {"jsonrpc": "2.0", "id": k, "method": "eth_getBalance", "params": [address, block]}
+            )
+            connection.request("POST", "/", body, {"Content-Type": "application/json"})
+            out.append(int(json.loads(connection.getresponse().read())["result"], 16))
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(PEER_CONCURRENCY) as pool:
+        return list(pool.map(call, addresses))
+
+
+def aiohttp_run(url: str, addresses: list[list[str]]) -> list[list[int]]:
+    """asyncio + aiohttp: 256 coroutines over one ClientSession, one request per read."""
+    import aiohttp
+
+    block = hex(BLOCK)
+    out: list[list[int]] = [[] for _ in addresses]
+
+    async def main() -> None:
+        connector = aiohttp.TCPConnector(limit=PEER_CONCURRENCY)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            next_call = itertools.count()
+
+            async def worker() -> None:
+                while (i := next(next_call)) < len(addresses):
+                    balances = []
+                    for k, address in enumerate(addresses[i]):
+                        body = {
+                            "jsonrpc": "2.0",
+                            "id": k,
+                            "method": "eth_getBalance",
+                            "params": [address, block],
+                        }
+                        async with session.post(url, json=body) as response:
+                            answer = await response.json()
+                        balances.append(int(answer["result"], 16))
+                    out[i] = balances
+
+            await asyncio.gather(*(worker() for _ in range(PEER_CONCURRENCY)))
+
+    asyncio.run(main())
+    return out
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def timed_peer(
+    name: str, node: Node, addresses: list[list[str]], expected: list[list[int]]
+) -> dict[str, float]:
+    node.reset()
+    t0 = time.perf_counter()
+    if name == "threads":
+        got = threads_run(node.port, addresses)
+    else:
+        got = aiohttp_run(node.url, addresses)
+    wall = time.perf_counter() - t0
+    check(PEERS[name], got, expected)
+    return {"calls_per_s": len(addresses) / wall, **node.stats()}
+
+
+def timed_blockx(
+    node: Node,
+    addresses: list[list[str]],
+    expected: list[list[int]],
+    executors: int,
+    directory: Path,
+) -> dict[str, float]:
+    node.reset()
+    run = blockx_run(node, addresses, executors, directory)
+    check("BlockX", blockx_answers(run, len(addresses)), expected)
+    return {
+        "calls_per_s": run.calls_per_s,
+        "task_calls_per_s": run.calls / run.task_wall_s,
+        "wall_s": run.wall_s,
+        "outside_s": run.outside_command_clock_s,
+        **node.stats(),
+    }
+
+
+def _steady(calls: int, results: dict[str, list[dict[str, float]]], startup: list[float]) -> str:
+    rate = steady_rate(calls, [r["wall_s"] for r in results["blockx"]], startup)
+    if rate is None:
+        return "n/a (a run no longer than start-up: use more calls)"
+    best = max(statistics.median(r["calls_per_s"] for r in results[s]) for s in PEERS)
+    return f"{format_rate(rate)} calls/s ({rate / best:.2f}x)"
+
+
+PEERS = {
+    "threads": f"ThreadPool({PEER_CONCURRENCY}) + http.client",
+    "aiohttp": f"asyncio + aiohttp, {PEER_CONCURRENCY} coroutines",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--reads", type=int, default=5)
+    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--delay-ms", type=float, default=2.0)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--serve-node", action="store_true", help=argparse.SUPPRESS)
+    # A node whose balances are off by this much: the checks must stop the bench (a test).
+    parser.add_argument("--node-skew", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_node:
+        serve_node(args.delay_ms, args.node_skew)
+        return
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    plans = {w: workload_addresses(w, args.calls, args.reads) for w in workloads}
+    expected = {w: expected_balances(a) for w, a in plans.items()}
+
+    node = Node(args.delay_ms, args.node_skew)
+    results: dict[str, dict[str, list[dict[str, float]]]] = {
+        w: {"blockx": [], "threads": [], "aiohttp": []} for w in workloads
+    }
+    startup: list[float] = []
+    outside: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-chain-reads-") as tmp:
+            root = Path(tmp)
+            one = workload_addresses("distinct", 1, args.reads)
+            for r in range(args.repeats):
+                # The fixed cost of a blockx run process: the same task with one call.
+                node.reset()
+                first = blockx_run(node, one, args.executors, root / f"one-{r}")
+                check("BlockX (one call)", blockx_answers(first, 1), expected_balances(one))
+                startup.append(first.wall_s)
+                outside.append(first.outside_command_clock_s)
+                for w in workloads:
+                    order = ["blockx", "threads", "aiohttp"]
+                    order = order[r % 3 :] + order[: r % 3]  # each system goes first in turn
+                    for system in order:
+                        if system == "blockx":
+                            result = timed_blockx(
+                                node,
+                                plans[w],
+                                expected[w],
+                                args.executors,
+                                root / f"{w}-{r}",
+                            )
+                        else:
+                            result = timed_peer(system, node, plans[w], expected[w])
+                        results[w][system].append(result)
+    finally:
+        node.close()
+
+    med = statistics.median
+    print(
+        f"\nchain reads: {args.calls:,} calls x {args.reads} balance reads, node answers each "
+        f"HTTP request after {args.delay_ms:g} ms, BlockX with {args.executors} executors "
+        f"(whole blockx run process); medians of {args.repeats}, every answer checked"
+    )
+    print(
+        f"| {'workload: system':<48} | {'calls/s':>9} | {'HTTP reqs':>9} | {'JSON-RPC reqs':>13} | {'BlockX ratio':>12} |"
+    )
+    print(f"| {'-' * 48} | {'-' * 9}:| {'-' * 9}:| {'-' * 13}:| {'-' * 12}:|")
+    for w in workloads:
+        bx = med(r["calls_per_s"] for r in results[w]["blockx"])
+        peers = {s: med(r["calls_per_s"] for r in results[w][s]) for s in PEERS}
+        best = max(peers, key=lambda s: peers[s])
+        for system, label, rate in [
+            ("blockx", "BlockX, blockx run", bx),
+            *((s, PEERS[s], peers[s]) for s in PEERS),
+        ]:
+            runs = results[w][system]
+            ratio = "1.00x" if system == "blockx" else f"{bx / rate:.2f}x"
+            print(
+                f"| {f'{w}: {label}':<48} | {rate:>9,.0f} | {med(r['http'] for r in runs):>9,.0f} |"
+                f" {med(r['rpc'] for r in runs):>13,.0f} | {ratio:>12} |"
+            )
+        print(
+            f"| {f'{w}: BlockX / best peer ({best})':<48} | {'':>9} | {'':>9} | {'':>13} | {bx / peers[best]:>11.2f}x |"
+        )
+    print(
+        f"BlockX start-up (a one-call blockx run process, wall): {med(startup) * 1000:,.0f} ms, "
+        f"of which {med(outside) * 1000:,.0f} ms before and after the command's own clock "
+        "(interpreter, imports, input checks, exit); "
+        "steady state, calls / (wall - start-up), and its ratio to the best peer: "
+        + "; ".join(f"{w} {_steady(args.calls, results[w], startup)}" for w in workloads)
+        + "; the summary's task rate (from submission, executors' start included): "
+        + "; ".join(
+            f"{w} {med(r['task_calls_per_s'] for r in results[w]['blockx']):,.0f}"
+            for w in workloads
+        )
+    )
+    print(
+        "runs (calls/s): "
+        + "; ".join(
+            f"{w} {s} " + ", ".join(f"{r['calls_per_s']:,.0f}" for r in results[w][s])
+            for w in workloads
+            for s in ("blockx", *PEERS)
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The whole-process benches run end to end at a tiny size (issue #18).
+
+``bench/chain_reads.py`` and ``bench/worker_throughput.py --whole-process`` each
+run as a user runs them — their own process, real ``blockx run`` processes, a
+real JSON-RPC node on loopback — with a handful of calls and one repeat: they
+must exit 0 and print their table. Nothing here looks at a figure (the
+machine is shared; figures come from full-size runs on a quiet one). A node
+that answers wrong balances must stop the chain-read bench with an error:
+its checks are what make its figures mean anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+
+def run_bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.slow
+def test_chain_reads_runs_both_workloads_through_every_system() -> None:
+    done = run_bench(str(BENCH / "chain_reads.py"), "--calls", "20", "--repeats", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "chain reads: 20 calls x 5 balance reads" in out
+    assert "| workload: system" in out and "| JSON-RPC reqs |" in out
+    for workload in ("distinct", "repeated"):
+        assert f"| {workload}: BlockX, blockx run" in out
+        assert f"| {workload}: ThreadPool(256) + http.client" in out
+        assert f"| {workload}: asyncio + aiohttp, 256 coroutines" in out
+        assert f"| {workload}: BlockX / best peer" in out
+    # The node saw every peer's 100 reads as 100 HTTP requests.
+    assert "|       100 |           100 |" in out
+    assert "BlockX start-up (a one-call blockx run process, wall):" in out
+
+
+@pytest.mark.slow
+def test_chain_reads_fails_loudly_on_a_wrong_answer() -> None:
+    done = run_bench(
+        str(BENCH / "chain_reads.py"),
+        "--calls",
+        "5",
+        "--repeats",
+        "1",
+        "--workloads",
+        "distinct",
+        "--node-skew",
+        "1",
+    )
+    assert done.returncode != 0
+    assert "wrong answers" in done.stderr
+    assert "chain reads:" not in done.stdout
+
+
+@pytest.mark.slow
+def test_worker_throughput_whole_process_runs_blockx_and_imap() -> None:
+    done = run_bench(
+        str(BENCH / "worker_throughput.py"), "--whole-process", "--calls", "20", "--repeats", "1"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "whole processes: 20 trivial calls from a calls file, rows to a file" in out
+    assert "| system" in out and "| start-up ms |" in out and "| steady calls/s |" in out
+    assert "| BlockX: blockx run -o FILE" in out
+    assert "| python: multiprocessing.Pool.imap(chunksize=1)" in out
+    assert "BlockX's summary rate" in out
+
+
+def load_bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_whole_process_rows_check_refuses_a_missing_or_wrong_row() -> None:
+    check = load_bench("worker_throughput").check_trivial_rows
+    check("x", [{"y": 2}, {"y": 1}, {"y": 3}], 3)  # any order
+    for rows in ([{"y": 1}, {"y": 2}], [{"y": 1}, {"y": 2}, {"y": 4}], [{"y": 1}] * 3):
+        with pytest.raises(SystemExit, match="wrong rows"):
+            check("x", rows, 3)
