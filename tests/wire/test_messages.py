@@ -215,6 +215,7 @@ def test_a_completed_payload_is_validated_with_its_output():
     assert to_wire(message.payload) == {
         "taskId": "t", "attemptSeq": 2, "output": {"sum": [1, 2**70]}, "budgetUsedMs": 0,
         "debugOutput": None, "effectiveExecutionDurationUs": 0, "queueWaitUs": 4,
+        "localReadHits": None,
     }  # fmt: skip
 
 
