@@ -56,6 +56,20 @@ def _(n):
     return {"total": total}
 """
 N_READS_DIGEST = "sha256:" + hashlib.sha256(N_READS.encode()).hexdigest()
+#: The same reads as the kind the executor keeps: one key, answered ``immutable``
+#: (a chain read at a block), so all but the task's first are answered in the executor.
+N_KEPT = """\
+from blockx.sdk import get_provider
+
+
+def _(n):
+    provider = get_provider()
+    total = 0
+    for i in range(n):
+        total += provider.read_req("rpc", "eth_getBalance", {"i": 0}, cache_key="k")["v"]
+    return {"total": total}
+"""
+N_KEPT_DIGEST = "sha256:" + hashlib.sha256(N_KEPT.encode()).hexdigest()
 BATCH = 128
 IO_READS = 10
 
@@ -65,6 +79,7 @@ def make_runtime() -> ExecutorRuntime:
     # No code fetch round trip.
     registry.compile_source("trivial", DIGEST, TRIVIAL)
     registry.compile_source("n_reads", N_READS_DIGEST, N_READS)
+    registry.compile_source("n_kept", N_KEPT_DIGEST, N_KEPT)
     return ExecutorRuntime("bench", session=BenchSession(), registry=registry, max_inflight=0)
 
 
@@ -162,19 +177,24 @@ def batched(runtime: ExecutorRuntime, frames: list[Frame]) -> float:
     return time.thread_time() - t0
 
 
-def resume_frame(call_id: str, request_id: str, budget_used_ms: int = 0) -> Frame:
+def resume_frame(
+    call_id: str, request_id: str, budget_used_ms: int = 0, *, immutable: bool = False
+) -> Frame:
     """The ResumeCall answering a wait, as a dict envelope (the generic path); the
     worker writes the same envelope (link/outbound.py's send_resume_call)."""
+    payload: dict[str, Any] = {
+        keys.FP_RESUME_KIND: keys.WAIT_IO,
+        keys.FP_RESULT: {"v": 1},
+        keys.FP_BUDGET_USED_MS: budget_used_ms,
+    }
+    if immutable:
+        payload[keys.FP_IMMUTABLE] = True
     return Frame(
         {
             keys.F_MESSAGE_TYPE: keys.MT_RESUME_CALL,
             keys.F_CALL_ID: call_id,
             keys.F_REQUEST_ID: request_id,
-            keys.F_PAYLOAD: {
-                keys.FP_RESUME_KIND: keys.WAIT_IO,
-                keys.FP_RESULT: {"v": 1},
-                keys.FP_BUDGET_USED_MS: budget_used_ms,
-            },
+            keys.F_PAYLOAD: payload,
         }
     )
 

@@ -26,8 +26,10 @@ the difference in calls:
   ``FrameDecoder`` (typed hook included) as the reader feeds them (a view of
   one reused receive buffer), 128 per ``run_until_idle``: trivial
   calls, and calls doing ``--reads`` IO waits, each answered with a ResumeCall
-  as the worker encodes it. The socket and the reader/writer threads are not
-  in it.
+  as the worker encodes it; ``io kept``: the same reads of one key answered
+  ``immutable`` (a chain read at a block), so all but the task's first are
+  answered by the executor's own read cache (executor/local_reads.py). The
+  socket and the reader/writer threads are not in it.
 
 Per wait = (instructions per IO call - per trivial call) / reads. Runs on the
 build in place: compiled if ``blockx --version`` says so, pure with
@@ -81,7 +83,7 @@ def _child_worker(mode: str, calls: int, reads: int, batch: bool = False) -> Non
     run(worker_inprocess.measure(args, reads, []))
 
 
-def _child_executor(calls: int, reads: int) -> None:
+def _child_executor(calls: int, reads: int, kept: bool = False) -> None:
     sys.path.insert(0, str(HERE))
     import executor_runtime_loop as loop
     from blockx.executor.execute_frames import decode_inbound
@@ -99,7 +101,12 @@ def _child_executor(calls: int, reads: int) -> None:
             return decoder.feed(view[: len(data)])
 
     def execute_bytes(tag: str, count: int) -> list[bytes]:
-        function, digest = ("n_reads", loop.N_READS_DIGEST) if reads else ("trivial", loop.DIGEST)
+        if kept:
+            function, digest = "n_kept", loop.N_KEPT_DIGEST
+        elif reads:
+            function, digest = "n_reads", loop.N_READS_DIGEST
+        else:
+            function, digest = "trivial", loop.DIGEST
         return [
             encode_frame(loop.execute_envelope(tag, i, function, digest, reads or i, 5000))
             for i in range(count)
@@ -107,7 +114,7 @@ def _child_executor(calls: int, reads: int) -> None:
 
     def resume_bytes(call_id: str, request_id: str) -> bytes:
         # Charged 2 ms, as bench/worker_throughput.py's backend answers.
-        return encode_frame(loop.resume_frame(call_id, request_id, 2).envelope)
+        return encode_frame(loop.resume_frame(call_id, request_id, 2, immutable=kept).envelope)
 
     def run_all(tag: str, count: int) -> None:
         frames = execute_bytes(tag, count)
@@ -180,7 +187,7 @@ def main() -> None:
         if side == "worker":
             _child_worker(mode, int(calls), int(reads), batch=rest == ["batch"])
         else:
-            _child_executor(int(calls), int(reads))
+            _child_executor(int(calls), int(reads), kept=mode == "kept")
         return
     if shutil.which("valgrind") is None:
         print("instructions: skipped, valgrind is not on PATH (Debian: apt-get install valgrind)")
@@ -199,7 +206,11 @@ def main() -> None:
             ("worker", "io sqlite", "sqlite", args.reads),
         ]
     if args.only != "worker":
-        shapes += [("executor", "trivial", "-", 0), ("executor", "io", "-", args.reads)]
+        shapes += [
+            ("executor", "trivial", "-", 0),
+            ("executor", "io", "-", args.reads),
+            ("executor", "io kept", "kept", args.reads),
+        ]
     for side, label, mode, reads in shapes:
         small, big = SIZES["io" if reads else "trivial"]
         for size in (small, big):
