@@ -462,8 +462,9 @@ class RpcBackend:
                 f"rpc {operation}: params must be {{'chain': str, 'params': list}}, "
                 f"got {type(params).__name__}"
             )
-        unknown = [k for k in params if k not in ("chain", "params")]
-        if unknown:
+        # Only "chain" and "params" (keys are distinct: the count says it, no loop).
+        if len(params) != ("chain" in params) + ("params" in params):
+            unknown = [k for k in params if k not in ("chain", "params")]
             raise IORequestError(
                 f"rpc {operation}: unknown parameter {unknown[0]!r} (expected: chain, params)"
             )
@@ -483,13 +484,18 @@ class RpcBackend:
             raise IORequestError(
                 f"rpc {operation}: 'params' must be a list (positional JSON-RPC params)"
             )
-        cacheable = operation not in VOLATILE_METHODS and not _contains_pending(method_params)
+        # A read at a fixed block is cacheable (none of those methods is volatile, and the
+        # block it names is not "pending"): the walk looking for "pending" is skipped.
+        immutable = immutable_read(operation, method_params)
+        cacheable = immutable or (
+            operation not in VOLATILE_METHODS and not _contains_pending(method_params)
+        )
         return PreparedRequest(
             operation,
             (chain, method_params),
             domain=chain,
             cacheable=cacheable,
-            immutable=cacheable and immutable_read(operation, method_params),
+            immutable=immutable,
         )
 
     def execute(self, request: PreparedRequest) -> asyncio.Future[Reply]:
