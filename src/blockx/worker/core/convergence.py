@@ -25,7 +25,10 @@ Settling one task is, in this order:
 4. **ConvergeTaskCalls** -- once terminal roots == total, production is done
    (for a one-shot phase: every chunk registered) and every batch settled, the
    task converges exactly once and the core forgets it (late frames for its
-   calls are then unknown and dropped).
+   calls are then unknown and dropped). A one-shot phase's end is incremental:
+   each root call was forgotten as it ended and its output or failure appended
+   in call order (``lifecycle._end_one_shot_root``), so converging hands over
+   the lists already built -- no pass over the calls, however many they were.
 """
 
 from __future__ import annotations
@@ -118,15 +121,12 @@ def _converge(core: CoreState, task: TaskDispatchState, out: list[DispatchComman
     outputs: tuple[bytes, ...] = ()
     failed_calls: tuple[FailedCall, ...] = ()
     if task.mode is TaskMode.ONE_SHOT:
-        succeeded = CallOutcome.SUCCEEDED
+        # Built as the calls ended, in call order (lifecycle._end_one_shot_root): handed
+        # over as they are (a tuple of the list: one copy of references, no Python step
+        # per call), and no context is left to walk.
         if not task.outputs_dropped:
-            outputs = tuple(
-                ctx.output
-                for ctx in task.roots
-                if ctx.outcome is succeeded and ctx.output is not None
-            )
-        failed = CallOutcome.FAILED
-        failed_calls = tuple(failed_call_record(ctx) for ctx in task.roots if ctx.outcome is failed)
+            outputs = tuple(task.outputs)
+        failed_calls = tuple(task.failed_calls)
     failure = task.failure
     out.append(
         ConvergeTaskCalls(
@@ -156,6 +156,8 @@ def remove_task(core: CoreState, task: TaskDispatchState) -> None:
     registry = core.calls
     for ctx in live_roots(task):
         registry.pop(ctx.call_id, None)
-    task.roots = []
+    task.roots.clear()
+    task.outputs = []
+    task.failed_calls = []
     task.batches.clear()
     task.ready_queue.clear()

@@ -18,7 +18,7 @@ from collections import Counter
 
 from .lifecycle import CoreState, live_roots
 from .state import DispatchCallContext, ExecutorState, TaskDispatchState
-from .types import CallState
+from .types import CallState, TaskMode
 
 __all__ = ["check_core_invariants"]
 
@@ -135,6 +135,8 @@ def _check_task(core: CoreState, task: TaskDispatchState, subcalls: int) -> list
         problems.append(f"{task!r}: in-flight window exceeded")
     if task.live_subcalls != subcalls:
         problems.append(f"{task!r}: live_subcalls {task.live_subcalls} != {subcalls}")
+    if task.mode is TaskMode.ONE_SHOT:
+        problems.extend(_check_one_shot(task, roots))
     for batch in task.batches:
         remaining = sum(1 for ctx in batch.roots if ctx.state is not CallState.DONE)
         if batch.remaining != remaining:
@@ -189,4 +191,26 @@ def _check_isolation(ex: ExecutorState) -> list[str]:
             root = root.parent
         if root is not host:
             problems.append(f"{ex!r} isolates {host.call_id} but also runs {ctx!r}")
+    return problems
+
+
+def _check_one_shot(task: TaskDispatchState, roots: list[DispatchCallContext]) -> list[str]:
+    """A one-shot phase's roots: live ones held by index, ended ones folded in call order."""
+    problems: list[str] = []
+    for index, ctx in task.roots.items():
+        if ctx.index != index or ctx.state is CallState.DONE:
+            problems.append(f"{task!r}: root {index} is {ctx!r}")
+    ended = task.settled_roots
+    prefix = task.ended_prefix
+    if prefix + len(task.ended_ahead) != ended:
+        ahead = len(task.ended_ahead)
+        problems.append(f"{task!r}: ended prefix {prefix} + {ahead} ahead != {ended} ended")
+    if any(ctx.index < prefix for ctx in roots) or any(i < prefix for i in task.ended_ahead):
+        problems.append(f"{task!r}: a call before the ended prefix {prefix} is not folded in")
+    if not set(task.failed_ahead) <= set(task.ended_ahead):
+        problems.append(f"{task!r}: a failure recorded ahead of a call that has not ended")
+    if [f.index for f in task.failed_calls] != sorted(f.index for f in task.failed_calls):
+        problems.append(f"{task!r}: failed calls out of call order")
+    if any(f.index >= prefix for f in task.failed_calls):
+        problems.append(f"{task!r}: a failure past the ended prefix")
     return problems

@@ -10,8 +10,10 @@ transitions of a call, each keeping the counters that depend on it in step:
   back (on retry, bind failure and end).
 * :func:`set_call_terminal` is the single bookkeeping point of a call's end:
   it moves the call to DONE, counts the outcome into its task (and stream
-  batch), records a root's output, forgets a sub-call, and marks the task
-  dirty. Calling it again for a DONE call changes nothing and returns False.
+  batch), records a root's output (a one-shot root's output or failure goes
+  into its task's lists, in call order, and its context is forgotten), forgets
+  a sub-call, and marks the task dirty. Calling it again for a DONE call
+  changes nothing and returns False.
 * :func:`finish_call` wraps it with the consequences of an end: fill the call
   cache, hand the result to singleflight waiters (or release them if the
   leader was cancelled), cancel the call's sub-call subtree, answer a
@@ -150,9 +152,10 @@ def mark_dirty(core: CoreState, task: TaskDispatchState) -> None:
 
 
 def live_roots(task: TaskDispatchState) -> list[DispatchCallContext]:
-    """The task's root calls the core still holds, in call order."""
+    """The task's root calls the core still holds, in call order (one-shot: those that
+    have not ended)."""
     if task.mode is TaskMode.ONE_SHOT:
-        return task.roots
+        return list(task.roots.values())
     return [ctx for batch in task.batches for ctx in batch.roots]
 
 
@@ -283,13 +286,14 @@ def set_call_terminal(
         task.live_subcalls -= 1
     else:
         task.terminal_roots += 1
+        kept: bytes | None = None
         if outcome is _SUCCEEDED:
             task.succeeded += 1
             if output is not None:
                 if core.output_limit or task.outputs_dropped:
-                    _record_output(core, task, ctx, output)
+                    kept = _record_output(core, task, output)
                 else:
-                    ctx.output = output  # _record_output without a limit
+                    kept = output  # _record_output without a limit
         elif outcome is _FAILED:
             task.failed += 1
         else:
@@ -297,22 +301,78 @@ def set_call_terminal(
         batch = ctx.batch
         if batch is not None:
             batch.remaining -= 1
+            ctx.output = kept
+        else:
+            _end_one_shot_root(core, task, ctx, kept, outcome is _FAILED)
     mark_dirty(core, task)
     return True
 
 
-def _record_output(
-    core: CoreState, task: TaskDispatchState, ctx: DispatchCallContext, output: bytes
+def _end_one_shot_root(
+    core: CoreState,
+    task: TaskDispatchState,
+    ctx: DispatchCallContext,
+    output: bytes | None,
+    failed: bool,
 ) -> None:
-    if task.outputs_dropped:
+    """A one-shot root call ended: forget its context, keep its output or failure.
+
+    The task's ended prefix grows past every call ended in a row from here, their
+    outputs and failures appended in call order: each call is folded in once, so
+    the phase's end hands over lists already built (``ConvergeTaskCalls``) and
+    walks no context. Calls ending out of order wait in ``ended_ahead`` (and
+    ``failed_ahead``) until the prefix reaches them.
+    """
+    index = ctx.index
+    del core.calls[ctx.call_id]
+    del task.roots[index]
+    task.settled_roots += 1
+    if index != task.ended_prefix:
+        task.ended_ahead[index] = output
+        if failed:
+            task.failed_ahead[index] = failed_call_record(ctx)
         return
+    if output is not None:
+        task.outputs.append(output)
+    elif failed:
+        task.failed_calls.append(failed_call_record(ctx))
+    index += 1
+    ahead = task.ended_ahead
+    if ahead:
+        outputs = task.outputs
+        failures = task.failed_ahead
+        while index in ahead:
+            kept = ahead.pop(index)
+            if kept is not None:
+                outputs.append(kept)
+            elif failures:
+                record = failures.pop(index, None)
+                if record is not None:
+                    task.failed_calls.append(record)
+            index += 1
+    task.ended_prefix = index
+
+
+def _drop_outputs(task: TaskDispatchState) -> None:
+    """The task's outputs exceed the limit: let go of every output kept so far."""
+    task.outputs_dropped = True
+    if task.mode is TaskMode.ONE_SHOT:
+        task.outputs = []
+        task.ended_ahead = dict.fromkeys(task.ended_ahead)
+    else:
+        for root in live_roots(task):
+            root.output = None
+
+
+def _record_output(core: CoreState, task: TaskDispatchState, output: bytes) -> bytes | None:
+    """The output to keep for a root that succeeded (None once the outputs are dropped)."""
+    if task.outputs_dropped:
+        return None
     limit = core.output_limit
     if limit:
         task.output_bytes += len(output)
         if task.output_bytes > limit:
-            task.outputs_dropped = True
-            for root in live_roots(task):
-                root.output = None
+            _drop_outputs(task)
             stop_task(
                 core,
                 task,
@@ -324,8 +384,8 @@ def _record_output(
                     ),
                 ),
             )
-            return
-    ctx.output = output
+            return None
+    return output
 
 
 def stop_task(core: CoreState, task: TaskDispatchState, failure: TaskFailure) -> None:

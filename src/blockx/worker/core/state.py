@@ -26,6 +26,11 @@ The state table (the seed's diagram)::
     WAITING -> DONE     completed, final failure, cancelled (subtree)
     DONE    -> (none)   the only terminal state
 
+A root call of a one-shot phase is forgotten as it ends (its task's ``roots``
+and the core's registry let go of it, as they do of a sub-call): its output
+or failure record is kept on the task, in call order (see
+:class:`TaskDispatchState`), so the phase's end has nothing left to walk.
+
 A call and the executor it is bound to point at each other
 (``DispatchCallContext.executor``, ``ExecutorState.calls``), so both records
 live here; :mod:`.selection` owns the table of executors and how one is chosen.
@@ -43,6 +48,7 @@ from .types import (
     CallOutcome,
     CallState,
     ExecutorSnapshot,
+    FailedCall,
     FailurePolicy,
     PreparedCall,
     TaskFailure,
@@ -423,7 +429,11 @@ class TaskDispatchState:
         "cancelled",
         "dirty",
         "dropped_roots",
+        "ended_ahead",
+        "ended_prefix",
         "failed",
+        "failed_ahead",
+        "failed_calls",
         "failure",
         "failure_policy",
         "in_ring",
@@ -435,6 +445,7 @@ class TaskDispatchState:
         "next_batch_idx",
         "next_index",
         "output_bytes",
+        "outputs",
         "outputs_dropped",
         "pending_bind_subcalls",
         "production_open",
@@ -474,8 +485,21 @@ class TaskDispatchState:
         #: Root calls to dispatch, in order (retries and released singleflight
         #: waiters go to the front). Entries whose ``queued`` is False are stale.
         self.ready_queue: deque[DispatchCallContext] = deque()
-        #: One-shot: every root call in call order (kept until convergence).
-        self.roots: list[DispatchCallContext] = []
+        #: One-shot: the root calls that have not ended, by index (so in call order).
+        #: A root is forgotten as it ends (here and in the core's registry); what the
+        #: phase's end needs of it is kept below, already in call order.
+        self.roots: dict[int, DispatchCallContext] = {}
+        #: One-shot: calls ``0 .. ended_prefix - 1`` have all ended; their successful
+        #: outputs are in ``outputs`` and their failures in ``failed_calls``, both in
+        #: call order -- what ``ConvergeTaskCalls`` hands over, built as calls end.
+        self.ended_prefix = 0
+        self.outputs: list[bytes] = []
+        self.failed_calls: list[FailedCall] = []
+        #: One-shot: calls ended past the prefix (out of order), by index: the output
+        #: kept (None: none) and, for a failed one, its record. Folded into the lists
+        #: above as the prefix reaches them, so they hold only the out-of-order window.
+        self.ended_ahead: dict[int, bytes | None] = {}
+        self.failed_ahead: dict[int, FailedCall] = {}
         #: Stream: committed batches not yet settled, oldest first.
         self.batches: deque[StreamBatch] = deque()
         self.next_batch_idx = 0
@@ -489,7 +513,8 @@ class TaskDispatchState:
         self.cancelled = 0
         #: Root calls RUNNING or WAITING (the TaskMaxInflightCalls window).
         self.inflight_roots = 0
-        #: Stream: root calls of settled (forgotten) batches.
+        #: Root calls ended and forgotten (no context): a stream's settled batches'
+        #: calls, a one-shot phase's ended calls.
         self.settled_roots = 0
         #: Stream: the producer may still commit batches. One-shot: chunks of the
         #: phase are still to come (``unregistered_roots`` > 0). The task cannot
