@@ -14,12 +14,13 @@ from typing import Any
 
 import asyncpg
 import pytest
-from io_support import call_backend, run
+from io_support import answer, call_backend, ok, payload, run
 
 from blockx.wire import keys
 from blockx.worker.io.backend import Reply
 from blockx.worker.io.blockdb import MAX_BATCH, BlockDBBackend
 from blockx.worker.io.blockdb_postgres import PostgresEngine
+from blockx.worker.io.registry import IOSubsystem
 
 R, W = keys.IO_READ, keys.IO_WRITE
 
@@ -227,5 +228,52 @@ def test_a_failed_statement_fails_each_read_of_it_retryably() -> None:
             assert engine.read_statements == 2
         finally:
             await backend.close()
+
+    run(main())
+
+
+def test_a_turn_of_reads_through_a_task_scope_is_one_statement(pg_dsn: str) -> None:
+    """The worker's path: each call's ``CallWaiting(io)`` through the task's IO scope
+    (singleflight joins identical reads, a refused key answers at once), all in one turn."""
+    prefix = f"sc{next(_prefixes)}_"
+    io = IOSubsystem(
+        {"blockdb": {"engine": "postgres", "postgres_dsn": pg_dsn, "table_prefix": prefix}}
+    )
+
+    async def main() -> None:
+        try:
+            scope = io.task_scope("t")
+            rows = [{"key": k, "v": k * 10} for k in range(0, 40, 3)]
+            written = await answer(
+                scope.handle_io(
+                    "t",
+                    "w",
+                    payload("blockdb", "upsert_rows", {"table": "t", "rows": rows}, io_kind=W),
+                    None,
+                )
+            )
+            assert ok(written) == len(rows)
+            keys_: list[Any] = [*range(40), 6, 6, 7, 1.5]  # duplicates; a float is no key
+            returned = [
+                scope.handle_io(
+                    "t", f"c{i}", payload("blockdb", "get_row", {"table": "t", "key": k}), None
+                )
+                for i, k in enumerate(keys_)
+            ]
+            results = [await answer(r) for r in returned]
+            for key, result in zip(keys_[:-1], results[:-1], strict=True):
+                assert ok(result) == ({"key": key, "v": key * 10} if key % 3 == 0 else None)
+            refused = results[-1]
+            assert refused.error is not None and not refused.error.retryable
+            assert "key" in refused.error.message
+            backend = io.backend("blockdb")
+            assert isinstance(backend, BlockDBBackend)
+            engine = backend.engine
+            assert isinstance(engine, PostgresEngine)
+            assert engine.read_statements == 1 and engine.shared_reads == 40  # 40 distinct
+            selects = _selects(await _server_counts(pg_dsn, f'"{prefix}t"'))
+            assert list(selects.values()) == [1], selects
+        finally:
+            await io.close()
 
     run(main())
