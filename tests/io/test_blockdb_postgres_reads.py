@@ -277,3 +277,19 @@ def test_a_turn_of_reads_through_a_task_scope_is_one_statement(pg_dsn: str) -> N
             await io.close()
 
     run(main())
+
+
+def test_reads_flushed_just_before_the_engine_closes_answer_closed(pg_dsn: str) -> None:
+    backend, engine, _prefix = _backend(pg_dsn)
+
+    async def main() -> None:
+        await call_backend(backend, W, "upsert_rows", {"table": "t", "rows": [{"key": 1}]})
+        pending = _submit_turn(backend, [("t", 1), ("t", 2)])
+        await asyncio.sleep(0)  # the flush ran: its statement's task is not started yet
+        await backend.close()
+        for future in pending:
+            reply: Reply = await future
+            assert reply.error is not None and reply.error.retryable
+        assert engine.read_statements == 0
+
+    run(main())

@@ -151,6 +151,12 @@ class PostgresEngine:
     async def _read_run(self, reads: list[_Read]) -> None:
         """One ``SELECT ... WHERE key = ANY($1)`` for ``reads`` (one table), each read
         answered with the reply its own statement would have had."""
+        if self._closed:  # closed between the flush and this task's start
+            closed = Reply.failure("blockdb: the PostgreSQL engine is closed", retryable=True)
+            for _op, future in reads:
+                if not future.done():
+                    future.set_result(closed)
+            return
         first = reads[0][0]
         probe = GetRows(first.table, first.sql_table, [op.key for op, _ in reads])
         self.read_statements += 1
