@@ -1,12 +1,13 @@
 """The end of a one-shot phase is incremental: calls are folded in as they end.
 
 Each root call of a one-shot phase is forgotten as it ends, its output (or
-failure) appended to its task's lists in call order -- calls ending out of
-order wait until every call before them has ended. ``ConvergeTaskCalls`` then
-hands over those lists as built: whatever the order the calls ended in, the
-outputs come in call order, the failures too, and the counts add up; and the
-converging step does not walk the calls (checked by state, and by counting the
-Python-level calls it makes, which must not grow with the number of calls).
+failure) put in call order into the run of consecutive ended calls it joins
+(``EndedRun``). ``ConvergeTaskCalls`` then hands over the one run left as
+built: whatever the order the calls ended in, the outputs come in call order,
+the failures too, and the counts add up; and neither the end of the last call
+nor the converging step walks the calls (checked by state, and by counting
+the Python-level calls they make, which must not grow with the number of
+calls -- also when the first call ends last).
 """
 
 from __future__ import annotations
@@ -109,22 +110,39 @@ def test_a_cancelled_phase_ended_out_of_order_reports_its_calls_and_counts() -> 
     assert rt.core.task_ids() == [] and rt.core.call_contexts == {}
 
 
-def test_a_failure_behind_a_straggler_is_reported_in_call_order() -> None:
-    rt = _started(10)
-    for i in (9, 3, 8, 1, 2, 4, 5, 6, 7):
-        _end(rt, i)
+def _runs(rt: Runtime) -> list[tuple[int, int, int, list[int]]]:
+    """``(first, last, outputs, failed indexes)`` of each run of ended calls of task t."""
     state = rt.core.task_state("t")
     assert state is not None
-    # Nothing folded yet: #0 has not ended; the others wait, and their contexts are gone.
-    assert state.ended_prefix == 0 and len(state.ended_ahead) == 9 and state.outputs == []
-    assert list(state.failed_ahead) == [3]
+    return [
+        (run.start, run.end - 1, len(run.outputs), [f.index for f in run.failures])
+        for run in state.ended_runs
+    ]
+
+
+def test_ended_calls_gather_into_runs_in_call_order_whatever_the_order() -> None:
+    rt = _started(12)
+    for i in (9, 3, 8):
+        _end(rt, i)
+    assert _runs(rt) == [(3, 3, 0, [3]), (8, 9, 2, [])]
+    _end(rt, 7)  # in front of a run
+    _end(rt, 4)  # behind one
+    assert _runs(rt) == [(3, 4, 1, [3]), (7, 9, 3, [])]
+    for i in (5, 6):  # 6 joins the two runs
+        _end(rt, i)
+    assert _runs(rt) == [(3, 9, 6, [3])]
+    for i in (11, 1, 2, 10):
+        _end(rt, i)
+    assert _runs(rt) == [(1, 11, 9, [3, 10])]
+    # The contexts are gone as the calls ended; only the straggler's is left.
     assert [c for c in rt.core.call_contexts if c.startswith("t/")] == ["t/c0"]
+    rt.core.check_invariants()
     rt.fail("t/c0", kind="user_error", retryable=False)
-    assert state.ended_prefix == 10 and not state.ended_ahead and not state.failed_ahead
+    assert _runs(rt) == [(0, 11, 9, [0, 3, 10])]
     rt.settle()
     conv = rt.converged["t"]
-    assert [f.index for f in conv.failed_calls] == [0, 3]
-    assert conv.outputs == tuple(_out(i) for i in range(10) if i not in (0, 3))
+    assert [f.index for f in conv.failed_calls] == [0, 3, 10]
+    assert conv.outputs == tuple(_out(i) for i in range(12) if i not in (0, 3, 10))
 
 
 def test_outputs_dropped_over_the_limit_drop_those_waiting_out_of_order_too() -> None:
@@ -135,14 +153,13 @@ def test_outputs_dropped_over_the_limit_drop_those_waiting_out_of_order_too() ->
     for i in (3, 2, 1):  # waiting behind #0, then the fourth output is one too many
         rt.complete(f"t/c{i}")
     state = rt.core.task_state("t")
-    assert state is not None and set(state.ended_ahead) == {1, 2, 3}
+    assert state is not None and _runs(rt) == [(1, 3, 3, [])]
     rt.complete("t/c4")
-    assert state.outputs_dropped and set(state.ended_ahead.values()) == {None}
+    assert state.outputs_dropped and _runs(rt) == [(1, 4, 0, [])]
     rt.complete("t/c0")
-    assert state.outputs == [] and state.ended_prefix == 5
     for i in (7, 5, 6):  # the stop waits for the calls in flight
         rt.complete(f"t/c{i}")
-    assert state.outputs == [] and state.ended_prefix == 8
+    assert _runs(rt) == [(0, 7, 0, [])]
     rt.settle()
     conv = rt.converged["t"]
     assert conv.failure is not None and conv.failure.kind == "OUTPUT_BYTES_EXCEEDED"
@@ -164,8 +181,10 @@ def test_ended_calls_are_forgotten_and_their_outputs_folded_as_they_end() -> Non
         # the outputs handed over at the end are already there, in call order.
         assert len(rt.core.call_contexts) == n - i - 1
         assert len(state.roots) == n - i - 1
-        assert state.ended_prefix == i + 1 and state.outputs == [_out(k) for k in range(i + 1)]
-    built = list(state.outputs)
+        (run,) = state.ended_runs
+        assert (run.start, run.end) == (0, i + 1)
+        assert list(run.outputs) == [_out(k) for k in range(i + 1)]
+    built = state.runs_by_start[0].outputs
     assert "t" not in rt.converged
     rt.settle()
     assert rt.converged["t"].outputs == tuple(built)
@@ -193,8 +212,10 @@ def _converge_cost(n: int, order: str) -> tuple[int, int]:
     rt = _started(n)
     if order == "in order":
         ids = [f"t/c{i}" for i in range(n)]
-    else:  # the last call ends first, then the others in order
-        ids = [f"t/c{n - 1}", *(f"t/c{i}" for i in range(n - 1))]
+    elif order == "first last":
+        ids = [*(f"t/c{i}" for i in range(1, n)), "t/c0"]
+    else:  # reversed: every call goes in front of the run after it
+        ids = [f"t/c{i}" for i in reversed(range(n))]
     for call_id in ids[:-1]:
         rt.complete(call_id)
     rt.settle()
@@ -215,8 +236,9 @@ def _converge_cost(n: int, order: str) -> tuple[int, int]:
 
 def test_the_converging_step_does_not_grow_with_the_number_of_calls() -> None:
     # The turn in which the last call ends and the phase converges: the same number of
-    # calls for 20 calls as for 2000 (it used to walk every call's context three times).
-    for order in ("in order", "last first"):
+    # calls for 20 calls as for 2000 (it used to walk every call's context three times),
+    # also when that last call is the first (every other call waited behind it).
+    for order in ("in order", "first last", "reversed"):
         small, small_outputs = _converge_cost(20, order)
         large, large_outputs = _converge_cost(2000, order)
         assert (small_outputs, large_outputs) == (20, 2000)

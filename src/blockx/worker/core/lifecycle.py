@@ -57,7 +57,14 @@ from .fairness import ReadyScheduler
 from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
 from .selection import ExecutorTable
-from .state import DispatchCallContext, DispatcherStats, ExecutorState, TaskDispatchState, move
+from .state import (
+    DispatchCallContext,
+    DispatcherStats,
+    EndedRun,
+    ExecutorState,
+    TaskDispatchState,
+    move,
+)
 from .types import (
     ERR_CANCELLED,
     CallError,
@@ -317,48 +324,48 @@ def _end_one_shot_root(
 ) -> None:
     """A one-shot root call ended: forget its context, keep its output or failure.
 
-    The task's ended prefix grows past every call ended in a row from here, their
-    outputs and failures appended in call order: each call is folded in once, so
-    the phase's end hands over lists already built (``ConvergeTaskCalls``) and
-    walks no context. Calls ending out of order wait in ``ended_ahead`` (and
-    ``failed_ahead``) until the prefix reaches them.
+    The call joins the runs of ended calls next to it (:class:`~.state.EndedRun`):
+    it extends the run ending just before it, or starts one, and the run starting
+    just after it is merged in. Every step is O(1) but the merge, which moves the
+    smaller run's references (in C); so when the last call ends, one run holds
+    every output and failure in call order and the phase's end hands them over
+    as built (``ConvergeTaskCalls``), walking no call.
     """
     index = ctx.index
     del core.calls[ctx.call_id]
     del task.roots[index]
     task.settled_roots += 1
-    if index != task.ended_prefix:
-        task.ended_ahead[index] = output
-        if failed:
-            task.failed_ahead[index] = failed_call_record(ctx)
-        return
+    record = failed_call_record(ctx) if failed else None
+    by_start = task.runs_by_start
+    by_end = task.runs_by_end
+    run = by_end.pop(index, None)
+    after = by_start.pop(index + 1, None)
+    if run is None:
+        if after is not None:  # the call goes in front of the run after it
+            after.start = index
+            by_start[index] = after
+            if output is not None:
+                after.outputs.appendleft(output)
+            if record is not None:
+                after.failures.appendleft(record)
+            return
+        run = by_start[index] = EndedRun(index)
     if output is not None:
-        task.outputs.append(output)
-    elif failed:
-        task.failed_calls.append(failed_call_record(ctx))
-    index += 1
-    ahead = task.ended_ahead
-    if ahead:
-        outputs = task.outputs
-        failures = task.failed_ahead
-        while index in ahead:
-            kept = ahead.pop(index)
-            if kept is not None:
-                outputs.append(kept)
-            elif failures:
-                record = failures.pop(index, None)
-                if record is not None:
-                    task.failed_calls.append(record)
-            index += 1
-    task.ended_prefix = index
+        run.outputs.append(output)
+    if record is not None:
+        run.failures.append(record)
+    run.end = index + 1
+    if after is not None:
+        run.absorb(after)
+    by_end[run.end] = run
 
 
 def _drop_outputs(task: TaskDispatchState) -> None:
     """The task's outputs exceed the limit: let go of every output kept so far."""
     task.outputs_dropped = True
     if task.mode is TaskMode.ONE_SHOT:
-        task.outputs = []
-        task.ended_ahead = dict.fromkeys(task.ended_ahead)
+        for run in task.runs_by_start.values():
+            run.outputs.clear()
     else:
         for root in live_roots(task):
             root.output = None

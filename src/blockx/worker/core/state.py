@@ -28,8 +28,9 @@ The state table (the seed's diagram)::
 
 A root call of a one-shot phase is forgotten as it ends (its task's ``roots``
 and the core's registry let go of it, as they do of a sub-call): its output
-or failure record is kept on the task, in call order (see
-:class:`TaskDispatchState`), so the phase's end has nothing left to walk.
+or failure record is kept on the task, in call order, in an
+:class:`EndedRun` of consecutive ended calls, so the phase's end has nothing
+left to walk.
 
 A call and the executor it is bound to point at each other
 (``DispatchCallContext.executor``, ``ExecutorState.calls``), so both records
@@ -62,6 +63,7 @@ __all__ = [
     "CALL_TRANSITIONS",
     "DispatchCallContext",
     "DispatcherStats",
+    "EndedRun",
     "ExecutorState",
     "InstanceState",
     "StreamBatch",
@@ -389,6 +391,45 @@ class StreamBatch:
         return f"<StreamBatch #{self.batch_idx} calls={len(self.roots)} remaining={self.remaining}>"
 
 
+class EndedRun:
+    """One-shot: consecutive root calls ``start .. end - 1`` that have all ended, with
+    their outputs and failure records in call order (see :class:`TaskDispatchState`).
+
+    Deques: a call ending right before the run goes in front, right after it at the
+    back; two runs a call joins are merged by moving the smaller's references (C).
+    """
+
+    __slots__ = ("end", "failures", "outputs", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        #: One past the last call (exclusive); ``start`` while the run is being made.
+        self.end = start
+        self.outputs: deque[bytes] = deque()
+        self.failures: deque[FailedCall] = deque()
+
+    def absorb(self, after: EndedRun) -> None:
+        """Append the run that starts where this one ends."""
+        if len(after.outputs) > len(self.outputs):
+            after.outputs.extendleft(reversed(self.outputs))
+            self.outputs = after.outputs
+        else:
+            self.outputs.extend(after.outputs)
+        if after.failures:
+            if len(after.failures) > len(self.failures):
+                after.failures.extendleft(reversed(self.failures))
+                self.failures = after.failures
+            else:
+                self.failures.extend(after.failures)
+        self.end = after.end
+
+    def __repr__(self) -> str:
+        return (
+            f"<EndedRun {self.start}..{self.end - 1} outputs={len(self.outputs)}"
+            f" failures={len(self.failures)}>"
+        )
+
+
 class InstanceState:
     """A fairness unit (tenant): its in-flight root calls and dispatchable tasks."""
 
@@ -429,11 +470,7 @@ class TaskDispatchState:
         "cancelled",
         "dirty",
         "dropped_roots",
-        "ended_ahead",
-        "ended_prefix",
         "failed",
-        "failed_ahead",
-        "failed_calls",
         "failure",
         "failure_policy",
         "in_ring",
@@ -445,13 +482,14 @@ class TaskDispatchState:
         "next_batch_idx",
         "next_index",
         "output_bytes",
-        "outputs",
         "outputs_dropped",
         "pending_bind_subcalls",
         "production_open",
         "ready_queue",
         "retries",
         "roots",
+        "runs_by_end",
+        "runs_by_start",
         "settled_roots",
         "singleflight",
         "singleflight_hits",
@@ -489,17 +527,14 @@ class TaskDispatchState:
         #: A root is forgotten as it ends (here and in the core's registry); what the
         #: phase's end needs of it is kept below, already in call order.
         self.roots: dict[int, DispatchCallContext] = {}
-        #: One-shot: calls ``0 .. ended_prefix - 1`` have all ended; their successful
-        #: outputs are in ``outputs`` and their failures in ``failed_calls``, both in
-        #: call order -- what ``ConvergeTaskCalls`` hands over, built as calls end.
-        self.ended_prefix = 0
-        self.outputs: list[bytes] = []
-        self.failed_calls: list[FailedCall] = []
-        #: One-shot: calls ended past the prefix (out of order), by index: the output
-        #: kept (None: none) and, for a failed one, its record. Folded into the lists
-        #: above as the prefix reaches them, so they hold only the out-of-order window.
-        self.ended_ahead: dict[int, bytes | None] = {}
-        self.failed_ahead: dict[int, FailedCall] = {}
+        #: One-shot: the ended calls as runs of consecutive indexes, each with its
+        #: successful outputs and failures in call order, by first index and by end
+        #: (exclusive). A call that ends extends, starts or joins runs (O(1) but for
+        #: a join: the smaller run's references moved, in C); once every call has
+        #: ended, one run ``0 .. total - 1`` holds what ``ConvergeTaskCalls`` hands
+        #: over, built as the calls ended (``lifecycle._end_one_shot_root``).
+        self.runs_by_start: dict[int, EndedRun] = {}
+        self.runs_by_end: dict[int, EndedRun] = {}
         #: Stream: committed batches not yet settled, oldest first.
         self.batches: deque[StreamBatch] = deque()
         self.next_batch_idx = 0
@@ -552,6 +587,11 @@ class TaskDispatchState:
     def production_done(self) -> bool:
         """No batch (stream) or chunk (one-shot) is to come."""
         return not self.production_open
+
+    @property
+    def ended_runs(self) -> list[EndedRun]:
+        """One-shot: the runs of ended calls, in call order (for tests and reports)."""
+        return [self.runs_by_start[start] for start in sorted(self.runs_by_start)]
 
     @property
     def outstanding_batches(self) -> int:
