@@ -338,8 +338,15 @@ def _end_one_shot_root(
     record = failed_call_record(ctx) if failed else None
     by_start = task.runs_by_start
     by_end = task.runs_by_end
-    run = by_end.pop(index, None)
-    after = by_start.pop(index + 1, None)
+    # Subscripts rather than dict.pop: no method call on the path of every call.
+    run: EndedRun | None = None
+    if index in by_end:
+        run = by_end[index]
+        del by_end[index]
+    after: EndedRun | None = None
+    if index + 1 in by_start:
+        after = by_start[index + 1]
+        del by_start[index + 1]
     if run is None:
         if after is not None:  # the call goes in front of the run after it
             after.start = index
