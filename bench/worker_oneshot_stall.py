@@ -14,8 +14,9 @@ Printed per size, medians over ``--repeats``:
   from ``submit`` until the core holds all ``N`` calls (the tick that first
   sees them all counts too: the stall that ended registration);
 * ``run stall`` — the largest tick delay over the whole run, registration,
-  dispatch and convergence (the end of a one-shot phase is O(N) in one turn:
-  outputs gathered, contexts forgotten, rows decoded);
+  dispatch and convergence (the end of a one-shot phase is incremental: each
+  call is forgotten and its output kept in call order as it ends, rows are
+  decoded 16,384 per turn -- see docs/architecture.md);
 * ``longest gc`` — the longest cyclic-GC pass meanwhile (``gc.callbacks``):
   with N calls alive, a full collection walks them all, whatever the
   registration does. ``--gc-off`` disables the collector during each run

@@ -106,8 +106,8 @@ def test_a_suspect_runs_alone_and_an_innocent_one_succeeds() -> None:
     child = rt.binds(rt.request_subcall(on0[0]))[0]
     assert child.executor_id == where
     rt.complete(child.call_id)
-    rt.complete(on0[0])
     ctx = rt.core.call_context(on0[0])
+    rt.complete(on0[0])
     assert ctx is not None and ctx.outcome is not None and ctx.outcome.value == "SUCCEEDED"
     assert ctx.attempt_count == 1
 

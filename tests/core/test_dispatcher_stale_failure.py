@@ -99,9 +99,10 @@ def test_a_call_that_completes_while_waiting_is_done() -> None:
     rt = _setup()
     seq = rt.running["t1/c0"].attempt_seq
     rt.core.handle_call_waiting("t1/c0", seq)
-    rt.complete("t1/c0")  # the completion overtook the resume notification
     ctx = rt.core.call_context("t1/c0")
+    rt.complete("t1/c0")  # the completion overtook the resume notification
     assert ctx is not None and ctx.state is CallState.DONE
+    assert rt.core.call_context("t1/c0") is None  # an ended one-shot root is forgotten
     assert rt.core.handle_call_resumed("t1/c0", seq) == []
 
 

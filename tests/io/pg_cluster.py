@@ -3,7 +3,8 @@
 :func:`find_pg_bin` looks for ``initdb`` on PATH, then under
 ``/usr/lib/postgresql/*/bin`` (Debian's layout) and ``/usr/pgsql-*/bin``.
 :class:`PgCluster` runs the server on a free loopback port with trust
-authentication, ``fsync=off`` and its unix socket in the data directory. As
+authentication, ``fsync=off``, its unix socket in the data directory and
+``pg_stat_statements`` loaded (tests count the statements an engine sends). As
 root it runs ``initdb``/``pg_ctl`` as ``nobody`` (``initdb`` refuses root): the
 directory is made in ``/tmp`` and handed to that user. ``stop()`` stops the
 server (``-m immediate``) and removes the directory.
@@ -102,7 +103,8 @@ class PgCluster:
             raise RuntimeError(f"initdb failed:\n{done.stdout}\n{done.stderr}")
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data} -F "
-            "-c max_connections=60 -c shared_buffers=16MB"
+            "-c max_connections=60 -c shared_buffers=16MB "
+            "-c shared_preload_libraries=pg_stat_statements"
         )
         done = self._run(
             "pg_ctl", "-D", self.data, "-l", self.log, "-o", options, "-w", "-t", "60", "start"

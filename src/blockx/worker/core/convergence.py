@@ -25,7 +25,11 @@ Settling one task is, in this order:
 4. **ConvergeTaskCalls** -- once terminal roots == total, production is done
    (for a one-shot phase: every chunk registered) and every batch settled, the
    task converges exactly once and the core forgets it (late frames for its
-   calls are then unknown and dropped).
+   calls are then unknown and dropped). A one-shot phase's end is incremental:
+   each root call was forgotten as it ended and its output or failure put in
+   call order into the run of ended calls it joined
+   (``lifecycle._end_one_shot_root``), so converging hands over what is
+   already built -- no pass over the calls, however many they were.
 """
 
 from __future__ import annotations
@@ -118,15 +122,15 @@ def _converge(core: CoreState, task: TaskDispatchState, out: list[DispatchComman
     outputs: tuple[bytes, ...] = ()
     failed_calls: tuple[FailedCall, ...] = ()
     if task.mode is TaskMode.ONE_SHOT:
-        succeeded = CallOutcome.SUCCEEDED
-        if not task.outputs_dropped:
-            outputs = tuple(
-                ctx.output
-                for ctx in task.roots
-                if ctx.outcome is succeeded and ctx.output is not None
-            )
-        failed = CallOutcome.FAILED
-        failed_calls = tuple(failed_call_record(ctx) for ctx in task.roots if ctx.outcome is failed)
+        # Built as the calls ended, in call order (lifecycle._end_one_shot_root): every
+        # call has ended, so one run holds them all. Handed over as they are (a tuple of
+        # the deque: one copy of references in C, no Python step per call); no context
+        # is left to walk.
+        run = task.runs_by_start.get(0)
+        if run is not None:  # none: no call was registered
+            if not task.outputs_dropped:
+                outputs = tuple(run.outputs)
+            failed_calls = tuple(run.failures)
     failure = task.failure
     out.append(
         ConvergeTaskCalls(
@@ -156,6 +160,8 @@ def remove_task(core: CoreState, task: TaskDispatchState) -> None:
     registry = core.calls
     for ctx in live_roots(task):
         registry.pop(ctx.call_id, None)
-    task.roots = []
+    task.roots.clear()
+    task.runs_by_start.clear()
+    task.runs_by_end.clear()
     task.batches.clear()
     task.ready_queue.clear()

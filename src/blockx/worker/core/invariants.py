@@ -18,7 +18,7 @@ from collections import Counter
 
 from .lifecycle import CoreState, live_roots
 from .state import DispatchCallContext, ExecutorState, TaskDispatchState
-from .types import CallState
+from .types import CallState, TaskMode
 
 __all__ = ["check_core_invariants"]
 
@@ -135,6 +135,8 @@ def _check_task(core: CoreState, task: TaskDispatchState, subcalls: int) -> list
         problems.append(f"{task!r}: in-flight window exceeded")
     if task.live_subcalls != subcalls:
         problems.append(f"{task!r}: live_subcalls {task.live_subcalls} != {subcalls}")
+    if task.mode is TaskMode.ONE_SHOT:
+        problems.extend(_check_one_shot(task))
     for batch in task.batches:
         remaining = sum(1 for ctx in batch.roots if ctx.state is not CallState.DONE)
         if batch.remaining != remaining:
@@ -189,4 +191,34 @@ def _check_isolation(ex: ExecutorState) -> list[str]:
             root = root.parent
         if root is not host:
             problems.append(f"{ex!r} isolates {host.call_id} but also runs {ctx!r}")
+    return problems
+
+
+def _check_one_shot(task: TaskDispatchState) -> list[str]:
+    """A one-shot phase's roots: live ones held by index, ended ones in runs, in call order."""
+    problems: list[str] = []
+    for index, ctx in task.roots.items():
+        if ctx.index != index or ctx.state is CallState.DONE:
+            problems.append(f"{task!r}: root {index} is {ctx!r}")
+    runs = task.ended_runs
+    if len(task.runs_by_end) != len(runs):
+        problems.append(f"{task!r}: runs by start and by end differ")
+    previous_end = -1
+    ended = 0
+    for run in runs:
+        if task.runs_by_end.get(run.end) is not run or run.start >= run.end:
+            problems.append(f"{task!r}: bad run {run!r}")
+        if run.start <= previous_end:
+            problems.append(f"{task!r}: {run!r} overlaps or touches the run before it")
+        previous_end = run.end
+        ended += run.end - run.start
+        indexes = [f.index for f in run.failures]
+        if indexes != sorted(indexes) or any(not run.start <= i < run.end for i in indexes):
+            problems.append(f"{task!r}: {run!r} has failures out of order or out of it")
+        if len(run.outputs) + len(indexes) > run.end - run.start:
+            problems.append(f"{task!r}: {run!r} holds more than its calls")
+        if any(i in task.roots for i in range(run.start, run.end)):
+            problems.append(f"{task!r}: a live root inside the ended {run!r}")
+    if ended != task.settled_roots:
+        problems.append(f"{task!r}: runs hold {ended} calls, {task.settled_roots} ended")
     return problems

@@ -10,8 +10,10 @@ transitions of a call, each keeping the counters that depend on it in step:
   back (on retry, bind failure and end).
 * :func:`set_call_terminal` is the single bookkeeping point of a call's end:
   it moves the call to DONE, counts the outcome into its task (and stream
-  batch), records a root's output, forgets a sub-call, and marks the task
-  dirty. Calling it again for a DONE call changes nothing and returns False.
+  batch), records a root's output (a one-shot root's output or failure goes
+  into its task's lists, in call order, and its context is forgotten), forgets
+  a sub-call, and marks the task dirty. Calling it again for a DONE call
+  changes nothing and returns False.
 * :func:`finish_call` wraps it with the consequences of an end: fill the call
   cache, hand the result to singleflight waiters (or release them if the
   leader was cancelled), cancel the call's sub-call subtree, answer a
@@ -55,7 +57,14 @@ from .fairness import ReadyScheduler
 from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
 from .selection import ExecutorTable
-from .state import DispatchCallContext, DispatcherStats, ExecutorState, TaskDispatchState, move
+from .state import (
+    DispatchCallContext,
+    DispatcherStats,
+    EndedRun,
+    ExecutorState,
+    TaskDispatchState,
+    move,
+)
 from .types import (
     ERR_CANCELLED,
     CallError,
@@ -150,9 +159,10 @@ def mark_dirty(core: CoreState, task: TaskDispatchState) -> None:
 
 
 def live_roots(task: TaskDispatchState) -> list[DispatchCallContext]:
-    """The task's root calls the core still holds, in call order."""
+    """The task's root calls the core still holds, in call order (one-shot: those that
+    have not ended)."""
     if task.mode is TaskMode.ONE_SHOT:
-        return task.roots
+        return list(task.roots.values())
     return [ctx for batch in task.batches for ctx in batch.roots]
 
 
@@ -283,13 +293,14 @@ def set_call_terminal(
         task.live_subcalls -= 1
     else:
         task.terminal_roots += 1
+        kept: bytes | None = None
         if outcome is _SUCCEEDED:
             task.succeeded += 1
             if output is not None:
                 if core.output_limit or task.outputs_dropped:
-                    _record_output(core, task, ctx, output)
+                    kept = _record_output(core, task, output)
                 else:
-                    ctx.output = output  # _record_output without a limit
+                    kept = output  # _record_output without a limit
         elif outcome is _FAILED:
             task.failed += 1
         else:
@@ -297,22 +308,85 @@ def set_call_terminal(
         batch = ctx.batch
         if batch is not None:
             batch.remaining -= 1
+            ctx.output = kept
+        else:
+            _end_one_shot_root(core, task, ctx, kept, outcome is _FAILED)
     mark_dirty(core, task)
     return True
 
 
-def _record_output(
-    core: CoreState, task: TaskDispatchState, ctx: DispatchCallContext, output: bytes
+def _end_one_shot_root(
+    core: CoreState,
+    task: TaskDispatchState,
+    ctx: DispatchCallContext,
+    output: bytes | None,
+    failed: bool,
 ) -> None:
+    """A one-shot root call ended: forget its context, keep its output or failure.
+
+    The call joins the runs of ended calls next to it (:class:`~.state.EndedRun`):
+    it extends the run ending just before it, or starts one, and the run starting
+    just after it is merged in. Every step is O(1) but the merge, which moves the
+    smaller run's references (in C); so when the last call ends, one run holds
+    every output and failure in call order and the phase's end hands them over
+    as built (``ConvergeTaskCalls``), walking no call.
+    """
+    index = ctx.index
+    del core.calls[ctx.call_id]
+    del task.roots[index]
+    task.settled_roots += 1
+    record = failed_call_record(ctx) if failed else None
+    by_start = task.runs_by_start
+    by_end = task.runs_by_end
+    # Subscripts rather than dict.pop: no method call on the path of every call.
+    run: EndedRun | None = None
+    if index in by_end:
+        run = by_end[index]
+        del by_end[index]
+    after: EndedRun | None = None
+    if index + 1 in by_start:
+        after = by_start[index + 1]
+        del by_start[index + 1]
+    if run is None:
+        if after is not None:  # the call goes in front of the run after it
+            after.start = index
+            by_start[index] = after
+            if output is not None:
+                after.outputs.appendleft(output)
+            if record is not None:
+                after.failures.appendleft(record)
+            return
+        run = by_start[index] = EndedRun(index)
+    if output is not None:
+        run.outputs.append(output)
+    if record is not None:
+        run.failures.append(record)
+    run.end = index + 1
+    if after is not None:
+        run.absorb(after)
+    by_end[run.end] = run
+
+
+def _drop_outputs(task: TaskDispatchState) -> None:
+    """The task's outputs exceed the limit: let go of every output kept so far."""
+    task.outputs_dropped = True
+    if task.mode is TaskMode.ONE_SHOT:
+        for run in task.runs_by_start.values():
+            run.outputs.clear()
+    else:
+        for root in live_roots(task):
+            root.output = None
+
+
+def _record_output(core: CoreState, task: TaskDispatchState, output: bytes) -> bytes | None:
+    """The output to keep for a root that succeeded (None once the outputs are dropped)."""
     if task.outputs_dropped:
-        return
+        return None
     limit = core.output_limit
     if limit:
         task.output_bytes += len(output)
         if task.output_bytes > limit:
-            task.outputs_dropped = True
-            for root in live_roots(task):
-                root.output = None
+            _drop_outputs(task)
             stop_task(
                 core,
                 task,
@@ -324,8 +398,8 @@ def _record_output(
                     ),
                 ),
             )
-            return
-    ctx.output = output
+            return None
+    return output
 
 
 def stop_task(core: CoreState, task: TaskDispatchState, failure: TaskFailure) -> None:

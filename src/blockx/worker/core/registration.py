@@ -167,11 +167,12 @@ def _add_roots(
     prefix = f"{task.task_id}/c"
     registry = core.calls
     queue = task.ready_queue
-    roots = task.roots if batch is None else batch.roots
+    # One-shot roots by index (forgotten as they end), a stream batch's in a list.
+    live = task.roots
+    batch_roots = None if batch is None else batch.roots
     batch_idx = 0 if batch is None else batch.batch_idx
     max_attempts = task.max_attempts
     budget_ms = task.call_budget_ms
-    append_root = roots.append
     append_queued = queue.append
     for call in calls:
         call_id = f"{prefix}{index}"
@@ -182,7 +183,10 @@ def _add_roots(
         )
         ctx.queued = True
         registry[call_id] = ctx
-        append_root(ctx)
+        if batch_roots is None:
+            live[index] = ctx
+        else:
+            batch_roots.append(ctx)
         append_queued(ctx)
         index += 1
     count = len(calls)

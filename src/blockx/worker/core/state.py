@@ -26,6 +26,12 @@ The state table (the seed's diagram)::
     WAITING -> DONE     completed, final failure, cancelled (subtree)
     DONE    -> (none)   the only terminal state
 
+A root call of a one-shot phase is forgotten as it ends (its task's ``roots``
+and the core's registry let go of it, as they do of a sub-call): its output
+or failure record is kept on the task, in call order, in an
+:class:`EndedRun` of consecutive ended calls, so the phase's end has nothing
+left to walk.
+
 A call and the executor it is bound to point at each other
 (``DispatchCallContext.executor``, ``ExecutorState.calls``), so both records
 live here; :mod:`.selection` owns the table of executors and how one is chosen.
@@ -43,6 +49,7 @@ from .types import (
     CallOutcome,
     CallState,
     ExecutorSnapshot,
+    FailedCall,
     FailurePolicy,
     PreparedCall,
     TaskFailure,
@@ -56,6 +63,7 @@ __all__ = [
     "CALL_TRANSITIONS",
     "DispatchCallContext",
     "DispatcherStats",
+    "EndedRun",
     "ExecutorState",
     "InstanceState",
     "StreamBatch",
@@ -383,6 +391,45 @@ class StreamBatch:
         return f"<StreamBatch #{self.batch_idx} calls={len(self.roots)} remaining={self.remaining}>"
 
 
+class EndedRun:
+    """One-shot: consecutive root calls ``start .. end - 1`` that have all ended, with
+    their outputs and failure records in call order (see :class:`TaskDispatchState`).
+
+    Deques: a call ending right before the run goes in front, right after it at the
+    back; two runs a call joins are merged by moving the smaller's references (C).
+    """
+
+    __slots__ = ("end", "failures", "outputs", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        #: One past the last call (exclusive); ``start`` while the run is being made.
+        self.end = start
+        self.outputs: deque[bytes] = deque()
+        self.failures: deque[FailedCall] = deque()
+
+    def absorb(self, after: EndedRun) -> None:
+        """Append the run that starts where this one ends."""
+        if len(after.outputs) > len(self.outputs):
+            after.outputs.extendleft(reversed(self.outputs))
+            self.outputs = after.outputs
+        else:
+            self.outputs.extend(after.outputs)
+        if after.failures:
+            if len(after.failures) > len(self.failures):
+                after.failures.extendleft(reversed(self.failures))
+                self.failures = after.failures
+            else:
+                self.failures.extend(after.failures)
+        self.end = after.end
+
+    def __repr__(self) -> str:
+        return (
+            f"<EndedRun {self.start}..{self.end - 1} outputs={len(self.outputs)}"
+            f" failures={len(self.failures)}>"
+        )
+
+
 class InstanceState:
     """A fairness unit (tenant): its in-flight root calls and dispatchable tasks."""
 
@@ -441,6 +488,8 @@ class TaskDispatchState:
         "ready_queue",
         "retries",
         "roots",
+        "runs_by_end",
+        "runs_by_start",
         "settled_roots",
         "singleflight",
         "singleflight_hits",
@@ -474,8 +523,18 @@ class TaskDispatchState:
         #: Root calls to dispatch, in order (retries and released singleflight
         #: waiters go to the front). Entries whose ``queued`` is False are stale.
         self.ready_queue: deque[DispatchCallContext] = deque()
-        #: One-shot: every root call in call order (kept until convergence).
-        self.roots: list[DispatchCallContext] = []
+        #: One-shot: the root calls that have not ended, by index (so in call order).
+        #: A root is forgotten as it ends (here and in the core's registry); what the
+        #: phase's end needs of it is kept below, already in call order.
+        self.roots: dict[int, DispatchCallContext] = {}
+        #: One-shot: the ended calls as runs of consecutive indexes, each with its
+        #: successful outputs and failures in call order, by first index and by end
+        #: (exclusive). A call that ends extends, starts or joins runs (O(1) but for
+        #: a join: the smaller run's references moved, in C); once every call has
+        #: ended, one run ``0 .. total - 1`` holds what ``ConvergeTaskCalls`` hands
+        #: over, built as the calls ended (``lifecycle._end_one_shot_root``).
+        self.runs_by_start: dict[int, EndedRun] = {}
+        self.runs_by_end: dict[int, EndedRun] = {}
         #: Stream: committed batches not yet settled, oldest first.
         self.batches: deque[StreamBatch] = deque()
         self.next_batch_idx = 0
@@ -489,7 +548,8 @@ class TaskDispatchState:
         self.cancelled = 0
         #: Root calls RUNNING or WAITING (the TaskMaxInflightCalls window).
         self.inflight_roots = 0
-        #: Stream: root calls of settled (forgotten) batches.
+        #: Root calls ended and forgotten (no context): a stream's settled batches'
+        #: calls, a one-shot phase's ended calls.
         self.settled_roots = 0
         #: Stream: the producer may still commit batches. One-shot: chunks of the
         #: phase are still to come (``unregistered_roots`` > 0). The task cannot
@@ -527,6 +587,11 @@ class TaskDispatchState:
     def production_done(self) -> bool:
         """No batch (stream) or chunk (one-shot) is to come."""
         return not self.production_open
+
+    @property
+    def ended_runs(self) -> list[EndedRun]:
+        """One-shot: the runs of ended calls, in call order (for tests and reports)."""
+        return [self.runs_by_start[start] for start in sorted(self.runs_by_start)]
 
     @property
     def outstanding_batches(self) -> int:
