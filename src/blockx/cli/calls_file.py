@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A calls file is read in blocks of about :data:`CHUNK_BYTES`, each cut after its
+A calls file is read in blocks of :data:`CHUNK_BYTES`, each cut after its
 last newline, so a chunk holds whole lines (a line longer than a block makes its
 chunk longer). A chunk whose every line has the shape of one call object --
 optional blanks, ``{``, anything, ``}``, optional blanks (:data:`_OBJECT_LINES`,
@@ -46,8 +46,10 @@ __all__ = [
     "parse_lines",
 ]
 
-#: Bytes read at once (a chunk: these, up to the last newline in them).
-CHUNK_BYTES: Final = 256 * 1024
+#: Bytes read at once (a chunk: these, up to the last newline in them). As much as the
+#: line-by-line reading read ahead (a buffered file's 8 KiB): a calls file that changes
+#: while a stream reads it is seen as soon as before.
+CHUNK_BYTES: Final = 8 * 1024
 #: A chunk's lines, each one object and nothing else around it but blanks.
 _OBJECT_LINES: Final = re.compile(rb"(?:[ \t\r]*\{[^\n]*\}[ \t\r]*\n)*")
 _decoder: Final = msgspec.json.Decoder()
@@ -60,21 +62,27 @@ def iter_chunks(handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[t
     """``(number of its first line, chunk)``: whole lines, each chunk ending in a newline
     (the file's last line gets one if it has none)."""
     lineno = 1
-    rest = b""
+    head: list[bytes] = []  # the start of a line longer than the blocks read so far
     while True:
         block = handle.read(chunk_bytes)
         if not block:
             break
         cut = block.rfind(b"\n")
         if cut < 0:
-            rest += block
+            head.append(block)
             continue
-        chunk = rest + block[: cut + 1] if rest else block[: cut + 1]
-        rest = block[cut + 1 :]
+        if head:
+            head.append(block[: cut + 1])
+            chunk = b"".join(head)
+            head = []
+        else:
+            chunk = block[: cut + 1]
+        if cut + 1 < len(block):
+            head.append(block[cut + 1 :])
         yield lineno, chunk
         lineno += chunk.count(b"\n")
-    if rest:
-        yield lineno, rest + b"\n"
+    if head:
+        yield lineno, b"".join(head) + b"\n"
 
 
 def parse_chunk_fast(chunk: bytes, known: Mapping[str, Any]) -> CallChunk | None:
