@@ -46,6 +46,7 @@ import collections
 import io
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -281,8 +282,6 @@ class Console:
             self._line_shown = False
 
     def show_progress(self, text: str) -> None:
-        import shutil  # only for a progress line (3 ms at start-up otherwise)
-
         width = shutil.get_terminal_size((100, 24)).columns
         frame = "\r" + text[: max(width - 1, 20)] + "\x1b[K"
         if self.writer is not None:
