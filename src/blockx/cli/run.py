@@ -78,7 +78,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.cli.console import (
     PROGRESS_INTERVAL_S,
@@ -92,22 +92,15 @@ from blockx.cli.console import (
     print_problems,
     setup_logging,
 )
-from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed, RowWriter
-from blockx.cli.paths import check_output_paths
-from blockx.cli.report import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_SIGPIPE,
-    EXIT_USAGE,
-    INTERRUPTED_STATUS,
-    RunOutcome,
-    failure_report,
-    summary_json,
-    summary_text,
-    write_errors,
-)
+from blockx.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
 from blockx.cli.settings import Settings, UsageError, build_settings, load_task_and_settings
-from blockx.cli.taskfile import SpecError, TaskFile, audit_supported
+
+# The task file's modules, the output's and the verdict's are imported once the executors
+# have been started (where they are used), not before: the executors boot meanwhile.
+if TYPE_CHECKING:
+    from blockx.cli.output import RowWriter
+    from blockx.cli.report import RunOutcome
+    from blockx.cli.taskfile import TaskFile
 
 __all__ = [
     "EXIT_FAILED",
@@ -218,6 +211,9 @@ async def _run_task(
     show_progress: bool,
     worker: Any = None,
 ) -> RunOutcome:
+    from blockx.cli.output import OutputClosed
+    from blockx.cli.report import RunOutcome
+
     outcome = RunOutcome()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -266,6 +262,8 @@ async def _run_on_worker(
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
+    from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
+    from blockx.cli.taskfile import SpecError
     from blockx.worker.app import Worker
     from blockx.worker.io.registry import IOSubsystem
 
@@ -390,6 +388,8 @@ def _calls_until_a_bad_line(spec: TaskFile, outcome: RunOutcome) -> Iterator[Any
     """The calls of a streamed task's file; a bad line (the file changed since it was
     checked) ends the stream there, quietly for the worker, and is kept for the verdict
     (:func:`_short_stream`): the calls read so far run to their end and are reported."""
+    from blockx.cli.taskfile import SpecError
+
     try:
         yield from spec.iter_calls_file()
     except SpecError as exc:
@@ -468,6 +468,10 @@ class _Checked:
 def _check_input(options: RunOptions, console: Console) -> _Checked | int:
     """Step 1: everything that can be wrong with the input; its problems are printed and
     :data:`EXIT_USAGE` returned."""
+    from blockx.cli.output import RowWriter
+    from blockx.cli.paths import check_output_paths
+    from blockx.cli.taskfile import SpecError, audit_supported
+
     try:
         spec, total, settings = load_task_and_settings(
             options.task, config_file=options.config, sets=options.sets, executors=options.executors
@@ -627,6 +631,8 @@ def _run_command(options: RunOptions, console: Console) -> int:
     executors = settings.worker.pool.executor_count
 
     # 3. The verdict.
+    from blockx.cli.report import failure_report, summary_text
+
     outcome.calls_in_file = total if spec.is_stream else None
     result = outcome.result
     if outcome.output_closed and options.output is None:
@@ -712,6 +718,8 @@ def _write_files(
 ) -> int:
     """``--errors`` and ``--summary-json`` (checked before the run; a failure now — a full
     disk — is one line, and a successful run's status becomes 1). Returns the status."""
+    from blockx.cli.report import summary_json, write_errors
+
     result = outcome.result
     if options.errors_out is not None and result is not None:
         try:
