@@ -101,6 +101,8 @@ if TYPE_CHECKING:
     from blockx.cli.output import RowWriter
     from blockx.cli.report import RunOutcome
     from blockx.cli.taskfile import TaskFile
+    from blockx.worker.app import Worker
+    from blockx.worker.config import WorkerConfig
 
 __all__ = [
     "EXIT_FAILED",
@@ -209,7 +211,7 @@ async def _run_task(
     console: Console,
     progress_total: int | None,
     show_progress: bool,
-    worker: Any = None,
+    worker: Worker | None = None,
 ) -> RunOutcome:
     from blockx.cli.output import OutputClosed
     from blockx.cli.report import RunOutcome
@@ -258,7 +260,7 @@ async def _run_on_worker(
     show_progress: bool,
     outcome: RunOutcome,
     interruption: _Interruption,
-    started: Any = None,
+    started: Worker | None = None,
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
@@ -511,7 +513,7 @@ def _check_input(options: RunOptions, console: Console) -> _Checked | int:
     return _Checked(spec, total, settings, sink)
 
 
-def _early_worker_config(options: RunOptions) -> Any:
+def _early_worker_config(options: RunOptions) -> WorkerConfig | None:
     """The worker's configuration before the task file is read, or None.
 
     It comes from the config file, the environment, ``--set`` and ``--executors``
@@ -528,7 +530,7 @@ def _early_worker_config(options: RunOptions) -> Any:
 
 
 async def _start_then_check(
-    options: RunOptions, console: Console, config: Any, checked: list[_Checked]
+    options: RunOptions, console: Console, config: WorkerConfig, checked: list[_Checked]
 ) -> RunOutcome | int:
     """Start the worker and its executors with ``config``, then check the input while
     they boot (step 1, on the loop: the executors' processes start meanwhile, and attach
@@ -627,7 +629,8 @@ def _run_command(options: RunOptions, console: Console) -> int:
     if isinstance(ran, int):  # bad input, found while the executors started
         return ran
     outcome = ran
-    spec, total, settings, sink = checked[0].spec, checked[0].total, checked[0].settings, sink
+    c = checked[0]
+    spec, total, settings, sink = c.spec, c.total, c.settings, c.sink
     executors = settings.worker.pool.executor_count
 
     # 3. The verdict.
