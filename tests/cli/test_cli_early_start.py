@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +97,50 @@ def test_a_bad_calls_file_read_after_the_executors_started_leaves_no_executor_al
     assert proc.returncode == 2, err
     assert "calls.jsonl: line 2: not valid JSON" in err
     assert out == ""
+    assert len(seen) == 2, "the executors were not started while the task file was read"
+    for pid, started in seen:
+        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_while_the_task_file_is_read_ends_at_once_and_leaves_no_executor_alive(
+    tmp_path: Path,
+) -> None:
+    # The task file's function source is a FIFO nobody writes: reading it never ends by
+    # itself, so only the interruption can end the command.
+    source = tmp_path / "f.py"
+    os.mkfifo(source)
+    task = write(tmp_path / "task.yaml", "functions:\n  f: {path: f.py}\ncalls: [{function: f}]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[tuple[int, int | None]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            pids = _executors_of(proc.pid)
+            if len(pids) == 2:
+                seen = [(pid, process_start_time(pid)) for pid in pids]
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _feed_fifo(source, FUNCTION.encode(), proc)
+            _, err = proc.communicate(timeout=120)
+            raise AssertionError(f"Ctrl-C did not end the command while it read: {err}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
     assert len(seen) == 2, "the executors were not started while the task file was read"
     for pid, started in seen:
         assert process_is_gone(pid) or process_start_time(pid) != started, pid

@@ -75,6 +75,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -547,7 +548,7 @@ async def _start_then_check(
             await worker.start()
         except Exception as exc:  # closed by start() itself
             start_error = exc
-        result = _check_input(options, console)
+        result = _check_input_interruptibly(options, console)
     except BaseException:
         await worker.close()
         raise
@@ -571,6 +572,20 @@ async def _start_then_check(
         _shows_progress(options, console),
         started,
     )
+
+
+def _check_input_interruptibly(options: RunOptions, console: Console) -> _Checked | int:
+    """Step 1 on the event loop, Ctrl-C raising ``KeyboardInterrupt`` at once as it does
+    before the loop: asyncio's own SIGINT handler only cancels the main task, which a
+    check that never awaits (a long calls file: seconds) would notice once it is over."""
+    if threading.current_thread() is not threading.main_thread():  # pragma: no cover
+        return _check_input(options, console)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _check_input(options, console)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _shows_progress(options: RunOptions, console: Console) -> bool:
