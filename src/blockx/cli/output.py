@@ -5,9 +5,9 @@ Theory of operation
 The event loop must never wait for stdout. A slow reader (``| less``) or a
 pipe nobody drains would otherwise stall the whole run — executors idle,
 heartbeats unchecked — and keep the loop's signal handlers from running. So
-the loop only encodes rows (orjson, as before) and appends the bytes to a
-queue; one writer thread takes whatever has accumulated and writes it, in
-order, to a descriptor of its own::
+the loop only encodes rows — a batch of them with one call, msgspec's
+``encode_lines`` — and appends the bytes to a queue; one writer thread takes
+whatever has accumulated and writes it, in order, to a descriptor of its own::
 
     event loop                               writer thread "blockx-rows"
     put_rows(rows)      -> queue of bytes -> os.write(fd, all queued, <= 1 MiB)
@@ -44,32 +44,32 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+import msgspec
+
 from blockx.cli.writer import OutputClosed, WriterThread, open_std_stream
 
 __all__ = ["MAX_PENDING_BYTES", "PUT_SLICE_ROWS", "OutputClosed", "RowWriter"]
 
 #: Encoded rows queued for the writer before the producer waits for room.
 MAX_PENDING_BYTES: Final = 4 * 1024 * 1024
-#: Rows encoded and queued at once when many are written (a one-shot task's outputs).
+#: Rows encoded and queued at once when many are written (a batch, a one-shot task's
+#: outputs): the queue's bound is checked between slices.
 PUT_SLICE_ROWS: Final = 1024
+
+_lines_encoder: Final = msgspec.json.Encoder()
 
 
 def _encode(rows: Sequence[Any]) -> bytes:
-    import orjson
-
+    """``rows`` as JSON Lines: one ``encode_lines`` call for all of them (msgspec: ~40 ns a
+    row, against ~250 for one orjson call a row). A value msgspec will not encode goes
+    row by row through the wire's strict encoder, which says what is wrong with it."""
+    try:
+        return _lines_encoder.encode_lines(rows)
+    except (TypeError, ValueError, OverflowError):
+        pass
     from blockx.wire import dumps_wire
 
-    chunks: list[bytes] = []
-    for row in rows:
-        try:
-            chunks.append(orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-        except TypeError:  # an int beyond 64 bits: the exact encoder
-            chunks.append(dumps_wire(row) + b"\n")
-    if len(chunks) == 1:
-        # A copy of the exact size: orjson's bytes keep their whole buffer (~4 KiB for a
-        # 50-byte row), so the queue's 4 MiB of rows would be ~80x that in memory.
-        return bytes(memoryview(chunks[0]))
-    return b"".join(chunks)
+    return b"".join([dumps_wire(row) + b"\n" for row in rows])
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

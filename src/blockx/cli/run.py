@@ -2,15 +2,20 @@
 
 Theory of operation
 -------------------
-Everything that can be wrong with the input is found before a process
-starts: the task file (and every line of its calls file) is checked, the
-configuration is built, the output paths are checked (:mod:`blockx.cli.paths`:
-writable, not a directory, never one of the task's input files) and the
-output file is opened. Then, on one event loop
+Everything that can be wrong with the input is found before the run: the
+task file (and every line of its calls file) is checked, the configuration is
+built, the output paths are checked (:mod:`blockx.cli.paths`: writable, not a
+directory, never one of the task's input files) and the output file is opened.
+The executors boot meanwhile: the worker's configuration does not depend on the
+task file (its ``io:`` holds IO knobs only), so when it is good
+(:func:`_early_worker_config`) the worker and its executor processes are
+started first and the input is checked while they boot
+(:func:`_start_then_check`); bad input then closes the worker -- no executor
+is left -- and exits 2 with the same messages. Then, on one event loop
 (:func:`blockx.worker.app.run`: uvloop, GC tuned)::
 
+    Worker(worker config)                 N executor processes (started first)
     IOSubsystem(io config)                one per run; closed at the end
-    Worker(worker config)                 N executor processes
       task = the task file's Task; task.io_handler = io.task_scope(task.task_id)
       one-shot (inline calls)  -> run to the end, rows written in call order
       stream (calls_file)      -> submit(collect=False); rows written as batches settle
@@ -21,8 +26,10 @@ queues them, a thread of its own writes them, so the loop never waits for
 stdout. Its queue is bounded (4 MiB); a full queue makes the row consumer
 await room (the loop runs on), which pauses a stream at its credit window.
 
-Streams: the calls file is read line by line by the worker's producer under
-its credit window, and rows are taken from ``TaskHandle.rows()`` as they come,
+Streams: the calls file is read (a chunk of lines at a time,
+:mod:`blockx.cli.calls_file`) by the worker's producer under its credit window,
+and rows are taken from ``TaskHandle.row_batches()`` as batches settle (a slice
+of up to :data:`~blockx.cli.output.PUT_SLICE_ROWS` rows encoded with one call),
 so the process's memory does not grow with the number of calls.
 
 Signals (:class:`_Interruption`): the first SIGINT/SIGTERM cancels the task;
@@ -68,10 +75,11 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.cli.console import (
     PROGRESS_INTERVAL_S,
@@ -85,22 +93,17 @@ from blockx.cli.console import (
     print_problems,
     setup_logging,
 )
-from blockx.cli.output import OutputClosed, RowWriter
-from blockx.cli.paths import check_output_paths
-from blockx.cli.report import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_SIGPIPE,
-    EXIT_USAGE,
-    INTERRUPTED_STATUS,
-    RunOutcome,
-    failure_report,
-    summary_json,
-    summary_text,
-    write_errors,
-)
-from blockx.cli.settings import Settings, UsageError, load_task_and_settings
-from blockx.cli.taskfile import SpecError, TaskFile, audit_supported
+from blockx.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
+from blockx.cli.settings import Settings, UsageError, build_settings, load_task_and_settings
+
+# The task file's modules, the output's and the verdict's are imported once the executors
+# have been started (where they are used), not before: the executors boot meanwhile.
+if TYPE_CHECKING:
+    from blockx.cli.output import RowWriter
+    from blockx.cli.report import RunOutcome
+    from blockx.cli.taskfile import TaskFile
+    from blockx.worker.app import Worker
+    from blockx.worker.config import WorkerConfig
 
 __all__ = [
     "EXIT_FAILED",
@@ -209,7 +212,11 @@ async def _run_task(
     console: Console,
     progress_total: int | None,
     show_progress: bool,
+    worker: Worker | None = None,
 ) -> RunOutcome:
+    from blockx.cli.output import OutputClosed
+    from blockx.cli.report import RunOutcome
+
     outcome = RunOutcome()
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -220,7 +227,15 @@ async def _run_task(
     try:
         try:
             await _run_on_worker(
-                spec, settings, sink, console, progress_total, show_progress, outcome, interruption
+                spec,
+                settings,
+                sink,
+                console,
+                progress_total,
+                show_progress,
+                outcome,
+                interruption,
+                worker,
             )
         except asyncio.CancelledError:  # a first signal that came while a handler settled
             if outcome.interrupted is None:
@@ -246,26 +261,32 @@ async def _run_on_worker(
     show_progress: bool,
     outcome: RunOutcome,
     interruption: _Interruption,
+    started: Worker | None = None,
 ) -> None:
-    """Start the worker, run the task, hand its rows to the writer, stop the worker."""
+    """Start the worker (unless ``started``: one started while the input was checked),
+    run the task, hand its rows to the writer, stop the worker."""
+    from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
+    from blockx.cli.taskfile import SpecError
     from blockx.worker.app import Worker
     from blockx.worker.io.registry import IOSubsystem
 
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
     io = IOSubsystem(settings.io)
-    worker = Worker(settings.worker)
+    worker = started if started is not None else Worker(settings.worker)
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
-    rows: AsyncIterator[Any] | None = None
+    batches: AsyncIterator[list[Any]] | None = None
+    unput: list[Any] = []  # rows of the batch being put, not put yet
     try:
-        await worker.start()
+        if started is None:
+            await worker.start()
         task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
         outcome.io_stats = scope.stats
-        # Inline or streamed, the rows come from TaskHandle.rows() (collect=False): a
+        # Inline or streamed, the rows come from TaskHandle.row_batches() (collect=False): a
         # one-shot task's in call order once it ends, a stream's as its batches settle.
         # One path for both, so that what is written never depends on which it is: the
         # rows of the calls that succeeded are written even when the task was stopped
@@ -305,12 +326,19 @@ async def _run_on_worker(
 
         ticker = loop.create_task(tick(), name="blockx-cli-ticker")
         try:
-            rows = handle.rows()
-            async for row in rows:
-                if not outcome.output_closed:
-                    sink.put_rows((row,))
+            # A batch's rows are encoded and queued a slice at a time (one encode per
+            # slice, nothing per row), the queue's bound checked between slices.
+            batches = handle.row_batches()
+            async for batch in batches:
+                if outcome.output_closed:
+                    continue
+                for start in range(0, len(batch), PUT_SLICE_ROWS):
+                    end = start + PUT_SLICE_ROWS
+                    sink.put_rows(batch if start == 0 and end >= len(batch) else batch[start:end])
                     if sink.full:  # the loop runs on; the stream pauses at its window
+                        unput = batch[end:]
                         await sink.wait_for_room()
+                        unput = []
             result = await handle.result()
         except OutputClosed:
             outcome.output_closed = True
@@ -330,9 +358,12 @@ async def _run_on_worker(
                 # written yet, queued at once: they are in memory already (a stream's:
                 # its settled batches, at most its window), and the drain that follows
                 # is bounded.
-                # the rest of the batch being taken, then the batches settled since
-                rest = [row async for row in rows] if rows is not None else []
-                rest += [row async for row in handle.rows()]
+                # the rest of the batch being put, of the batches being taken, then the
+                # batches settled since
+                rest = list(unput)
+                if batches is not None:
+                    rest += [row async for batch in batches for row in batch]
+                rest += [row async for batch in handle.row_batches() for row in batch]
                 try:
                     sink.put_rows(rest)
                 except OutputClosed:
@@ -360,6 +391,8 @@ def _calls_until_a_bad_line(spec: TaskFile, outcome: RunOutcome) -> Iterator[Any
     """The calls of a streamed task's file; a bad line (the file changed since it was
     checked) ends the stream there, quietly for the worker, and is kept for the verdict
     (:func:`_short_stream`): the calls read so far run to their end and are reported."""
+    from blockx.cli.taskfile import SpecError
+
     try:
         yield from spec.iter_calls_file()
     except SpecError as exc:
@@ -424,10 +457,24 @@ def run_command(options: RunOptions) -> int:
     return code
 
 
-def _run_command(options: RunOptions, console: Console) -> int:
-    tty = console.tty
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """What step 1 leaves for the run: the checked task file, its number of calls, the
+    settings and the open output."""
 
-    # 1. Everything that can be wrong with the input, before anything starts.
+    spec: TaskFile
+    total: int
+    settings: Settings
+    sink: RowWriter
+
+
+def _check_input(options: RunOptions, console: Console) -> _Checked | int:
+    """Step 1: everything that can be wrong with the input; its problems are printed and
+    :data:`EXIT_USAGE` returned."""
+    from blockx.cli.output import RowWriter
+    from blockx.cli.paths import check_output_paths
+    from blockx.cli.taskfile import SpecError, audit_supported
+
     try:
         spec, total, settings = load_task_and_settings(
             options.task, config_file=options.config, sets=options.sets, executors=options.executors
@@ -464,15 +511,113 @@ def _run_command(options: RunOptions, console: Console) -> int:
         where = f"-o {options.output}" if options.output is not None else "stdout"
         print_problems(console, [f"{where}: {exc.strerror or exc}"])
         return EXIT_USAGE
+    return _Checked(spec, total, settings, sink)
 
-    # 2. The run.
+
+def _early_worker_config(options: RunOptions) -> WorkerConfig | None:
+    """The worker's configuration before the task file is read, or None.
+
+    It comes from the config file, the environment, ``--set`` and ``--executors``
+    alone (a task file's ``io:`` holds IO knobs only), so the executors can start
+    while the task file and its calls file are read. None when it has a problem: step 1
+    then reports it, in its order, before anything starts.
+    """
+    try:
+        return build_settings(
+            config_file=options.config, sets=options.sets, executors=options.executors
+        ).worker
+    except UsageError:
+        return None
+
+
+async def _start_then_check(
+    options: RunOptions, console: Console, config: WorkerConfig, checked: list[_Checked]
+) -> RunOutcome | int:
+    """Start the worker and its executors with ``config``, then check the input while
+    they boot (step 1, on the loop: the executors' processes start meanwhile, and attach
+    once it is done), then run. Bad input: the worker is closed -- no executor is left
+    -- and :data:`EXIT_USAGE` returned. A worker that could not start is reported only
+    once the input is known to be good (bad input is exit status 2 whatever the worker
+    did). ``checked`` receives step 1's result for the caller's ends."""
+    from blockx.worker.app import Worker
+
+    worker = Worker(config)
+    start_error: Exception | None = None
+    try:
+        try:
+            await worker.start()
+        except Exception as exc:  # closed by start() itself
+            start_error = exc
+        result = _check_input_interruptibly(options, console)
+    except BaseException:
+        await worker.close()
+        raise
+    if isinstance(result, int):
+        await worker.close()
+        return result
+    checked.append(result)
+    if start_error is not None:
+        await worker.close()
+        raise start_error
+    started: Worker | None = worker
+    if result.settings.worker != config:  # pragma: no cover - io: holds IO knobs only
+        await worker.close()
+        started = None  # _run_task starts one with the settings'
+    return await _run_task(
+        result.spec,
+        result.settings,
+        result.sink,
+        console,
+        result.total,
+        _shows_progress(options, console),
+        started,
+    )
+
+
+def _check_input_interruptibly(options: RunOptions, console: Console) -> _Checked | int:
+    """Step 1 on the event loop, Ctrl-C raising ``KeyboardInterrupt`` at once as it does
+    before the loop: asyncio's own SIGINT handler only cancels the main task, which a
+    check that never awaits (a long calls file: seconds) would notice once it is over."""
+    if threading.current_thread() is not threading.main_thread():  # pragma: no cover
+        return _check_input(options, console)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _check_input(options, console)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _shows_progress(options: RunOptions, console: Console) -> bool:
+    show = options.progress if options.progress is not None else console.tty
+    return show and not options.quiet
+
+
+def _run_command(options: RunOptions, console: Console) -> int:
     from blockx.worker.app import run
 
-    show_progress = options.progress if options.progress is not None else tty
-    show_progress = show_progress and not options.quiet
-    executors = settings.worker.pool.executor_count
+    # 1. Everything that can be wrong with the input, before the run; the executors are
+    # started first when the worker's configuration is good (it needs no task file).
+    config = _early_worker_config(options)
+    checked: list[_Checked] = []
+    if config is None:
+        first = _check_input(options, console)
+        if isinstance(first, int):
+            return first
+        checked.append(first)
+
+    # 2. The run.
+    ran: RunOutcome | int
     try:
-        outcome = run(_run_task(spec, settings, sink, console, total, show_progress))
+        if config is None:
+            c = checked[0]
+            ran = run(
+                _run_task(
+                    c.spec, c.settings, c.sink, console, c.total, _shows_progress(options, console)
+                )
+            )
+        else:
+            ran = run(_start_then_check(options, console, config, checked))
     except KeyboardInterrupt:  # a second Ctrl-C
         console.print("blockx: interrupted")
         return INTERRUPTED_STATUS["SIGINT"]
@@ -486,14 +631,26 @@ def _run_command(options: RunOptions, console: Console) -> int:
             console.print("blockx: (run with -v for the traceback)")
         return EXIT_FAILED
     finally:
-        if console.writer is not None:  # the final texts: bounded, and the loop is gone
-            console.writer.keep_all()
-        # Drained already unless the run broke down: then what is queued gets a moment.
-        dropped = sink.close(timeout=OUTPUT_GRACE_S)
-        if dropped:
-            console.print(f"blockx: warning: {plural(dropped, 'row')} not written to {sink.label}")
+        if checked:
+            if console.writer is not None:  # the final texts: bounded, and the loop is gone
+                console.writer.keep_all()
+            # Drained already unless the run broke down: then what is queued gets a moment.
+            sink = checked[0].sink
+            dropped = sink.close(timeout=OUTPUT_GRACE_S)
+            if dropped:
+                console.print(
+                    f"blockx: warning: {plural(dropped, 'row')} not written to {sink.label}"
+                )
+    if isinstance(ran, int):  # bad input, found while the executors started
+        return ran
+    outcome = ran
+    c = checked[0]
+    spec, total, settings, sink = c.spec, c.total, c.settings, c.sink
+    executors = settings.worker.pool.executor_count
 
     # 3. The verdict.
+    from blockx.cli.report import failure_report, summary_text
+
     outcome.calls_in_file = total if spec.is_stream else None
     result = outcome.result
     if outcome.output_closed and options.output is None:
@@ -579,6 +736,8 @@ def _write_files(
 ) -> int:
     """``--errors`` and ``--summary-json`` (checked before the run; a failure now — a full
     disk — is one line, and a successful run's status becomes 1). Returns the status."""
+    from blockx.cli.report import summary_json, write_errors
+
     result = outcome.result
     if options.errors_out is not None and result is not None:
         try:

@@ -40,7 +40,6 @@ docs/configuration.md`` rewrites them; a test keeps them equal).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import sys
@@ -128,6 +127,8 @@ def parse_sets(pairs: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
         elif name in io:
             io_sets[name] = value
         else:
+            import difflib  # only for a hint
+
             close = difflib.get_close_matches(knob, [*worker, *io, *by_env], n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             problems.append(

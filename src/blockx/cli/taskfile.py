@@ -25,9 +25,10 @@ source) and returns a :class:`TaskFile`, or raises :class:`SpecError` whose
 
 A ``calls_file`` is JSON Lines, one ``{"function": ..., "args": ...}`` per
 line (blank lines are skipped). It is never loaded whole:
-:meth:`TaskFile.scan_calls_file` checks it line by line (and counts its
-calls), :meth:`TaskFile.iter_calls_file` yields :class:`Call` objects line by
-line for the worker's stream path.
+:meth:`TaskFile.scan_calls_file` checks it (and counts its calls),
+:meth:`TaskFile.iter_calls_file` yields :class:`Call` objects for the worker's
+stream path; both read and decode it a chunk of lines at a time
+(:mod:`blockx.cli.calls_file`), a bad line still reported with its number.
 
 Function sources are compiled by :meth:`TaskFile.code_problems` (the worker's
 own check, :func:`blockx.worker.code.function_code`): a syntax error or a
@@ -61,6 +62,7 @@ from typing import Any, Final
 
 # blockx.cli.taskfile stays the import path of the public names now defined in taskfile_checks
 # (SpecError, MAX_PROBLEMS and the field tuples): the ``X as X`` form re-exports them.
+from blockx.cli.calls_file import check_chunk, iter_call_chunks, iter_chunks
 from blockx.cli.taskfile_checks import CALL_FIELDS as CALL_FIELDS
 from blockx.cli.taskfile_checks import FAILURE_POLICIES as FAILURE_POLICIES
 from blockx.cli.taskfile_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
@@ -73,7 +75,6 @@ from blockx.cli.taskfile_checks import (
     check_call,
     check_policy,
     describe,
-    parse_call_line,
     parse_document,
     resolve_io,
 )
@@ -171,7 +172,8 @@ class TaskFile:
     # --- calls files ---------------------------------------------------------------------------
 
     def scan_calls_file(self, *, max_problems: int = MAX_PROBLEMS) -> int:
-        """Check every line of ``calls_file`` (streaming) and return how many calls it holds.
+        """Check every line of ``calls_file`` (streaming, a chunk of lines at a time:
+        :mod:`blockx.cli.calls_file`) and return how many calls it holds.
 
         Raises :class:`SpecError` listing the first ``max_problems`` bad lines
         (and how many more there are).
@@ -189,18 +191,10 @@ class TaskFile:
                 [f"{label}: cannot read the calls file: {exc.strerror or exc}"]
             ) from None
         with handle:
-            for lineno, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    parse_call_line(line, lineno, label, known)
-                except SpecError as exc:
-                    if len(problems) < max_problems:
-                        problems.extend(exc.problems)
-                    else:
-                        more += 1
-                    continue
-                count += 1
+            for first, chunk in iter_chunks(handle):
+                good, bad = check_chunk(chunk, first, label, known, problems, max_problems)
+                count += good
+                more += bad
         if more:
             problems.append(f"{label}: … and {more} more bad line(s)")
         if problems:
@@ -208,7 +202,8 @@ class TaskFile:
         return count
 
     def iter_calls_file(self) -> Iterator[Any]:
-        """The calls of ``calls_file`` as :class:`~blockx.worker.api.Call` objects, line by line.
+        """The calls of ``calls_file`` as :class:`~blockx.worker.api.Call` objects (read and
+        decoded a chunk of lines at a time: :mod:`blockx.cli.calls_file`).
 
         A bad line (the file changed since it was scanned) raises :class:`SpecError`.
         """
@@ -218,11 +213,9 @@ class TaskFile:
         label = self.calls_label
         known = self.functions
         with open(self.calls_file, "rb") as handle:
-            for lineno, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                function_id, args = parse_call_line(line, lineno, label, known)
-                yield Call(function_id, args)
+            for calls in iter_call_chunks(handle, label, known):
+                for function_id, args in calls:
+                    yield Call(function_id, args)
 
     # --- code ------------------------------------------------------------------------------------
 

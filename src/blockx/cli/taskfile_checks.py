@@ -26,7 +26,6 @@ builds the ``TaskFile``. Nothing here reads a file.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -117,6 +116,8 @@ def _field(path: tuple[Any, ...]) -> str:
 
 
 def _suggest(word: str, choices: Any) -> str:
+    import difflib  # only for a hint
+
     close = difflib.get_close_matches(str(word), list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

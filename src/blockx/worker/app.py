@@ -202,13 +202,21 @@ class TaskHandle:
         came before it was yielded: a stream whose call source raised (the task
         was cancelled), a long one-shot list with a bad call past its first chunk.
         """
+        async for rows in self.row_batches():
+            for row in rows:
+                yield row
+
+    async def row_batches(self) -> AsyncIterator[list[Any]]:
+        """:meth:`rows`, a settled batch's rows at a time (a one-shot task's: all of them,
+        once it ends): a consumer that handles rows in bulk -- ``blockx run`` encodes a
+        batch with one call -- does nothing per row here. Never an empty list."""
         run = self._run
         driver = self._driver
         while True:
             rows = run.take_rows()
             if rows is not None:
-                for row in rows:
-                    yield row
+                if rows:
+                    yield rows
                 continue
             if run.done.done():
                 if run.outputs_pending:  # a one-shot task's rows, decoded off the actor

@@ -1,0 +1,166 @@
+"""``blockx run`` starts its executors while it reads the task file and its calls file; bad
+input found then still exits 2 with its messages and leaves no executor process behind."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.cli.cli_support import clean_env, write
+from tests.helpers.processes import process_is_gone
+
+from blockx.worker.pool.process_tree import process_start_time
+
+FUNCTION = "def _(x):\n    return {'x': x}\n"
+
+
+def _executors_of(pid: int) -> list[int]:
+    """The executor processes among ``pid``'s children."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return found
+    for tid in threads:
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"blockx.executor" in cmdline:
+                found.append(child)
+    return found
+
+
+def _feed_fifo(path: Path, data: bytes, proc: subprocess.Popen[str]) -> None:
+    """Write ``data`` to the FIFO once ``proc`` opened it for reading (or has ended)."""
+    while proc.poll() is None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+            time.sleep(0.01)
+            continue
+        try:
+            os.set_blocking(fd, True)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_bad_calls_file_read_after_the_executors_started_leaves_no_executor_alive(
+    tmp_path: Path,
+) -> None:
+    # The function's source is a FIFO: reading the task file waits until the test has
+    # seen the executors running, so they were started before the input was checked.
+    source = tmp_path / "f.py"
+    os.mkfifo(source)
+    write(
+        tmp_path / "calls.jsonl",
+        '{"function": "f", "args": [1]}\n{"function": "f", "args": [2\n',
+    )
+    task = write(tmp_path / "task.yaml", "functions:\n  f: {path: f.py}\ncalls_file: calls.jsonl\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[tuple[int, int | None]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            pids = _executors_of(proc.pid)
+            if len(pids) == 2:
+                seen = [(pid, process_start_time(pid)) for pid in pids]
+                break
+            time.sleep(0.02)
+    finally:
+        _feed_fifo(source, FUNCTION.encode(), proc)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "calls.jsonl: line 2: not valid JSON" in err
+    assert out == ""
+    assert len(seen) == 2, "the executors were not started while the task file was read"
+    for pid, started in seen:
+        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_while_the_task_file_is_read_ends_at_once_and_leaves_no_executor_alive(
+    tmp_path: Path,
+) -> None:
+    # The task file's function source is a FIFO nobody writes: reading it never ends by
+    # itself, so only the interruption can end the command.
+    source = tmp_path / "f.py"
+    os.mkfifo(source)
+    task = write(tmp_path / "task.yaml", "functions:\n  f: {path: f.py}\ncalls: [{function: f}]\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[tuple[int, int | None]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            pids = _executors_of(proc.pid)
+            if len(pids) == 2:
+                seen = [(pid, process_start_time(pid)) for pid in pids]
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            _feed_fifo(source, FUNCTION.encode(), proc)
+            _, err = proc.communicate(timeout=120)
+            raise AssertionError(f"Ctrl-C did not end the command while it read: {err}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert len(seen) == 2, "the executors were not started while the task file was read"
+    for pid, started in seen:
+        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+
+
+def test_a_bad_task_file_exits_2_with_its_messages_when_the_config_is_bad_too(
+    tmp_path: Path,
+) -> None:
+    # The worker's configuration has a problem: nothing starts early, and the task file's
+    # problems are the ones reported (as before the executors started early).
+    task = write(tmp_path / "task.yaml", "functions: {}\ncalls: []\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "blockx", "run", str(task), "--set", "pool.executor_count=0"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "task.yaml: functions: expected a mapping" in proc.stderr
+    assert "executor_count" not in proc.stderr
