@@ -1,7 +1,5 @@
 """``python -m blockx``: the ``blockx`` command (see :mod:`blockx.cli`)."""
 
-import sys
+from blockx.cli import console_main
 
-from blockx.cli import main
-
-sys.exit(main())
+console_main()

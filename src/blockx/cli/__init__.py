@@ -19,12 +19,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from blockx import __version__, native
-from blockx.cli.exit_codes import EXIT_OK, EXIT_SIGPIPE, EXIT_STATUS_HELP, EXIT_USAGE
+from blockx.cli.exit_codes import (
+    EXIT_OK,
+    EXIT_SIGPIPE,
+    EXIT_STATUS_HELP,
+    EXIT_USAGE,
+    INTERRUPTED_STATUS,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -302,6 +309,25 @@ def _config_command(args: argparse.Namespace) -> int:
     if settings.config_file:
         print(f"\nconfiguration file: {settings.config_file}")
     return EXIT_OK
+
+
+def console_main() -> None:
+    """The ``blockx`` executable and ``python -m blockx``: :func:`main`, then exit with
+    its status.
+
+    An interrupted run ends with its own status (130 / 143), its rows and report
+    already written. Left to the interpreter's exit, a Ctrl-C that came while the
+    executors started could still end the process *by* SIGINT although the run
+    caught it (CPython keeps a "KeyboardInterrupt was unhandled" mark; seen in about
+    one run in ten): so such an exit flushes and leaves at once.
+    """
+    code = main()
+    if code in INTERRUPTED_STATUS.values():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

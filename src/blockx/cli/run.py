@@ -582,6 +582,13 @@ def _check_input_interruptibly(options: RunOptions, console: Console) -> _Checke
         return _check_input(options, console)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # A Ctrl-C that came before the swap (while the worker started) went to asyncio's
+        # handler, which only asked the task to cancel: honour it now, or a check that
+        # never awaits (a FIFO nobody writes) would block with the request pending.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            task.uncancel()  # the worker's close, on the way out, must not be cancelled
+            raise KeyboardInterrupt
         return _check_input(options, console)
     finally:
         if previous is not None:
