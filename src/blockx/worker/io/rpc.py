@@ -46,8 +46,9 @@ a successful, non-null answer and serves identical reads of the task itself
 (docs/protocol.md, ``ResumeCall.immutable``). A ``null`` answer (a block not
 there yet) and an error are never kept.
 
-The HTTP client is one ``aiohttp.ClientSession`` (keep-alive, at most
-``max_connections`` connections per endpoint host), created on first use.
+The HTTP client is one :class:`~blockx.worker.io.http_client.HttpClient` (our
+own small HTTP/1.1 keep-alive client: at most ``max_connections`` connections
+per endpoint host, ``timeout_s`` per HTTP request), created on first use.
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any, Final
 
-import aiohttp
 import msgspec
 
 from blockx.wire import dumps_wire, loads_wire
 
 from .backend import IORequestError, PreparedRequest, Reply
 from .config import RpcConfig
+from .http_client import HttpClient, HttpClientError
 
 __all__ = ["IMMUTABLE_AT_BLOCK", "VOLATILE_METHODS", "RpcBackend", "RpcStats", "immutable_read"]
 
@@ -96,7 +97,11 @@ VOLATILE_METHODS: Final = frozenset(
         "txpool_status",
     }
 )
-_JSON_HEADERS: Final = {"Content-Type": "application/json", "Accept": "application/json"}
+_JSON_HEADERS: Final = {
+    "Content-Type": "application/json",
+    "Accept": "application/json",
+    "User-Agent": "blockx",
+}
 #: How much of an unexpected HTTP body an error message quotes.
 _BODY_QUOTE: Final = 200
 
@@ -325,14 +330,10 @@ class _ChainClient:
         stats.rpc_requests += len(requests)
         session = backend.session()
         try:
-            async with session.post(
-                url, data=body, headers=_JSON_HEADERS, timeout=backend.timeout
-            ) as response:
-                status = response.status
-                data = await response.read()
+            status, data = await session.post(url, body)
         except TimeoutError:
             return f"{url}: no answer within {backend.config.timeout_s:g}s"
-        except (aiohttp.ClientError, OSError) as exc:
+        except (HttpClientError, OSError) as exc:
             return f"{url}: {type(exc).__name__}: {exc}"
         if status == 429 or status >= 500:
             return f"{url}: HTTP {status}"
@@ -404,7 +405,7 @@ class _ChainClient:
 class RpcBackend:
     """The ``rpc`` :class:`~blockx.worker.io.backend.IOBackend` (see the module docstring)."""
 
-    __slots__ = ("_chains", "_rng", "_session", "config", "stats", "timeout")
+    __slots__ = ("_chains", "_rng", "_session", "config", "stats")
 
     name = BACKEND
 
@@ -421,9 +422,8 @@ class RpcBackend:
             raise TypeError("pass endpoints in the RpcConfig or alone, not both")
         self.config = config
         self.stats = RpcStats()
-        self.timeout = aiohttp.ClientTimeout(total=config.timeout_s)
         self._rng = rng or random.Random()
-        self._session: aiohttp.ClientSession | None = None
+        self._session: HttpClient | None = None
         self._chains: dict[str, _ChainClient] = {}
 
     def __repr__(self) -> str:
@@ -433,14 +433,15 @@ class RpcBackend:
     def chains(self) -> list[str]:
         return sorted(self.config.endpoints)
 
-    def session(self) -> aiohttp.ClientSession:
-        """The shared HTTP session, created on first use (on the running loop)."""
+    def session(self) -> HttpClient:
+        """The shared HTTP client, created on first use (on the running loop)."""
         session = self._session
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=self.config.max_connections, keepalive_timeout=30
+            session = self._session = HttpClient(
+                max_connections=self.config.max_connections,
+                timeout_s=self.config.timeout_s,
+                headers=_JSON_HEADERS,
             )
-            session = self._session = aiohttp.ClientSession(connector=connector)
         return session
 
     def backoff_s(self, attempt: int) -> float:

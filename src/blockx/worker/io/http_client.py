@@ -1,0 +1,745 @@
+"""A small HTTP/1.1 keep-alive client on asyncio, for the ``rpc`` backend's POSTs.
+
+Theory of operation
+-------------------
+:class:`HttpClient` answers one question: ``await client.post(url, body, headers)``
+→ ``(status, body_bytes)``. It exists because aiohttp's client costs the worker
+~0.1–0.2 s of import at the first rpc read (most of it building SSL contexts)
+and a few hundred µs of CPU per request; this one imports nothing heavy and
+parses a response with a handful of ``bytes.find`` calls.
+
+**Requests.** HTTP/1.1 only. The request is one write: the request line
+(path and query of the URL, percent-encoded where needed), ``Host``,
+``Content-Type``/``Accept`` and whatever the caller passes, ``Content-Length``,
+``Connection: keep-alive``, ``Accept-Encoding: gzip, deflate`` (as aiohttp
+sent; a compressed answer is decompressed), and ``Authorization: Basic`` when
+the URL carries ``user:password@``. URLs are split once with
+``urllib.parse.urlsplit`` and remembered; the default ports are 80 and 443;
+an IPv6 literal (``http://[::1]:8545/``) works.
+
+**Responses.** :class:`ResponseParser` is sans-IO: bytes in, a finished
+response out (``feed`` / ``feed_eof``). The head ends at the first
+``\\r\\n\\r\\n`` (at most :data:`MAX_HEAD_BYTES`); header names are compared
+case-insensitively; a body is delimited by ``Transfer-Encoding: chunked``, else
+by ``Content-Length``, else by the server closing the connection (then the
+connection is not reused). 1xx responses are skipped; 204 and 304 have no
+body. Anything else — a bad status line, a header line without a colon, a bad
+length or chunk size — raises :class:`MalformedResponseError`.
+
+**Connections.** One :class:`_Connection` (an ``asyncio.Protocol``) per TCP
+connection, one request at a time on it. Per ``(scheme, host, port)`` a
+:class:`_HostPool` lets at most ``max_connections`` requests hold a connection
+at once — the others wait in FIFO order — and keeps the idle connections,
+reusing the most recently used first. A connection goes back to the pool
+only after a complete response that allows keep-alive (HTTP/1.1, no
+``Connection: close``, no read-to-close body, no stray bytes after it); a
+connection the server closes while idle leaves the pool at once
+(``connection_lost``), and one idle for longer than :data:`IDLE_S` is closed
+when next picked.
+
+**Retry on a stale connection.** A server may close an idle keep-alive
+connection just as we send on it. So a request that fails on a *reused*
+connection before any byte of the response arrived is sent once more on a
+*fresh* connection. That is safe here because the ``rpc`` backend's JSON-RPC
+calls are reads — idempotent — and it is the only retry this client makes
+(the backend's own retries are in ``rpc.py``).
+
+**Time and cancellation.** ``timeout_s`` bounds a whole ``post`` — waiting for
+a slot, connecting, sending, reading — and ends it with ``TimeoutError``.
+A request cancelled or timed out mid-way aborts the connection it was using:
+a half-read connection never goes back to the pool.
+
+**TLS.** ``https://`` uses ``ssl.create_default_context()``, made when the
+first https URL is used (never at import: that is where aiohttp paid);
+the server name checked is the URL's host.
+
+**Closing.** :meth:`HttpClient.close` closes every connection, idle or in
+use, and wakes the waiters; a ``post`` after it raises
+:class:`ClientClosedError`.
+
+Errors: :class:`HttpClientError` is the root. The caller misused the client:
+:class:`InvalidURLError`, :class:`ClientClosedError`. The peer misbehaved:
+:class:`MalformedResponseError`, :class:`ServerDisconnectedError`. Socket
+errors arrive as ``OSError``; the time limit as ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import ssl
+import zlib
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import quote, unquote, urlsplit
+
+__all__ = [
+    "IDLE_S",
+    "MAX_HEAD_BYTES",
+    "ClientClosedError",
+    "HttpClient",
+    "HttpClientError",
+    "InvalidURLError",
+    "MalformedResponseError",
+    "ResponseParser",
+    "ServerDisconnectedError",
+]
+
+#: Longest response head (status line + headers) accepted.
+MAX_HEAD_BYTES: Final = 64 * 1024
+#: Longest chunk-size or trailer line accepted.
+_MAX_LINE_BYTES: Final = 8 * 1024
+#: An idle connection older than this is closed rather than reused (as aiohttp's 30 s).
+IDLE_S: Final = 30.0
+#: Characters left as they are when a URL's path and query go on the request line.
+_SAFE_TARGET: Final = "!#$%&'()*+,/:;=?@[]~"
+
+
+class HttpClientError(Exception):
+    """Root of this client's errors."""
+
+
+class InvalidURLError(HttpClientError, ValueError):
+    """The caller passed a URL this client cannot send to."""
+
+
+class ClientClosedError(HttpClientError, RuntimeError):
+    """``post`` after :meth:`HttpClient.close`."""
+
+
+class MalformedResponseError(HttpClientError):
+    """The server's answer is not valid HTTP/1.x."""
+
+
+class ServerDisconnectedError(HttpClientError, ConnectionError):
+    """The server closed the connection before its response ended."""
+
+
+# --- the response parser (sans-IO) -------------------------------------------------------------
+
+_HEAD: Final = 0
+_LENGTH: Final = 1
+_CHUNK_SIZE: Final = 2
+_CHUNK_DATA: Final = 3
+_TRAILER: Final = 4
+_UNTIL_CLOSE: Final = 5
+_DONE: Final = 6
+_STATE_NAMES: Final = (
+    "head",
+    "length",
+    "chunk-size",
+    "chunk-data",
+    "trailer",
+    "until-close",
+    "done",
+)
+_HEX_DIGITS: Final = frozenset(b"0123456789abcdefABCDEF")
+#: The response headers this client reads (a folded line may not continue them).
+_INTERPRETED: Final = frozenset(
+    (b"content-length", b"transfer-encoding", b"connection", b"content-encoding")
+)
+
+
+class ResponseParser:
+    """Parses one HTTP/1.x response from the bytes fed to it (see the module docstring).
+
+    ``feed`` raises :class:`MalformedResponseError` on a bad response, leaving the
+    parser unusable. Once :attr:`done`, :attr:`status`, :attr:`body` and
+    :attr:`keep_alive` hold the answer and :attr:`extra` whether bytes followed it.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_parts",
+        "_remaining",
+        "_state",
+        "body",
+        "content_encoding",
+        "extra",
+        "keep_alive",
+        "received_any",
+        "status",
+    )
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._parts: list[bytes] = []
+        #: Bytes left of the body (``_LENGTH``) or of the chunk and its CRLF (``_CHUNK_DATA``).
+        self._remaining = 0
+        self._state = _HEAD
+        self.status = 0
+        self.body = b""
+        self.keep_alive = False
+        self.content_encoding = ""
+        #: Whether any byte arrived (a failure before the first one may be retried).
+        self.received_any = False
+        #: Whether bytes arrived after the response ended (the connection is not reused).
+        self.extra = False
+
+    def __repr__(self) -> str:
+        return (
+            f"ResponseParser({_STATE_NAMES[self._state]}, status={self.status}, "
+            f"buffered={len(self._buffer)}, keep_alive={self.keep_alive})"
+        )
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    def feed(self, data: bytes) -> bool:
+        """Take ``data``; answer whether the response is complete."""
+        if data:
+            self.received_any = True
+        if self._state == _DONE:
+            self.extra = self.extra or bool(data)
+            return True
+        buffer = self._buffer
+        buffer += data
+        while True:
+            state = self._state
+            if state == _LENGTH:
+                take = min(self._remaining, len(buffer))
+                if take:
+                    self._parts.append(bytes(buffer[:take]))
+                    del buffer[:take]
+                    self._remaining -= take
+                if self._remaining:
+                    return False
+                self._finish()
+            elif state == _HEAD:
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(buffer) > MAX_HEAD_BYTES:
+                        raise MalformedResponseError(
+                            f"the response head is longer than {MAX_HEAD_BYTES} bytes"
+                        )
+                    return False
+                if end > MAX_HEAD_BYTES:
+                    raise MalformedResponseError(
+                        f"the response head is longer than {MAX_HEAD_BYTES} bytes"
+                    )
+                head = bytes(buffer[:end])
+                del buffer[: end + 4]
+                self._parse_head(head)
+            elif state == _UNTIL_CLOSE:
+                if buffer:
+                    self._parts.append(bytes(buffer))
+                    buffer.clear()
+                return False
+            elif state == _CHUNK_SIZE:
+                end = buffer.find(b"\r\n")
+                if end < 0:
+                    if len(buffer) > _MAX_LINE_BYTES:
+                        raise MalformedResponseError("a chunk-size line is too long")
+                    return False
+                line = bytes(buffer[:end]).partition(b";")[0].strip()
+                del buffer[: end + 2]
+                if not line or len(line) > 16 or not _HEX_DIGITS.issuperset(line):
+                    raise MalformedResponseError(f"bad chunk size {line[:40]!r}")
+                size = int(line, 16)
+                if size:
+                    self._remaining = size + 2
+                    self._state = _CHUNK_DATA
+                else:
+                    self._state = _TRAILER
+            elif state == _CHUNK_DATA:
+                if len(buffer) < self._remaining:
+                    if len(buffer) > 2:  # keep the data, never the CRLF (it may be split)
+                        take = min(len(buffer), self._remaining - 2)
+                        self._parts.append(bytes(buffer[:take]))
+                        del buffer[:take]
+                        self._remaining -= take
+                    return False
+                size = self._remaining - 2
+                if buffer[size : size + 2] != b"\r\n":
+                    raise MalformedResponseError("a chunk does not end with CRLF")
+                if size:
+                    self._parts.append(bytes(buffer[:size]))
+                del buffer[: size + 2]
+                self._state = _CHUNK_SIZE
+            elif state == _TRAILER:
+                end = buffer.find(b"\r\n")
+                if end < 0:
+                    if len(buffer) > _MAX_LINE_BYTES:
+                        raise MalformedResponseError("a trailer line is too long")
+                    return False
+                del buffer[: end + 2]
+                if end == 0:
+                    self._finish()
+            else:  # _DONE
+                self.extra = bool(buffer)
+                buffer.clear()
+                return True
+
+    def feed_eof(self) -> bool:
+        """The server closed the connection: answer whether that completed the response
+        (a read-to-close body); raise :class:`ServerDisconnectedError` if it cut it short."""
+        if self._state == _UNTIL_CLOSE:
+            self._finish()
+            return True
+        if self._state == _DONE:
+            return True
+        if not self.received_any:
+            raise ServerDisconnectedError("the server closed the connection without answering")
+        raise ServerDisconnectedError(
+            f"the server closed the connection in the middle of the response "
+            f"({_STATE_NAMES[self._state]})"
+        )
+
+    def _finish(self) -> None:
+        parts = self._parts
+        self.body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._parts = []
+        self._state = _DONE
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        status_line = lines[0]
+        version, _, rest = status_line.partition(b" ")
+        code = rest[:3]
+        if (
+            version not in (b"HTTP/1.1", b"HTTP/1.0")
+            or len(code) != 3
+            or not code.isdigit()
+            or rest[3:4] not in (b"", b" ")
+        ):
+            raise MalformedResponseError(f"bad status line {status_line[:80]!r}")
+        status = int(code)
+        length = -1
+        chunked = False
+        other_coding = False
+        close = version == b"HTTP/1.0"
+        encoding = ""
+        name = b""
+        for line in lines[1:]:
+            if line[:1] in (b" ", b"\t"):  # obsolete line folding continues the header before
+                if not name or name in _INTERPRETED:
+                    raise MalformedResponseError(f"bad header line {line[:80]!r}")
+                continue  # the folded header is one we do not read
+            raw_name, colon, raw_value = line.partition(b":")
+            if not colon or not raw_name or raw_name != raw_name.strip():
+                raise MalformedResponseError(f"bad header line {line[:80]!r}")
+            name = raw_name.lower()
+            if name == b"content-length":
+                value = raw_value.strip()
+                if not value.isdigit() or (length >= 0 and int(value) != length):
+                    raise MalformedResponseError(f"bad Content-Length {value[:40]!r}")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                codings = [c.strip() for c in raw_value.lower().split(b",")]
+                chunked = codings[-1] == b"chunked"
+                other_coding = not chunked
+            elif name == b"connection":
+                tokens = {t.strip() for t in raw_value.lower().split(b",")}
+                if b"close" in tokens:
+                    close = True
+                elif b"keep-alive" in tokens and version == b"HTTP/1.0":
+                    close = False
+            elif name == b"content-encoding":
+                encoding = raw_value.strip().lower().decode("latin-1")
+        if 100 <= status < 200:
+            return  # an interim response: the real one follows (state stays _HEAD)
+        self.status = status
+        self.content_encoding = "" if encoding == "identity" else encoding
+        self.keep_alive = not close
+        if status in (204, 304):
+            self._finish()
+        elif chunked:
+            self._state = _CHUNK_SIZE
+        elif other_coding or length < 0:
+            self.keep_alive = False
+            self._state = _UNTIL_CLOSE
+        elif length:
+            self._remaining = length
+            self._state = _LENGTH
+        else:
+            self._finish()
+
+
+def _decode_body(body: bytes, encoding: str) -> bytes:
+    """Undo a ``Content-Encoding`` (we ask for gzip or deflate, as aiohttp did)."""
+    try:
+        if encoding in ("gzip", "x-gzip"):
+            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        if encoding == "deflate":
+            try:
+                return zlib.decompress(body)
+            except zlib.error:  # raw deflate, as some servers send
+                return zlib.decompress(body, -zlib.MAX_WBITS)
+    except zlib.error as exc:
+        raise MalformedResponseError(f"the {encoding} body does not decompress: {exc}") from exc
+    raise MalformedResponseError(f"unsupported Content-Encoding {encoding!r}")
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection; one request at a time (see the module docstring)."""
+
+    __slots__ = (
+        "_parser",
+        "_pool",
+        "_waiter",
+        "closed",
+        "idle_since",
+        "received_any",
+        "reused",
+        "transport",
+    )
+
+    def __init__(self, pool: _HostPool) -> None:
+        self._pool = pool
+        self.transport: asyncio.Transport | None = None
+        #: The response being read, or None while idle.
+        self._parser: ResponseParser | None = None
+        self._waiter: asyncio.Future[ResponseParser] | None = None
+        #: Set once the transport is gone or being closed: never used again.
+        self.closed = False
+        #: Whether a request already completed on this connection.
+        self.reused = False
+        #: Whether a byte of the current request's response arrived.
+        self.received_any = False
+        self.idle_since = 0.0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("busy" if self._waiter is not None else "idle")
+        return f"_Connection({self._pool.key!r}, {state}, reused={self.reused})"
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:  # bytes nobody asked for: the connection is out of step
+            self.close()
+            return
+        self.received_any = True
+        try:
+            done = parser.feed(data)
+        except MalformedResponseError as exc:
+            self._fail(exc)
+            return
+        if done:
+            self._complete(parser)
+
+    def eof_received(self) -> bool | None:
+        self._end_of_stream(None)
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_of_stream(exc)
+        self.closed = True
+        self._pool.forget(self)
+
+    # the request
+
+    def send(self, data: bytes) -> asyncio.Future[ResponseParser]:
+        """Write one request; the future answers its parsed response."""
+        transport = self.transport
+        assert transport is not None and self._waiter is None
+        waiter: asyncio.Future[ResponseParser] = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        self._parser = ResponseParser()
+        self.received_any = False
+        if self.closed or transport.is_closing():
+            self._fail(ServerDisconnectedError("the connection was closed before the request"))
+        else:
+            transport.write(data)
+        return waiter
+
+    def close(self) -> None:
+        self.closed = True
+        transport = self.transport
+        if transport is not None:
+            transport.abort()
+        self._fail(ServerDisconnectedError("the connection was closed"))
+
+    def _end_of_stream(self, exc: Exception | None) -> None:
+        parser = self._parser
+        if parser is None or self._waiter is None:
+            return
+        try:
+            parser.feed_eof()
+        except ServerDisconnectedError as disconnected:
+            if exc is not None:
+                disconnected.__cause__ = exc
+            self._fail(disconnected)
+            return
+        self._complete(parser)
+
+    def _complete(self, parser: ResponseParser) -> None:
+        waiter = self._waiter
+        self._waiter = None
+        self._parser = None
+        if parser.extra or not parser.keep_alive:
+            self.closed = True
+        if waiter is not None and not waiter.done():
+            waiter.set_result(parser)
+
+    def _fail(self, exc: Exception) -> None:
+        waiter = self._waiter
+        self._waiter = None
+        self._parser = None
+        self.closed = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+
+class _HostPool:
+    """The connections to one ``(scheme, host, port)``: at most ``limit`` in use."""
+
+    __slots__ = ("_idle", "_in_use", "_waiters", "all", "key", "limit")
+
+    def __init__(self, key: tuple[str, str, int], limit: int) -> None:
+        self.key = key
+        self.limit = limit
+        #: Idle connections, the most recently used last.
+        self._idle: list[_Connection] = []
+        #: Requests holding a slot (with or without a connection yet).
+        self._in_use = 0
+        #: Requests waiting for a slot, FIFO; a waiter's result hands it the slot.
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Every open connection, idle or in use (for close).
+        self.all: set[_Connection] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"_HostPool({self.key!r}, in_use={self._in_use}/{self.limit}, "
+            f"idle={len(self._idle)}, waiting={len(self._waiters)})"
+        )
+
+    async def acquire_slot(self) -> None:
+        if self._in_use < self.limit and not self._waiters:
+            self._in_use += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release_slot()  # the slot was handed over as we were cancelled
+            else:
+                waiter.cancel()  # release_slot skips it
+            raise
+
+    def release_slot(self) -> None:
+        """Hand the slot to the first live waiter, or free it."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on: _in_use is unchanged
+                return
+        self._in_use -= 1
+
+    def take_idle(self, now: float) -> _Connection | None:
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            if not connection.closed and now - connection.idle_since < IDLE_S:
+                return connection
+            connection.close()
+        return None
+
+    def put_idle(self, connection: _Connection, now: float) -> None:
+        connection.idle_since = now
+        connection.reused = True
+        self._idle.append(connection)
+
+    def forget(self, connection: _Connection) -> None:
+        """The connection is closed: drop it (and never hand it out again)."""
+        self.all.discard(connection)
+        if connection in self._idle:
+            self._idle.remove(connection)
+
+    def close(self) -> None:
+        for connection in list(self.all):
+            connection.close()
+        self.all.clear()
+        self._idle.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ClientClosedError("the HTTP client was closed"))
+
+
+class _Target:
+    """A URL split once: where to connect and what goes on the request line."""
+
+    __slots__ = ("head_prefix", "host", "key", "port", "scheme")
+
+    def __init__(self, url: str, extra_headers: Mapping[str, str]) -> None:
+        try:
+            split = urlsplit(url)
+            port = split.port
+        except ValueError as exc:
+            raise InvalidURLError(f"invalid URL {url!r}: {exc}") from exc
+        scheme = split.scheme.lower()
+        if scheme not in ("http", "https"):
+            raise InvalidURLError(f"invalid URL {url!r}: the scheme must be http or https")
+        host = split.hostname
+        if not host:
+            raise InvalidURLError(f"invalid URL {url!r}: no host")
+        if port is None:
+            port = 443 if scheme == "https" else 80
+        self.scheme = scheme
+        self.host = host
+        self.port = port
+        self.key = (scheme, host, port)
+        netloc = split.netloc.rpartition("@")[2]
+        path = quote(split.path or "/", safe=_SAFE_TARGET)
+        if split.query:
+            path += "?" + quote(split.query, safe=_SAFE_TARGET)
+        lines = [f"POST {path} HTTP/1.1", f"Host: {netloc}"]
+        names = {name.lower() for name in extra_headers}
+        if split.username is not None and "authorization" not in names:
+            credentials = f"{unquote(split.username)}:{unquote(split.password or '')}"
+            token = base64.b64encode(credentials.encode("utf-8")).decode("ascii")
+            lines.append(f"Authorization: Basic {token}")
+        for name, value in extra_headers.items():
+            if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
+                raise InvalidURLError(f"header {name!r}: a line break in a header")
+            lines.append(f"{name}: {value}")
+        if "connection" not in names:
+            lines.append("Connection: keep-alive")
+        if "accept-encoding" not in names:
+            lines.append("Accept-Encoding: gzip, deflate")
+        lines.append("Content-Length: ")
+        #: The request head up to the Content-Length value.
+        self.head_prefix = "\r\n".join(lines).encode("latin-1")
+
+    def __repr__(self) -> str:
+        return f"_Target({self.scheme}://{self.host}:{self.port})"
+
+
+class HttpClient:
+    """POSTs over pooled HTTP/1.1 keep-alive connections (see the module docstring).
+
+    Create and use it on one event loop. ``max_connections`` bounds the
+    connections in use per ``(scheme, host, port)``; ``timeout_s`` bounds each
+    :meth:`post`. ``headers`` go on every request.
+    """
+
+    __slots__ = ("_closed", "_pools", "_ssl_context", "_targets", "headers", "limit", "timeout_s")
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 32,
+        timeout_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.limit = max_connections
+        self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
+        self._pools: dict[tuple[str, str, int], _HostPool] = {}
+        self._targets: dict[str, _Target] = {}
+        self._ssl_context: ssl.SSLContext | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pools={list(self._pools.values())!r}"
+        return f"HttpClient({state})"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context, once an https URL was used (None before)."""
+        return self._ssl_context
+
+    def open_connections(self) -> int:
+        """How many connections are open, idle or in use (for tests and stats)."""
+        return sum(len(pool.all) for pool in self._pools.values())
+
+    async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` to ``url``; answer ``(status, body)``.
+
+        Raises ``TimeoutError`` past ``timeout_s``, ``OSError`` for socket errors,
+        :class:`HttpClientError` for the rest. A failure leaves no connection
+        half-used: the one in use is closed.
+        """
+        if self._closed:
+            raise ClientClosedError("the HTTP client was closed")
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _Target(url, self.headers)
+        request = b"%s%d\r\n\r\n%s" % (target.head_prefix, len(body), body)
+        async with asyncio.timeout(self.timeout_s):
+            return await self._exchange(target, request)
+
+    async def _exchange(self, target: _Target, request: bytes) -> tuple[int, bytes]:
+        pool = self._pools.get(target.key)
+        if pool is None:
+            pool = self._pools[target.key] = _HostPool(target.key, self.limit)
+        await pool.acquire_slot()
+        loop = asyncio.get_running_loop()
+        connection: _Connection | None = None
+        try:
+            connection = pool.take_idle(loop.time())
+            if connection is None:
+                connection = await self._connect(pool, target)
+            try:
+                parser = await connection.send(request)
+            except (ServerDisconnectedError, ConnectionError):
+                if not connection.reused or connection.received_any:
+                    raise
+                connection.close()  # stale keep-alive connection: once more on a fresh one
+                connection = await self._connect(pool, target)
+                parser = await connection.send(request)
+            if connection.closed:
+                connection.close()
+            else:
+                pool.put_idle(connection, loop.time())
+            connection = None
+        finally:
+            if connection is not None:  # failed or cancelled mid-way
+                connection.close()
+            pool.release_slot()
+        body = parser.body
+        if parser.content_encoding:
+            body = _decode_body(body, parser.content_encoding)
+        return parser.status, body
+
+    async def _connect(self, pool: _HostPool, target: _Target) -> _Connection:
+        if self._closed:
+            raise ClientClosedError("the HTTP client was closed")
+        loop = asyncio.get_running_loop()
+        connection = _Connection(pool)
+        if target.scheme == "https":
+            context = self._ssl_context
+            if context is None:
+                context = self._ssl_context = ssl.create_default_context()
+            await loop.create_connection(
+                lambda: connection,
+                target.host,
+                target.port,
+                ssl=context,
+                server_hostname=target.host,
+            )
+        else:
+            await loop.create_connection(lambda: connection, target.host, target.port)
+        if self._closed:  # closed while connecting
+            connection.close()
+            raise ClientClosedError("the HTTP client was closed")
+        pool.all.add(connection)
+        return connection
+
+    async def close(self) -> None:
+        """Close every connection; later posts raise :class:`ClientClosedError`."""
+        self._closed = True
+        for pool in self._pools.values():
+            pool.close()
+        await asyncio.sleep(0)  # let the transports run their connection_lost
