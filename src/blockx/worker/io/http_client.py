@@ -71,7 +71,7 @@ import collections
 import ssl
 import zlib
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
@@ -410,8 +410,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
