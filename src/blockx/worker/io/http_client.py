@@ -488,6 +488,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
+        self._pool.forget(self)
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
