@@ -604,7 +604,7 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                 str(key),
                 "-out",
                 str(cert),
-            ],  # fmt: skip
+            ],
             check=True,
             capture_output=True,
             timeout=60,
