@@ -550,6 +550,26 @@ def test_after_close_every_connection_is_gone_and_posts_fail(loop_run: Any) -> N
     loop_run(main())
 
 
+def test_a_request_in_flight_when_the_client_closes_fails_clearly(loop_run: Any) -> None:
+    async def answer(_request: Request, _writer: asyncio.StreamWriter) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+    async def main() -> None:
+        async with RawServer(answer) as server:
+            client = HttpClient(max_connections=1)
+            first = asyncio.create_task(client.post(server.url, b"1"))
+            queued = asyncio.create_task(client.post(server.url, b"2"))
+            await wait_until(lambda: len(server.requests) == 1)
+            await client.close()
+            for post in (first, queued):
+                with pytest.raises(ClientClosedError):
+                    await post
+            assert client.open_connections() == 0
+
+    loop_run(main())
+
+
 def test_bad_urls_are_refused() -> None:
     async def main() -> None:
         client = HttpClient()

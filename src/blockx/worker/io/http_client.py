@@ -525,7 +525,7 @@ class _HostPool:
         try:
             await waiter
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self.release_slot()  # the slot was handed over as we were cancelled
             else:
                 waiter.cancel()  # release_slot skips it
@@ -705,6 +705,10 @@ class HttpClient:
             else:
                 pool.put_idle(connection, loop.time())
             connection = None
+        except (HttpClientError, OSError) as exc:
+            if self._closed and not isinstance(exc, ClientClosedError):
+                raise ClientClosedError("the HTTP client was closed") from exc
+            raise
         finally:
             if connection is not None:  # failed or cancelled mid-way
                 connection.close()
