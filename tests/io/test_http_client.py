@@ -12,6 +12,7 @@ import gzip
 import socket
 import ssl
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -670,3 +671,12 @@ def test_https_makes_its_tls_context_on_first_use_and_checks_the_server(
                     await client.close()
 
     loop_run(main())
+
+
+def test_the_rpc_backend_imports_no_aiohttp() -> None:
+    """aiohttp's import cost ~0.1-0.2 s of a run's start (issue #18): rpc must not pay it."""
+    check = "import sys, blockx.worker.io.rpc; print('aiohttp' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
