@@ -48,7 +48,10 @@ there yet) and an error are never kept.
 
 The HTTP client is one :class:`~blockx.worker.io.http_client.HttpClient` (our
 own small HTTP/1.1 keep-alive client: at most ``max_connections`` connections
-per endpoint host, ``timeout_s`` per HTTP request), created on first use.
+per endpoint host, ``timeout_s`` per HTTP request), created on first use. Within
+one try, it sends a request once more on a new connection when the node closed
+the kept-alive one before answering (JSON-RPC reads are idempotent); that is not
+counted as a retry.
 """
 
 from __future__ import annotations
