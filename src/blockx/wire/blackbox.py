@@ -28,7 +28,6 @@ for the two functions that open the file; both sides import it.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import struct
@@ -65,8 +64,6 @@ EXIT_DESCRIPTORS_EXHAUSTED: Final = 88
 
 _HEADER: Final = struct.Struct(">4sIII")
 _U32: Final = struct.Struct(">I")
-#: The length field, stored through a ctypes view of the map: one store a switch.
-_LengthField = ctypes.c_uint32.__ctype_be__
 
 
 class BlackboxRecord(NamedTuple):
@@ -101,7 +98,11 @@ class BlackboxWriter:
             raise
         self._fd = fd
         _HEADER.pack_into(self._map, 0, MAGIC, CAUSE_NONE, 0, 0)
-        self._length = _LengthField.from_buffer(self._map, 8)
+        # The length field, stored through a ctypes view of the map: one store a switch.
+        # ctypes is imported here, by the executor that writes: the worker only reads.
+        import ctypes
+
+        self._length = ctypes.c_uint32.__ctype_be__.from_buffer(self._map, 8)
 
     def __repr__(self) -> str:
         return f"BlackboxWriter(fd={self._fd})"
