@@ -28,7 +28,6 @@ for the two functions that open the file; both sides import it.
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from typing import Final, NamedTuple
@@ -89,6 +88,11 @@ class BlackboxWriter:
     __slots__ = ("_fd", "_length", "_map")
 
     def __init__(self, path: str) -> None:
+        # mmap and ctypes are imported here, by the executor that writes: the worker,
+        # which only reads a dead executor's box, imports neither.
+        import ctypes
+        import mmap
+
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, BLACKBOX_SIZE)
@@ -99,9 +103,6 @@ class BlackboxWriter:
         self._fd = fd
         _HEADER.pack_into(self._map, 0, MAGIC, CAUSE_NONE, 0, 0)
         # The length field, stored through a ctypes view of the map: one store a switch.
-        # ctypes is imported here, by the executor that writes: the worker only reads.
-        import ctypes
-
         self._length = ctypes.c_uint32.__ctype_be__.from_buffer(self._map, 8)
 
     def __repr__(self) -> str:
