@@ -164,3 +164,28 @@ def test_a_bad_task_file_exits_2_with_its_messages_when_the_config_is_bad_too(
     assert proc.returncode == 2, proc.stderr
     assert "task.yaml: functions: expected a mapping" in proc.stderr
     assert "executor_count" not in proc.stderr
+
+
+def test_the_worker_process_gc_is_tuned_once_the_executors_are_started(tmp_path: Path) -> None:
+    # blockx.worker.app.tune_gc: the CLI applies it after spawning the executors (its full
+    # collection then runs while they boot), and still applies it.
+    task = write(
+        tmp_path / "task.yaml",
+        f"functions:\n  f:\n    source: {FUNCTION!r}\ncalls:\n  - {{function: f, args: [1]}}\n",
+    )
+    code = (
+        "import gc\n"
+        "from blockx.cli import main\n"
+        "from blockx.worker.app import GC_GEN0_THRESHOLD\n"
+        f"status = main(['run', {str(task)!r}, '-q', '-o', {str(tmp_path / 'rows.jsonl')!r}])\n"
+        "print(status, gc.get_threshold()[0] == GC_GEN0_THRESHOLD, gc.get_freeze_count() > 0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout.split() == ["0", "True", "True"], done.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -103,3 +104,66 @@ def test_the_real_executor_refuses_a_bad_flag_with_status_2() -> None:
 def test_seconds_are_written_so_they_read_back_exactly(value: float) -> None:
     args = dataclasses.replace(EVERY_FLAG_SET, heartbeat_interval=value, connect_timeout=value)
     assert ExecutorArgs.parse(args.to_argv()) == args
+
+
+def argparse_side(argv: list[str]) -> ExecutorArgs:
+    """What argparse alone reads from ``argv`` (the parser ``ExecutorArgs.parse`` falls back on)."""
+    namespace = build_parser().parse_args(argv)
+    return ExecutorArgs(
+        **{f.name: getattr(namespace, f.name) for f in dataclasses.fields(ExecutorArgs)}
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        EVERY_FLAG_SET.to_argv(),
+        ["--executor-id", "e", "--socket-path", "/s", "--connect-timeout", "3"],
+        ["--socket-path", "/s", "--executor-id", "e"],  # another order
+        ["--executor-id=e", "--socket-path=/s"],  # --flag=value
+        ["--executor-id", "e", "--socket", "/s", "--heartbeat", "2"],  # abbreviations
+        ["--executor-id", "a", "--executor-id", "b", "--socket-path", "/s"],  # last one wins
+        ["--executor-id", "e", "--socket-path", "/s", "--memory-limit-mb", "007"],
+    ],
+)
+def test_any_spelling_reads_as_argparse_reads_it(argv: list[str]) -> None:
+    assert ExecutorArgs.parse(argv) == argparse_side(argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--executor-id", "e"],  # --socket-path missing
+        ["--executor-id", "e", "--socket-path", "/s", "--heartbeat-interval", "-1"],
+        ["--executor-id", "e", "--socket-path", "/s", "--heartbeat-interval", "0"],
+        ["--executor-id", " ", "--socket-path", "/s"],
+        ["--executor-id", "e", "--socket-path", "/s", "--max-open-files", "x"],
+        ["--executor-id", "e", "--socket-path", "/s", "--no-such-flag", "1"],
+        ["--executor-id", "e", "--socket-path"],
+    ],
+)
+def test_a_bad_command_line_is_refused_as_argparse_refuses_it(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ours:
+        ExecutorArgs.parse(argv)
+    ours_err = capsys.readouterr().err
+    with pytest.raises(SystemExit) as theirs:
+        argparse_side(argv)
+    assert ours.value.code == theirs.value.code == 2
+    assert ours_err == capsys.readouterr().err
+    assert "usage: python -m blockx.executor" in ours_err
+
+
+def test_the_written_command_line_is_read_without_argparse() -> None:
+    # argparse's parser, formatters and message catalogue are ~5 ms of every executor's start.
+    code = (
+        "import sys\n"
+        "from blockx.executor.cli import parse_args\n"
+        f"args = parse_args({EVERY_FLAG_SET.to_argv()!r})\n"
+        "print(repr(args.executor_id), 'argparse' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["'exec-7'", "False"]

@@ -18,7 +18,6 @@ and document why; removing an entry from them never allows anything.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
@@ -649,5 +648,7 @@ def _table_items() -> list[tuple[str, object]]:
 
 def policy_fingerprint() -> str:
     """A short hash of every table: part of each verdict digest."""
+    import hashlib  # here: every executor imports these tables, few ever hash them
+
     text = repr(_table_items()).encode("utf-8")
     return hashlib.sha256(text).hexdigest()[:16]

@@ -112,7 +112,8 @@ def _args_text(args: Any) -> str:
 
 
 #: A path segment (``['d']``, ``[0]``, or a short run of them) repeated 4 times or more.
-_REPEATED_PATH_RE: Final = re.compile(r"((?:\[[^\[\]\n]{1,40}\]){1,3}?)\1{3,}")
+#: (Compiled on first use, by re's cache: only a failure report needs it.)
+_REPEATED_PATH: Final = r"((?:\[[^\[\]\n]{1,40}\]){1,3}?)\1{3,}"
 
 
 def collapse_repeats(text: str) -> str:
@@ -124,7 +125,7 @@ def collapse_repeats(text: str) -> str:
         count = len(match.group(0)) // len(unit)
         return f"{unit}×{count} (a value that contains itself?)"
 
-    return _REPEATED_PATH_RE.sub(once, text)
+    return re.sub(_REPEATED_PATH, once, text)
 
 
 def _calls_not_read(spec: TaskFile, result: Any, calls_in_file: int | None) -> int:

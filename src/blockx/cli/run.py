@@ -539,7 +539,7 @@ async def _start_then_check(
     -- and :data:`EXIT_USAGE` returned. A worker that could not start is reported only
     once the input is known to be good (bad input is exit status 2 whatever the worker
     did). ``checked`` receives step 1's result for the caller's ends."""
-    from blockx.worker.app import Worker
+    from blockx.worker.app import Worker, tune_gc
 
     worker = Worker(config)
     start_error: Exception | None = None
@@ -548,6 +548,10 @@ async def _start_then_check(
             await worker.start()
         except Exception as exc:  # closed by start() itself
             start_error = exc
+        # The worker process's GC setting (blockx.worker.app.tune_gc), applied once the
+        # executors are spawned rather than before (_run_command's gc_tuning=False): its
+        # full collection (~5 ms) then runs while they boot, not before they are started.
+        tune_gc()
         result = _check_input_interruptibly(options, console)
     except BaseException:
         await worker.close()
@@ -624,7 +628,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
                 )
             )
         else:
-            ran = run(_start_then_check(options, console, config, checked))
+            ran = run(_start_then_check(options, console, config, checked), gc_tuning=False)
     except KeyboardInterrupt:  # a second Ctrl-C
         console.print("blockx: interrupted")
         return INTERRUPTED_STATUS["SIGINT"]

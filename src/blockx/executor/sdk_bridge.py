@@ -43,7 +43,6 @@ user code that swallowed a cancellation cannot wait its way back to life).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
 from collections.abc import Mapping
@@ -209,6 +208,8 @@ def verify_fetched_source(result: Any, digest: str) -> str:
         raise FunctionCodeFetchError(
             fail, f"unsupported function code digest {digest!r} (want sha256:<64 hex>)", False
         )
+    import hashlib  # here, at a function's first fetch: ~3 ms off the executor's start
+
     try:
         actual = hashlib.sha256(source.encode("utf-8")).hexdigest()
     except UnicodeEncodeError:

@@ -28,8 +28,6 @@ for the two functions that open the file; both sides import it.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import struct
 from typing import Final, NamedTuple
@@ -65,8 +63,6 @@ EXIT_DESCRIPTORS_EXHAUSTED: Final = 88
 
 _HEADER: Final = struct.Struct(">4sIII")
 _U32: Final = struct.Struct(">I")
-#: The length field, stored through a ctypes view of the map: one store a switch.
-_LengthField = ctypes.c_uint32.__ctype_be__
 
 
 class BlackboxRecord(NamedTuple):
@@ -92,6 +88,11 @@ class BlackboxWriter:
     __slots__ = ("_fd", "_length", "_map")
 
     def __init__(self, path: str) -> None:
+        # mmap and ctypes are imported here, by the executor that writes: the worker,
+        # which only reads a dead executor's box, imports neither.
+        import ctypes
+        import mmap
+
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, BLACKBOX_SIZE)
@@ -101,7 +102,8 @@ class BlackboxWriter:
             raise
         self._fd = fd
         _HEADER.pack_into(self._map, 0, MAGIC, CAUSE_NONE, 0, 0)
-        self._length = _LengthField.from_buffer(self._map, 8)
+        # The length field, stored through a ctypes view of the map: one store a switch.
+        self._length = ctypes.c_uint32.__ctype_be__.from_buffer(self._map, 8)
 
     def __repr__(self) -> str:
         return f"BlackboxWriter(fd={self._fd})"

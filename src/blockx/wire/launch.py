@@ -38,15 +38,21 @@ What the last three do: ``blockx.executor.containment`` (docs/security.md
 
 IO-free like the rest of :mod:`blockx.wire`, apart from argparse's usage message
 on a bad flag. Not on any hot path: parsed once per executor, written once per spawn.
+It is on every executor's start, though: a command line as ``to_argv`` writes it is
+read without argparse (``_read_as_written``; argparse is imported only for anything
+else: ``--help``, another spelling, a bad flag).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = ["PROG", "ExecutorArgs", "build_parser"]
 
@@ -56,13 +62,21 @@ _DESCRIPTION: Final = "A BlockX Python executor: runs calls for one worker over 
 _FLAG: Final = "blockx.flag"
 
 
+def _bad_value(message: str) -> Exception:
+    """What a reader raises: the error argparse reports with the flag's name (imported
+    here: a good command line is read without argparse, see :func:`_read_as_written`)."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        raise _bad_value(f"not an integer: {text!r}") from None
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = unlimited), got {value}")
+        raise _bad_value(f"must be >= 0 (0 = unlimited), got {value}")
     return value
 
 
@@ -70,15 +84,15 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise _bad_value(f"not a number: {text!r}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+        raise _bad_value(f"must be a positive number of seconds, got {text}")
     return value
 
 
 def _non_empty(text: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
+        raise _bad_value("must not be empty")
     return text
 
 
@@ -86,7 +100,8 @@ def _non_empty(text: str) -> str:
 class _Flag:
     """How one field of :class:`ExecutorArgs` is written and read on the command line."""
 
-    #: Checks and converts the flag's text (raises ``argparse.ArgumentTypeError``).
+    #: Checks and converts the flag's text (raises ``argparse.ArgumentTypeError``, made
+    #: by :func:`_bad_value`).
     read: Callable[[str], Any]
     help: str
     metavar: str | None = None
@@ -189,9 +204,46 @@ class ExecutorArgs:
 
     @classmethod
     def parse(cls, argv: Sequence[str] | None = None) -> ExecutorArgs:
-        """Read flags (``sys.argv[1:]`` when None); a bad flag: usage on stderr, exit 2."""
+        """Read flags (``sys.argv[1:]`` when None); a bad flag: usage on stderr, exit 2.
+
+        A command line as :meth:`to_argv` writes it is read directly
+        (:func:`_read_as_written`); anything else goes through argparse, which reads
+        it or reports what is wrong."""
+        if argv is None:
+            argv = sys.argv[1:]
+        written = _read_as_written(argv)
+        if written is not None:
+            return written
         namespace = build_parser().parse_args(argv)
         return cls(**{item.name: getattr(namespace, item.name) for item in dataclasses.fields(cls)})
+
+
+def _read_as_written(argv: Sequence[str]) -> ExecutorArgs | None:
+    """``argv`` read without argparse when it is ``--flag value`` pairs of this class's
+    flags, each at most once, every required one there, no value starting with ``-``
+    and every value good -- what :meth:`ExecutorArgs.to_argv` writes, so what every
+    executor the worker starts is given; then argparse would read the same (its parser,
+    help formatters and message catalogue are ~5 ms of an executor's start). None for
+    anything else (``--help``, ``--flag=value``, an abbreviation, a repeated flag, a
+    bad value...): argparse then reads it, or reports it as it always did."""
+    if len(argv) % 2:
+        return None
+    by_option = {_option(item.name): item for item in dataclasses.fields(ExecutorArgs)}
+    values: dict[str, Any] = {}
+    for at in range(0, len(argv), 2):
+        item = by_option.get(argv[at])
+        text = argv[at + 1]
+        if item is None or item.name in values or text.startswith("-"):
+            return None
+        flag: _Flag = item.metadata[_FLAG]
+        try:
+            values[item.name] = flag.read(text)
+        except Exception:  # argparse says what is wrong with it
+            return None
+    for item in by_option.values():
+        if item.name not in values and item.default is dataclasses.MISSING:
+            return None
+    return ExecutorArgs(**values)
 
 
 def _option(name: str) -> str:
@@ -200,6 +252,8 @@ def _option(name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The executor's argparse parser, one option per field of :class:`ExecutorArgs`."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION)
     for item in dataclasses.fields(ExecutorArgs):
         flag: _Flag = item.metadata[_FLAG]

@@ -59,8 +59,10 @@ _MESSAGE_TYPE_OF: Final[dict[type[Any], str]] = {
 }
 _MESSAGE_TYPE_OF[schema.CallCompletedPayload] = keys.MT_CALL_COMPLETED
 
-_MISSING: Final = re.compile(r"missing required field `(\w+)`")
-_AT_KEY: Final = re.compile(r"(.*) - at `\$\.(\w+)")
+# msgspec's messages, parsed only on the error path: compiled there, on first use (re's
+# cache), not at every worker's and executor's start.
+_MISSING: Final = r"missing required field `(\w+)`"
+_AT_KEY: Final = r"(.*) - at `\$\.(\w+)"
 
 # One decoder per payload Struct, made on first use.
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
@@ -68,10 +70,10 @@ _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
 def _payload_error(message_type: str, exc: msgspec.ValidationError) -> PayloadError:
     text = str(exc)
-    missing = _MISSING.search(text)
+    missing = re.search(_MISSING, text)
     if missing is not None and " - at `" not in text:
         return PayloadError(message_type, missing.group(1), "is required")
-    at = _AT_KEY.match(text)
+    at = re.match(_AT_KEY, text)
     if at is not None:
         return PayloadError(message_type, at.group(2), at.group(1))
     return PayloadError(message_type, keys.F_PAYLOAD, text)

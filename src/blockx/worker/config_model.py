@@ -344,12 +344,13 @@ class Resolution:
         return f"Resolution({', '.join(self.configs)}: {changed} knobs not default)"
 
 
-_NAME_RE: Final = re.compile(r"\b[a-z_]+(?:\.[a-z_]+)+\b")
+#: A knob's dotted name in a problem's text (compiled on first use: an error path).
+_NAME_PATTERN: Final = r"\b[a-z_]+(?:\.[a-z_]+)+\b"
 
 
 def _annotated(problem: str, provenance: Mapping[str, str], shown: set[str]) -> str:
     """A check between knobs' line, with the source of each knob it names that a layer set."""
-    named = [n for n in dict.fromkeys(_NAME_RE.findall(problem)) if n in shown]
+    named = [n for n in dict.fromkeys(re.findall(_NAME_PATTERN, problem)) if n in shown]
     if not named:
         return problem
     return problem + " (" + "; ".join(f"{n}: {provenance[n]}" for n in named) + ")"

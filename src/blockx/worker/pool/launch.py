@@ -22,7 +22,6 @@ process ends: spawn from a thread that outlives the process.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import shutil
 import signal
@@ -100,6 +99,8 @@ def libc_prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` through ctypes (None: not Linux, or not found)."""
     if not sys.platform.startswith("linux"):
         return None
+    import ctypes  # here: only the fallback without a pdeathsig wrapper needs it
+
     try:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
