@@ -8,7 +8,7 @@ built, the output paths are checked (:mod:`blockx.cli.paths`: writable, not a
 directory, never one of the task's input files) and the output file is opened.
 The executors boot meanwhile: the worker's configuration does not depend on the
 task file (its ``io:`` holds IO knobs only), so when it is good
-(:func:`_early_worker_config`) the worker and its executor processes are
+(:func:`early_worker_config`) the worker and its executor processes are
 started first and the input is checked while they boot
 (:func:`_start_then_check`); bad input then closes the worker -- no executor
 is left -- and exits 2 with the same messages. Then, on one event loop
@@ -61,8 +61,9 @@ Ends: once every call is decided the IO backends get :data:`IO_CLOSE_GRACE_S`
 to close; one still busy then (a SQLite write waiting for a lock another
 process holds) is abandoned, and the summary says what was left.
 
-This module owns the command's three steps (input checks, the run on the
-worker, the verdict), :class:`RunOptions` and the signal handling. stderr
+This module owns the command's run on the worker, its verdict and the signal
+handling; the first step, the input checks (and :class:`RunOptions`), is
+:mod:`blockx.cli.run_input`'s. stderr
 (log records, the progress line, its writer thread) is :mod:`blockx.cli.console`'s, the rows'
 writer thread :mod:`blockx.cli.output`'s; ``blockx validate`` (the input
 checks alone) is :mod:`blockx.cli.validate`.
@@ -75,10 +76,8 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.cli.console import (
@@ -88,13 +87,19 @@ from blockx.cli.console import (
     Progress,
     StderrWriter,
     count_text,
-    indent,
     plural,
     print_problems,
     setup_logging,
 )
 from blockx.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE, INTERRUPTED_STATUS
-from blockx.cli.settings import Settings, UsageError, build_settings, load_task_and_settings
+from blockx.cli.run_input import (
+    Checked,
+    RunOptions,
+    check_input,
+    check_input_interruptibly,
+    early_worker_config,
+)
+from blockx.cli.settings import Settings
 
 # The task file's modules, the output's and the verdict's are imported once the executors
 # have been started (where they are used), not before: the executors boot meanwhile.
@@ -121,20 +126,6 @@ IO_CLOSE_GRACE_S: Final = 1.0
 #: After an interruption, how long rows still queued may take to be written (s); then
 #: they are dropped (a reader that does not drain cannot hold the process).
 OUTPUT_GRACE_S: Final = 2.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunOptions:
-    task: str
-    output: str | None = None
-    executors: int | None = None
-    config: str | None = None
-    sets: Sequence[str] = ()
-    quiet: bool = False
-    verbose: bool = False
-    errors_out: str | None = None
-    summary_json: str | None = None
-    progress: bool | None = None  # None: when stderr is a terminal
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -457,81 +448,8 @@ def run_command(options: RunOptions) -> int:
     return code
 
 
-@dataclass(frozen=True, slots=True)
-class _Checked:
-    """What step 1 leaves for the run: the checked task file, its number of calls, the
-    settings and the open output."""
-
-    spec: TaskFile
-    total: int
-    settings: Settings
-    sink: RowWriter
-
-
-def _check_input(options: RunOptions, console: Console) -> _Checked | int:
-    """Step 1: everything that can be wrong with the input; its problems are printed and
-    :data:`EXIT_USAGE` returned."""
-    from blockx.cli.output import RowWriter
-    from blockx.cli.paths import check_output_paths
-    from blockx.cli.taskfile import SpecError, audit_supported
-
-    try:
-        spec, total, settings = load_task_and_settings(
-            options.task, config_file=options.config, sets=options.sets, executors=options.executors
-        )
-    except (SpecError, UsageError) as exc:
-        print_problems(console, exc.problems)
-        return EXIT_USAGE
-    path_problems = check_output_paths(
-        spec,
-        (
-            ("-o", options.output),
-            ("--errors", options.errors_out),
-            ("--summary-json", options.summary_json),
-        ),
-    )
-    if path_problems:
-        print_problems(console, path_problems)
-        return EXIT_USAGE
-    for problem in spec.code_problems():
-        console.print(
-            f"blockx: warning: function {problem.function_id!r} cannot run — its calls will "
-            f"fail: {problem.message}"
-        )
-        if problem.excerpt and not options.quiet:
-            console.print(indent(problem.excerpt, "    "))
-    if spec.audit and not audit_supported() and not options.quiet:
-        console.print(
-            "blockx: note: audit: true is accepted, but this worker has no audit gate yet: "
-            "the functions run unaudited"
-        )
-    try:
-        sink = RowWriter(options.output)
-    except OSError as exc:
-        where = f"-o {options.output}" if options.output is not None else "stdout"
-        print_problems(console, [f"{where}: {exc.strerror or exc}"])
-        return EXIT_USAGE
-    return _Checked(spec, total, settings, sink)
-
-
-def _early_worker_config(options: RunOptions) -> WorkerConfig | None:
-    """The worker's configuration before the task file is read, or None.
-
-    It comes from the config file, the environment, ``--set`` and ``--executors``
-    alone (a task file's ``io:`` holds IO knobs only), so the executors can start
-    while the task file and its calls file are read. None when it has a problem: step 1
-    then reports it, in its order, before anything starts.
-    """
-    try:
-        return build_settings(
-            config_file=options.config, sets=options.sets, executors=options.executors
-        ).worker
-    except UsageError:
-        return None
-
-
 async def _start_then_check(
-    options: RunOptions, console: Console, config: WorkerConfig, checked: list[_Checked]
+    options: RunOptions, console: Console, config: WorkerConfig, checked: list[Checked]
 ) -> RunOutcome | int:
     """Start the worker and its executors with ``config``, then check the input while
     they boot (step 1, on the loop: the executors' processes start meanwhile, and attach
@@ -552,7 +470,7 @@ async def _start_then_check(
         # executors are spawned rather than before (_run_command's gc_tuning=False): its
         # full collection (~5 ms) then runs while they boot, not before they are started.
         tune_gc()
-        result = _check_input_interruptibly(options, console)
+        result = check_input_interruptibly(options, console)
     except BaseException:
         await worker.close()
         raise
@@ -578,27 +496,6 @@ async def _start_then_check(
     )
 
 
-def _check_input_interruptibly(options: RunOptions, console: Console) -> _Checked | int:
-    """Step 1 on the event loop, Ctrl-C raising ``KeyboardInterrupt`` at once as it does
-    before the loop: asyncio's own SIGINT handler only cancels the main task, which a
-    check that never awaits (a long calls file: seconds) would notice once it is over."""
-    if threading.current_thread() is not threading.main_thread():  # pragma: no cover
-        return _check_input(options, console)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        # A Ctrl-C that came before the swap (while the worker started) went to asyncio's
-        # handler, which only asked the task to cancel: honour it now, or a check that
-        # never awaits (a FIFO nobody writes) would block with the request pending.
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            task.uncancel()  # the worker's close, on the way out, must not be cancelled
-            raise KeyboardInterrupt
-        return _check_input(options, console)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-
 def _shows_progress(options: RunOptions, console: Console) -> bool:
     show = options.progress if options.progress is not None else console.tty
     return show and not options.quiet
@@ -609,10 +506,10 @@ def _run_command(options: RunOptions, console: Console) -> int:
 
     # 1. Everything that can be wrong with the input, before the run; the executors are
     # started first when the worker's configuration is good (it needs no task file).
-    config = _early_worker_config(options)
-    checked: list[_Checked] = []
+    config = early_worker_config(options)
+    checked: list[Checked] = []
     if config is None:
-        first = _check_input(options, console)
+        first = check_input(options, console)
         if isinstance(first, int):
             return first
         checked.append(first)
