@@ -302,8 +302,7 @@ class RpcConfig:
         32,
         kind=POSITIVE_INT,
         env="RPC_MAX_CONNECTIONS",
-        doc="Keep-alive HTTP connections per endpoint host (concurrent batches beyond this "
-        "queue).",
+        doc="Keep-alive HTTP connections per endpoint host (concurrent batches beyond this queue).",
     )
 
     def __post_init__(self) -> None:
