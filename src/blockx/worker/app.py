@@ -41,12 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import itertools
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from blockx.worker.actor.events import (
     StreamBatchProduced,
@@ -79,14 +78,13 @@ from blockx.worker.core import (
 )
 from blockx.worker.io import BackendRouter, IOHandler, no_io_handler
 from blockx.worker.link.adapter import ExecutorAdapter
+from blockx.worker.loop import GC_GEN0_THRESHOLD, run, tune_gc
 from blockx.worker.pool.manager import PoolManager
 from blockx.worker.pool.spawner import ExecutorSpawner
 
-__all__ = ["TaskHandle", "Worker", "run", "run_task_sync", "tune_gc"]
+__all__ = ["GC_GEN0_THRESHOLD", "TaskHandle", "Worker", "run", "run_task_sync", "tune_gc"]
 
 _log = logging.getLogger("blockx.worker")
-
-_T = TypeVar("_T")
 
 #: How long shutdown waits for cancelled tasks to converge before stopping the pool.
 _SHUTDOWN_CONVERGE_S: Final = 5.0
@@ -704,47 +702,6 @@ def _call_index(call_id: str) -> int | None:
     if not sep or not tail.isdigit():
         return None
     return int(tail)
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
-#: Generation-0 threshold set by :func:`tune_gc` (CPython's default is 700).
-GC_GEN0_THRESHOLD: Final = 50_000
-
-
-def tune_gc() -> None:
-    """Make CPython's cyclic GC fit a worker process.
-
-    A worker allocates a few short-lived objects per call (contexts, commands,
-    frames); at the default gen-0 threshold of 700 the collector runs every few
-    dozen calls and costs ~3 µs per call (measured on the trivial benchmark,
-    7% of the worker's CPU). Collecting every 50,000 allocations instead costs
-    ~0.2 µs per call. Objects alive at start-up are frozen out of the
-    collector's walks. Process-wide: :func:`run` calls it; a host embedding
-    :class:`Worker` in its own loop decides for itself.
-    """
-    gc.collect()
-    gc.freeze()
-    _gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
-def run(main: Coroutine[Any, Any, _T], *, gc_tuning: bool = True) -> _T:
-    """Run ``main`` on a fresh event loop: uvloop when it is installed.
-
-    ``gc_tuning``: apply :func:`tune_gc` first (the worker process's setting).
-    """
-    if gc_tuning:
-        tune_gc()
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(main)
 
 
 def run_task_sync(
