@@ -60,6 +60,34 @@ def _feed_fifo(path: Path, data: bytes, proc: subprocess.Popen[str]) -> None:
         return
 
 
+def _run_and_wait_for_executors(
+    task: Path, cwd: Path
+) -> tuple[subprocess.Popen[str], list[tuple[int, int | None]]]:
+    """``blockx run task -n 2`` started, and its two executors once both exist (pid and
+    start time: an exited one whose pid was reused is told apart); [] if they never came."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
+        cwd=cwd,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        pids = _executors_of(proc.pid)
+        if len(pids) == 2:
+            return proc, [(pid, process_start_time(pid)) for pid in pids]
+        time.sleep(0.02)
+    return proc, []
+
+
+def _assert_gone(seen: list[tuple[int, int | None]]) -> None:
+    assert len(seen) == 2, "the executors were not started while the task file was read"
+    for pid, started in seen:
+        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_bad_calls_file_read_after_the_executors_started_leaves_no_executor_alive(
@@ -74,32 +102,13 @@ def test_a_bad_calls_file_read_after_the_executors_started_leaves_no_executor_al
         '{"function": "f", "args": [1]}\n{"function": "f", "args": [2\n',
     )
     task = write(tmp_path / "task.yaml", "functions:\n  f: {path: f.py}\ncalls_file: calls.jsonl\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen: list[tuple[int, int | None]] = []
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            pids = _executors_of(proc.pid)
-            if len(pids) == 2:
-                seen = [(pid, process_start_time(pid)) for pid in pids]
-                break
-            time.sleep(0.02)
-    finally:
-        _feed_fifo(source, FUNCTION.encode(), proc)
-        out, err = proc.communicate(timeout=120)
+    proc, seen = _run_and_wait_for_executors(task, tmp_path)
+    _feed_fifo(source, FUNCTION.encode(), proc)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert "calls.jsonl: line 2: not valid JSON" in err
     assert out == ""
-    assert len(seen) == 2, "the executors were not started while the task file was read"
-    for pid, started in seen:
-        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+    _assert_gone(seen)
 
 
 @pytest.mark.slow
@@ -112,23 +121,8 @@ def test_ctrl_c_while_the_task_file_is_read_ends_at_once_and_leaves_no_executor_
     source = tmp_path / "f.py"
     os.mkfifo(source)
     task = write(tmp_path / "task.yaml", "functions:\n  f: {path: f.py}\ncalls: [{function: f}]\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2"],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    seen: list[tuple[int, int | None]] = []
+    proc, seen = _run_and_wait_for_executors(task, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            pids = _executors_of(proc.pid)
-            if len(pids) == 2:
-                seen = [(pid, process_start_time(pid)) for pid in pids]
-                break
-            time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
         try:
             _, err = proc.communicate(timeout=60)
@@ -141,9 +135,7 @@ def test_ctrl_c_while_the_task_file_is_read_ends_at_once_and_leaves_no_executor_
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    assert len(seen) == 2, "the executors were not started while the task file was read"
-    for pid, started in seen:
-        assert process_is_gone(pid) or process_start_time(pid) != started, pid
+    _assert_gone(seen)
 
 
 def test_a_bad_task_file_exits_2_with_its_messages_when_the_config_is_bad_too(

@@ -104,7 +104,7 @@ class _Entry:
 class TaskReads:
     """One task's immutable answers (see the module docstring)."""
 
-    __slots__ = ("_entries", "evictions", "max_bytes", "max_entries", "nbytes", "stores")
+    __slots__ = ("_entries", "evictions", "max_bytes", "max_entries", "nbytes")
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         if max_entries <= 0 or max_bytes <= 0:
@@ -114,7 +114,6 @@ class TaskReads:
         # OrderedDict: popping the oldest is O(1) (a plain dict walks its deleted slots).
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self.nbytes = 0
-        self.stores = 0
         self.evictions = 0
 
     def __repr__(self) -> str:
@@ -171,7 +170,6 @@ class TaskReads:
             self.evictions += 1
         entries[key] = _Entry(stored, encoded, size)
         self.nbytes += size
-        self.stores += 1
         return True
 
     def drop_backend(self, backend: str) -> int:
@@ -184,7 +182,3 @@ class TaskReads:
         for key in doomed:
             self.nbytes -= entries.pop(key).size
         return len(doomed)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.nbytes = 0

@@ -276,11 +276,6 @@ class ModuleRegistry:
         entries, nbytes = self.local_read_cache
         return TaskReads(entries, nbytes) if entries and nbytes else None
 
-    def task_reads(self, task_id: str) -> TaskReads | None:
-        """The immutable-read cache of ``task_id`` (resident or kept), or None."""
-        task = self._tasks.get(task_id) or self._released.get(task_id)
-        return None if task is None else task.reads
-
     def release_task(self, task_id: str) -> None:
         """A call of ``task_id`` ended; after the last one the task's namespaces are
         kept among the released (evicting the least recently released) or dropped."""
