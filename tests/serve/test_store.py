@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def settled(
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> TaskStore:
+def store(tmp_path: Path) -> Iterator[TaskStore]:
     opened = TaskStore(tmp_path / "data")
     yield opened
     opened.close()
@@ -195,7 +196,7 @@ def test_calls_to_an_inline_finished_or_unknown_task_are_refused(store: TaskStor
         (store.finish, ("succeeded", 1.0, None, None)),
     ):
         with pytest.raises(KeyError):
-            method(ID3, *args)  # type: ignore[operator]
+            method(ID3, *args)
 
 
 # ---- settling batches ----------------------------------------------------------------------
@@ -375,26 +376,112 @@ def make_batch(number: int, first_call: int, first_row: int) -> SettledBatch:
     )
 
 
+CRASH_ID = "t-00000000000000aa"
 CRASH_CHILD = """
-import sys
+import os, signal, sys
 from blockx.serve.store import NewTask, SettledBatch, TaskStore
 
 {make_batch}
 
 store = TaskStore(sys.argv[1], synchronous=sys.argv[2])
-store.create_task(NewTask(id="t-00000000000000aa", task_id="crash", instance=None, spec=b"{{}}",
+store.create_task(NewTask(id="{id}", task_id="crash", instance=None, spec=b"{{}}",
     streamed=True, calls_body=None, calls_count=0, created_at=1.0))
 print("created", flush=True)
+kill_at_statement = int(sys.argv[3])
+statements = 0
+
+def count_statement(sql):
+    global statements
+    statements += 1
+    if statements == kill_at_statement:  # as the statement starts: mid-transaction, or at COMMIT
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if kill_at_statement:
+    store._connection.set_trace_callback(count_statement)
 first_call = first_row = number = 0
 while True:
     batch = make_batch(number, first_call, first_row)
-    store.append_calls("t-00000000000000aa", b"{{}}\\n" * batch.call_count, batch.call_count)
-    assert store.settle_batch("t-00000000000000aa", batch)
+    store.append_calls("{id}", b"{{}}\\n" * batch.call_count, batch.call_count)
+    assert store.settle_batch("{id}", batch)
     first_call += batch.call_count
     first_row += batch.row_count
     number += 1
     print(number, flush=True)
 """
+
+
+def start_crash_child(
+    data: Path, synchronous: str, kill_at_statement: int
+) -> subprocess.Popen[bytes]:
+    source = CRASH_CHILD.format(
+        make_batch=textwrap.dedent(inspect.getsource(make_batch)), id=CRASH_ID
+    )
+    src = Path(blockx.serve.store.__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-c", source, str(data), synchronous, str(kill_at_statement)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+
+
+def check_after_crash(data: Path, printed: int) -> int:
+    """The reopened store holds exactly the first k >= ``printed`` batches, whole; returns k.
+
+    Then the task resumes as the runner would: the next batch settles on top.
+    """
+    store = TaskStore(data)
+    assert store._connection is not None
+    assert store._connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    (queued,) = store.requeue_unfinished()
+    assert queued.id == CRASH_ID
+    first_call = first_row = settled_batches = 0
+    rows: list[bytes] = []
+    failures: list[bytes] = []
+    while first_call < queued.done:
+        batch = make_batch(settled_batches, first_call, first_row)
+        rows.append(batch.rows_body)
+        failures.extend(record for _, record in batch.failures)
+        first_call, first_row = first_call + batch.call_count, first_row + batch.row_count
+        settled_batches += 1
+    assert first_call == queued.done, "done falls inside a batch"
+    assert settled_batches >= printed
+    assert queued.rows == first_row and queued.calls >= queued.done
+    assert (queued.failed, queued.succeeded) == (len(failures), queued.done - len(failures))
+    stored = store._connection.execute(
+        "SELECT coalesce(sum(count), 0) FROM rows WHERE id = ?", (CRASH_ID,)
+    ).fetchone()
+    assert stored == (first_row,), "rows stored that the counters do not count"
+    assert store.rows_after(CRASH_ID, 0, max_rows=10**9) == (b"".join(rows), first_row)
+    assert store.failures(CRASH_ID) == failures
+    # resume: the next batch (its calls appended again if they were lost) settles on top
+    following = make_batch(settled_batches, first_call, first_row)
+    missing = first_call + following.call_count - queued.calls
+    if missing > 0:
+        store.append_calls(CRASH_ID, b"{}\n" * missing, missing)
+    assert store.settle_batch(CRASH_ID, following)
+    assert not store.settle_batch(CRASH_ID, following)
+    end = first_row + following.row_count
+    assert store.rows_after(CRASH_ID, 0, max_rows=10**9) == (
+        b"".join(rows) + following.rows_body,
+        end,
+    )
+    assert store.failures(CRASH_ID) == failures + [record for _, record in following.failures]
+    store.close()
+    return settled_batches
+
+
+def read_printed(child: subprocess.Popen[bytes], until: int | None) -> int:
+    """Batches the child printed as committed, read until ``until`` (None: until it dies)."""
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline() == b"created\n", child.stderr.read()
+    printed = 0
+    while until is None or printed < until:
+        line = child.stdout.readline()
+        if not line:
+            break
+        printed = int(line)
+    return printed
 
 
 @pytest.mark.slow
@@ -404,54 +491,31 @@ while True:
 def test_kill_9_mid_loop_keeps_every_committed_batch_whole(
     tmp_path: Path, kill_after: int, synchronous: str
 ) -> None:
-    source = CRASH_CHILD.format(make_batch=textwrap.dedent(inspect.getsource(make_batch)))
-    src = Path(blockx.serve.store.__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", source, str(tmp_path), synchronous],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    assert child.stdout is not None
-    printed = 0
+    child = start_crash_child(tmp_path, synchronous, kill_at_statement=0)
     try:
-        assert child.stdout.readline() == b"created\n", child.stderr.read()  # type: ignore[union-attr]
-        while printed < kill_after:
-            line = child.stdout.readline()
-            assert line, child.stderr.read()  # type: ignore[union-attr]
-            printed = int(line)
+        printed = read_printed(child, until=kill_after)
+        assert printed == kill_after, child.stderr.read()  # type: ignore[union-attr]
     finally:
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-        child.stdout.close()
-        child.stderr.close()  # type: ignore[union-attr]
+        child.communicate(timeout=60)
     assert child.returncode == -signal.SIGKILL
+    check_after_crash(tmp_path, printed)
 
-    store = TaskStore(tmp_path)
-    assert store._connection is not None
-    assert store._connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    record = store.get("t-00000000000000aa")
-    assert record is not None
-    # The store holds exactly the first `settled` batches, `settled` >= what was printed.
-    first_call = first_row = settled_batches = 0
-    rows, failures = [], []
-    while first_call < record.done:
-        batch = make_batch(settled_batches, first_call, first_row)
-        rows.append(batch.rows_body)
-        failures.extend(record for _, record in batch.failures)
-        first_call += batch.call_count
-        first_row += batch.row_count
-        settled_batches += 1
-    assert first_call == record.done, "done falls inside a batch"
-    assert settled_batches >= printed
-    assert record.rows == first_row
-    assert record.calls >= record.done
-    assert (record.failed, record.succeeded) == (len(failures), record.done - len(failures))
-    body, count = store.rows_after(record.id, 0, max_rows=10**9)
-    assert (body, count) == (b"".join(rows), first_row)
-    assert store.failures(record.id) == failures
-    store.close()
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at_statement", range(1, 36))
+def test_kill_9_at_every_statement_of_a_batch_leaves_all_or_none_of_it(
+    tmp_path: Path, kill_at_statement: int
+) -> None:
+    # The child kills itself as its k-th SQL statement starts: every point inside the
+    # append and settle transactions of its first batches, COMMIT included, is hit once.
+    child = start_crash_child(tmp_path, "NORMAL", kill_at_statement)
+    try:
+        printed = read_printed(child, until=None)
+    finally:
+        child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert check_after_crash(tmp_path, printed) in (printed, printed + 1)
 
 
 # ---- retention -----------------------------------------------------------------------------
