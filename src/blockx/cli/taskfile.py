@@ -244,7 +244,9 @@ class TaskFile:
                 file, line = fn.locate(error.lineno)
                 where = f"{file}:{line}" + (f":{error.offset}" if error.offset else "")
                 text = self.user_locations(error.message)
-                text = re.sub(r"\s*\([^()]*, line \d+(, column \d+)?\)$", "", text)
+                # The compiler's "(FILE, line N, column M)": FILE may hold parentheses
+                # (an inline source's origin, ``task.json (functions.ID.source)``).
+                text = re.sub(r"\s*\((?:[^()]|\([^()]*\))*, line \d+(, column \d+)?\)$", "", text)
                 message = f"{where}: {text} (function {fid!r})"
                 excerpt = None
                 if error.stack:

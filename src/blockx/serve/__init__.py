@@ -1,0 +1,1 @@
+"""blockx serve: the worker as a long-running service (docs/serve.md)."""
