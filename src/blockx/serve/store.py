@@ -1,10 +1,10 @@
 """The durable state of ``blockx serve``: tasks, their calls, rows and failures, in SQLite.
 
-Theory of operation
--------------------
+Theory of operation (the guarantee in users' words: docs/serve.md, "Durability")
+-------------------------------------------------------------------------------
 One file, ``DATA_DIR/serve.sqlite3`` (the directory made ``0o700``, the file
 ``0o600``), opened with the standard library's :mod:`sqlite3` in write-ahead-log
-mode. Four tables:
+mode. Five tables:
 
 * ``tasks``: one row per task, everything :class:`TaskRecord` shows: the spec the
   runner rebuilds the task from (JSON bytes), the state, the counters (``calls``
@@ -29,7 +29,9 @@ counters move together, and ``rows`` in ``tasks`` always equals the rows stored.
 **Idempotent settle.** A batch names the position of its first call.
 :meth:`TaskStore.settle_batch` applies it only when that position is the
 task's ``done``; otherwise (a batch already persisted, replayed after a
-restart) it writes nothing and returns False. Since calls are settled in order,
+restart) it writes nothing and returns False. The caller settles batches in
+call order: a batch ahead of ``done`` (a gap) is refused the same way, so it
+must be held until the batches before it are stored. Since calls settle in order,
 ``done`` is also the point a restarted task resumes from: the calls before it
 are never run again, and each row is stored exactly once.
 
@@ -623,9 +625,8 @@ class TaskStore:
                     "INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,)
                 )
             else:
-                version = connection.execute("SELECT max(version) FROM schema_version").fetchone()[
-                    0
-                ]
+                query = "SELECT max(version) FROM schema_version"
+                version = connection.execute(query).fetchone()[0]
                 if not isinstance(version, int):
                     raise StoreError(
                         f"{self.path}: damaged (no schema version); move it away or start with"
