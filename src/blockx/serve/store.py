@@ -130,6 +130,24 @@ _TASK_FIELDS: Final = tuple(
 )
 _TASK_COLUMNS: Final = ", ".join(_TASK_FIELDS)
 
+# The blob holding call (row) ?2 is the last one starting at or before it (the blobs
+# tile the range); the primary key's index finds it, and the blobs after it, without a
+# scan of the task's other blobs (tests/serve/test_store.py checks the query plans).
+#: Call chunks of task ?1 from the one holding call ?2 on, in order.
+_CALL_CHUNKS_FROM: Final = (
+    "SELECT first_call, count, body FROM calls WHERE id = ?1"
+    " AND first_call >= coalesce((SELECT first_call FROM calls WHERE id = ?1"
+    "   AND first_call <= ?2 ORDER BY first_call DESC LIMIT 1), 0)"
+    " AND first_call + count > ?2 ORDER BY first_call"
+)
+#: Rows blobs of task ?1 from the one holding row ?2 on, in order.
+_ROWS_FROM: Final = (
+    "SELECT first_row, count, body FROM rows WHERE id = ?1"
+    " AND first_row >= (SELECT first_row FROM rows WHERE id = ?1"
+    "   AND first_row <= ?2 ORDER BY first_row DESC LIMIT 1)"
+    " ORDER BY first_row"
+)
+
 
 class StoreError(Exception):
     """The database file cannot be used: not a database, a newer schema, an IO failure.
@@ -492,13 +510,7 @@ class TaskStore:
             self._require(connection, id)
             return [
                 (int(first), int(count), bytes(body))
-                for first, count, body in connection.execute(
-                    "SELECT first_call, count, body FROM calls WHERE id = ?1"
-                    " AND first_call >= coalesce((SELECT first_call FROM calls WHERE id = ?1"
-                    "   AND first_call <= ?2 ORDER BY first_call DESC LIMIT 1), 0)"
-                    " AND first_call + count > ?2 ORDER BY first_call",
-                    (id, start),
-                )
+                for first, count, body in connection.execute(_CALL_CHUNKS_FROM, (id, start))
             ]
 
     def rows_after(self, id: str, after: int, max_rows: int = 65536) -> tuple[bytes, int]:
@@ -517,15 +529,7 @@ class TaskStore:
                 return b"", 0
             parts: builtins.list[bytes] = []
             taken = 0
-            # The blob holding row `after` is the last one starting at or before it (the
-            # blobs tile [0, rows)); the primary key's index finds it without a scan.
-            cursor = connection.execute(
-                "SELECT first_row, count, body FROM rows WHERE id = ?1"
-                " AND first_row >= (SELECT first_row FROM rows WHERE id = ?1"
-                "   AND first_row <= ?2 ORDER BY first_row DESC LIMIT 1)"
-                " ORDER BY first_row",
-                (id, after),
-            )
+            cursor = connection.execute(_ROWS_FROM, (id, after))
             for first, count, body in cursor:
                 skip = max(after - first, 0)
                 take = min(count - skip, max_rows - taken)
