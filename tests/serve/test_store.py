@@ -8,6 +8,7 @@ persisted, and ``rows?after=N`` gives every remaining row once.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import signal
@@ -144,6 +145,9 @@ def test_calls_count_must_match_the_body(store: TaskStore) -> None:
     )
     with pytest.raises(ValueError, match="2 lines, its count says 3"):
         store.create_task(bad)
+    for body in (None, b""):
+        with pytest.raises(ValueError, match="empty for a count of 1"):
+            store.create_task(dataclasses.replace(bad, calls_body=body, calls_count=1))
     assert store.get(ID1) is None
 
 

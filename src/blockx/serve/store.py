@@ -690,6 +690,8 @@ def _checked_lines(body: bytes, count: int, what: str) -> bytes:
         if body:
             raise ValueError(f"{what}: {len(body)} bytes for a count of 0")
         return body
+    if not body:
+        raise ValueError(f"{what}: empty for a count of {count}")
     if not body.endswith(b"\n"):
         body += b"\n"
     lines = body.count(b"\n")
