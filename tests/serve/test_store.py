@@ -344,7 +344,7 @@ def test_failures_come_back_by_call_index(store: TaskStore) -> None:
 
 
 def test_finish_keeps_the_summary_and_failure_as_json(store: TaskStore) -> None:
-    store.create_task(new_task(ID1, calls=2))
+    store.create_task(new_task(ID1, calls=3))
     store.mark_started(ID1, 10.0)
     assert store.settle_batch(ID1, settled(0, 2, 0, 2, failed=(1,)))
     summary = {"task_id": "task-1", "success": False, "calls": 2, "calls_per_s": 1.5, "io": {}}
@@ -357,8 +357,10 @@ def test_finish_keeps_the_summary_and_failure_as_json(store: TaskStore) -> None:
     assert (record.state, record.finished, record.ended_at) == ("failed", True, 11.0)
     assert (record.summary, record.failure) == (summary, failure)
     # a finished task's figures are final: a late batch and a late start change nothing
+    assert not store.settle_batch(ID1, settled(2, 1, 2, 1))
     store.mark_started(ID1, 12.0)
-    assert store.get(ID1).state == "failed"  # type: ignore[union-attr]
+    record = store.get(ID1)
+    assert record is not None and (record.state, record.done, record.rows) == ("failed", 2, 2)
     assert store.counts_by_state()["failed"] == 1
 
 
