@@ -242,7 +242,7 @@ def test_bad_input_gets_a_clear_problem_and_nothing_is_lost(tmp_path: Path) -> N
             "POST", "/v1/tasks", b'{"functions": ', content_type="application/json"
         )
         assert "JSON" in _problem(bad_json, 400)["detail"]
-        big = s.request("POST", "/v1/tasks", b"x" * 2_000_000, content_type="application/json")
+        big = s.request("POST", "/v1/tasks", b"x" * 100_000_000, content_type="application/json")
         assert "1,000,000" in _problem(big, 413)["detail"]
         assert _problem(s.request("GET", "/v1/tasks/t-0123456789abcdef"), 404)
         assert _problem(s.request("GET", "/v1/tasks/../../etc"), 404)
@@ -345,3 +345,25 @@ def test_while_draining_new_work_is_refused_and_running_tasks_finish(tmp_path: P
     with Server(tmp_path / "data") as again:
         status = again.status(task_id)
         assert status["state"] == "succeeded" and status["rows"] == 20
+
+
+def test_a_fast_fail_task_names_the_call_that_stopped_it(tmp_path: Path) -> None:
+    source = "def _(x):\n    if x == 5:\n        raise KeyError('five')\n    return x\n"
+    task = {
+        "functions": {"f": {"source": source}},
+        "calls": [{"function": "f", "args": i} for i in range(6)],
+        "policy": {"failure": "fast_fail", "max_attempts": 1},
+    }
+    with Server(tmp_path / "data") as server:
+        status = server.wait_finished(server.submit(task))
+        assert status["state"] == "failed", status
+        failure = status["failure"]
+        assert (failure["kind"], failure["call_index"], failure["error_kind"]) == (
+            "CALL_FAILED",
+            5,
+            "user_error",
+        )
+        assert status["summary"]["exit_code"] == 1
+        assert [
+            f["index"] for f in server.request("GET", f"/v1/tasks/{status['id']}/failures").lines()
+        ] == [5]

@@ -235,7 +235,15 @@ _TASK_STATUS: Final[dict[str, Any]] = {
             {
                 "type": "object",
                 "required": ["kind", "message"],
-                "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+                "properties": {
+                    "kind": {"type": "string"},
+                    "message": {"type": "string"},
+                    "call_index": {
+                        "type": ["integer", "null"],
+                        "description": "the call that stopped a fast_fail task",
+                    },
+                    "error_kind": {"type": ["string", "null"]},
+                },
             }
         ),
         "summary": _nullable(_ref("Summary")),

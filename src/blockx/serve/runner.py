@@ -479,7 +479,14 @@ class TaskManager:
             return
         failure = None
         if result.failure is not None:
-            failure = {"kind": result.failure.kind, "message": result.failure.message}
+            f = result.failure
+            failure = {
+                "kind": f.kind,
+                "message": f.message,
+                # The call that stopped the task (fast_fail), by its index in the task.
+                "call_index": None if f.call_index is None else start + f.call_index,
+                "error_kind": f.error_kind,
+            }
         if result.success:
             state = "succeeded"
         elif result.failure is not None and result.failure.kind == "CANCELLED":
