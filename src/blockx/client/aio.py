@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from blockx.client.common import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
+    BATCH_BYTES,
+    BATCH_LINES,
     FINISHED_STATES,
     ClientError,
     RowCursor,
@@ -45,11 +47,16 @@ class AsyncClient:
         *,
         timeout: float = 60.0,
         reconnect_attempts: int = 10,
+        batch_lines: int = BATCH_LINES,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         self.url = server_url(url)
         self.token = default_token(token)
         self.timeout = timeout
         self.reconnect_attempts = reconnect_attempts
+        #: A calls file is POSTed in batches of at most this many lines and bytes.
+        self.batch_lines = batch_lines
+        self.batch_bytes = batch_bytes
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -134,7 +141,9 @@ class AsyncClient:
         remote = AsyncRemoteTask(self, str(answer["id"]), answer.get("task_id"))
         if upload.calls_file is not None:
             try:
-                for batch, count in iter_call_batches(upload.calls_file):
+                for batch, count in iter_call_batches(
+                    upload.calls_file, max_lines=self.batch_lines, max_bytes=self.batch_bytes
+                ):
                     await remote.send_calls(batch, count)
                 await remote.close_calls()
             except BaseException:

@@ -84,6 +84,9 @@ def problem_error(
         problem = {"detail": body.decode("utf-8", "replace").strip()[:500]}
     title = str(problem.get("title") or reason or "error")
     detail = str(problem.get("detail") or "")
+    listed = [p for p in problem.get("problems") or () if isinstance(p, dict)]
+    if listed and listed[0].get("path"):  # the detail repeats the first problem: listed below
+        detail = detail.split(f": {listed[0]['path']}: ", 1)[0]
     head = f"{status} {title}" + (f": {detail}" if detail and detail != title else "")
     if status == 401:
         head += (
@@ -92,10 +95,9 @@ def problem_error(
             else " — the server needs a token: give --token-file FILE or set $BLOCKX_TOKEN"
         )
     lines = [f"{url}: {head}"]
-    for item in problem.get("problems") or ():
-        if isinstance(item, dict):
-            path = item.get("path")
-            lines.append(f"  {path}: {item.get('message')}" if path else f"  {item.get('message')}")
+    for item in listed:
+        path = item.get("path")
+        lines.append(f"  {path}: {item.get('message')}" if path else f"  {item.get('message')}")
     return ClientError(status, problem, "\n".join(lines))
 
 
@@ -212,7 +214,12 @@ def prepare_upload(task: str | os.PathLike[str] | Mapping[str, Any]) -> TaskUplo
     from blockx.cli.taskfile import SpecError, load_task_file
 
     spec = load_task_file(task)
-    problems = [p.message for p in spec.code_problems()]
+    from blockx.cli.console import indent
+
+    problems = [
+        p.message + (f"\n{indent(p.excerpt, '    ')}" if p.excerpt else "")
+        for p in spec.code_problems()
+    ]
     if spec.io:
         problems.append(
             f"{spec.label}: io: a submitted task runs with the server's IO configuration; "

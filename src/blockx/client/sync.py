@@ -15,6 +15,8 @@ from typing import Any
 from blockx.client.common import (
     BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
+    BATCH_BYTES,
+    BATCH_LINES,
     FINISHED_STATES,
     READ_BLOCK,
     ClientError,
@@ -51,11 +53,16 @@ class Client:
         *,
         timeout: float = 60.0,
         reconnect_attempts: int = 10,
+        batch_lines: int = BATCH_LINES,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         self.url = server_url(url)
         self.token = default_token(token)
         self.timeout = timeout
         self.reconnect_attempts = reconnect_attempts
+        #: A calls file is POSTed in batches of at most this many lines and bytes.
+        self.batch_lines = batch_lines
+        self.batch_bytes = batch_bytes
         parts = urllib.parse.urlsplit(self.url)
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -168,7 +175,9 @@ class Client:
         task = RemoteTask(self, str(answer["id"]), answer.get("task_id"))
         if upload.calls_file is not None:
             try:
-                for batch, count in iter_call_batches(upload.calls_file):
+                for batch, count in iter_call_batches(
+                    upload.calls_file, max_lines=self.batch_lines, max_bytes=self.batch_bytes
+                ):
                     task.send_calls(batch, count)
                 task.close_calls()
             except BaseException:
