@@ -187,12 +187,14 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         for problem in exc.problems:
             _err(problem)
         return EXIT_USAGE
-    task = client.submit_upload(upload)
     if not args.follow:
+        task = client.submit_upload(upload)
         print(task.id, flush=True)
         return EXIT_OK
+    task = client.create(upload)
     named = f" (task_id {task.task_id})" if task.task_id else ""
     print(f"blockx: submitted {task.id}{named} to {client.url}", file=sys.stderr, flush=True)
+    uploader = _Uploader(client, task, upload) if upload.calls_file is not None else None
     stream = task.row_blocks()
     try:
         rows = _copy_rows(stream, sys.stdout.buffer)
@@ -207,6 +209,17 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         return code
     except KeyboardInterrupt:
         stream.close()
+        if uploader is not None and uploader.alive:
+            try:  # its calls only half sent, the task would wait for the rest forever
+                task.cancel()
+            except ClientError:
+                pass
+            print(
+                f"blockx: interrupted while the calls were being sent: task {task.id} was "
+                "cancelled",
+                file=sys.stderr,
+            )
+            return INTERRUPTED_STATUS["SIGINT"]
         print(
             f"blockx: interrupted after {plural(stream.position, 'row')}: task {task.id} goes "
             f"on on the server (`blockx rows {task.id} --after {stream.position}` reads on, "
@@ -214,8 +227,50 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED_STATUS["SIGINT"]
+    if uploader is not None and uploader.join() is not None:
+        _err(f"sending the calls of {task.id} failed (the task was cancelled): {uploader.error}")
+        return _error_status(uploader.error) if isinstance(uploader.error, ClientError) else 1
     status = task.wait()
     return _verdict(client, task, upload, status, rows, time.monotonic() - started, args.quiet)
+
+
+class _Uploader:
+    """A calls file sent in a thread of its own, on a :class:`Client` of its own, while the
+    main thread follows the rows: the first rows come while the rest is still being sent.
+    On a failure the task is cancelled (so the row stream ends) and ``error`` says why."""
+
+    def __init__(self, client: Client, task: RemoteTask, upload: TaskUpload) -> None:
+        import threading
+
+        assert upload.calls_file is not None
+        self.error: BaseException | None = None
+        self._own = Client(
+            client.url,
+            client.token,
+            timeout=client.timeout,
+            reconnect_attempts=client.reconnect_attempts,
+            batch_lines=client.batch_lines,
+            batch_bytes=client.batch_bytes,
+        )
+        self._calls_file = upload.calls_file
+        self._task = task
+        self._thread = threading.Thread(target=self._run, name="blockx-upload", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self._own:
+                self._own.upload_calls(self._task, self._calls_file)
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> BaseException | None:
+        self._thread.join()
+        return self.error
 
 
 def _verdict(

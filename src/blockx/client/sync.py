@@ -167,26 +167,41 @@ class Client:
 
     def submit_upload(self, upload: TaskUpload) -> RemoteTask:
         """:meth:`submit` of a prepared :class:`TaskUpload`."""
+        task = self.create(upload)
+        if upload.calls_file is not None:
+            self.upload_calls(task, upload.calls_file)
+        return task
+
+    def create(self, upload: TaskUpload) -> RemoteTask:
+        """``POST /v1/tasks``: the task, its calls not yet sent when it streams a calls file
+        (then :meth:`upload_calls`, possibly on another :class:`Client` in another thread,
+        while this one reads the rows)."""
         body = json.dumps(upload.document, ensure_ascii=False).encode("utf-8")
         _, data = self.request(
             "POST", "/v1/tasks", body, content_type="application/json", expect=(201,)
         )
         answer = json.loads(data)
-        task = RemoteTask(self, str(answer["id"]), answer.get("task_id"))
-        if upload.calls_file is not None:
+        return RemoteTask(self, str(answer["id"]), answer.get("task_id"))
+
+    def upload_calls(self, task: RemoteTask, calls_file: str | os.PathLike[str]) -> int:
+        """Send a calls file's lines to a streamed task in batches, then close its calls; the
+        number of calls. On any failure the task is cancelled (half a task is no task) and
+        the error raised."""
+        on_this = RemoteTask(self, task.id, task.task_id)
+        total = 0
+        try:
+            for batch, count in iter_call_batches(
+                calls_file, max_lines=self.batch_lines, max_bytes=self.batch_bytes
+            ):
+                total = on_this.send_calls(batch, count)
+            on_this.close_calls()
+        except BaseException:
             try:
-                for batch, count in iter_call_batches(
-                    upload.calls_file, max_lines=self.batch_lines, max_bytes=self.batch_bytes
-                ):
-                    task.send_calls(batch, count)
-                task.close_calls()
-            except BaseException:
-                try:  # half a task is no task: cancel it (best effort; the error says why)
-                    task.cancel()
-                except (ClientError, OSError):
-                    pass
-                raise
-        return task
+                on_this.cancel()
+            except (ClientError, OSError):
+                pass
+            raise
+        return total
 
     def task(self, task_id: str) -> RemoteTask:
         """A task already on the server, by its id (``t-...``)."""
