@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
@@ -84,6 +84,7 @@ __all__ = [
     "FunctionSource",
     "SpecError",
     "TaskFile",
+    "check_task_fields",
     "load_task_file",
 ]
 
@@ -104,6 +105,10 @@ _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _FUNCTION_ID_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
 #: The name the executor compiles a function under (blockx.worker.code.module_filename).
 _MODULE_NAME_RE: Final = re.compile(r"<blockx:([^>\n]+)>")
+
+#: Reads a function's ``{path: FILE}``: ``(checker, base dir, function id, the path as
+#: given) -> (the file, its source)``, or None with a problem added.
+ReadPath = Callable[[Checker, Path, str, str], "tuple[Path, str] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +244,9 @@ class TaskFile:
                 file, line = fn.locate(error.lineno)
                 where = f"{file}:{line}" + (f":{error.offset}" if error.offset else "")
                 text = self.user_locations(error.message)
-                text = re.sub(r"\s*\([^()]*, line \d+(, column \d+)?\)$", "", text)
+                # The compiler's "(FILE, line N, column M)": FILE may hold parentheses
+                # (an inline source's origin, ``task.json (functions.ID.source)``).
+                text = re.sub(r"\s*\((?:[^()]|\([^()]*\))*, line \d+(, column \d+)?\)$", "", text)
                 message = f"{where}: {text} (function {fid!r})"
                 excerpt = None
                 if error.stack:
@@ -396,7 +403,7 @@ def _read_source(check: Checker, base: Path, fid: str, raw: str) -> tuple[Path, 
 
 
 def _check_functions(
-    check: Checker, functions: Any, base: Path, task_file: Path
+    check: Checker, functions: Any, base: Path, task_file: Path, read_path: ReadPath
 ) -> dict[str, FunctionSource]:
     out: dict[str, FunctionSource] = {}
     if functions is None:
@@ -445,7 +452,7 @@ def _check_functions(
             if not isinstance(raw, str) or not raw.strip():
                 check.add(("functions", fid, "path"), f"expected a file path, got {describe(raw)}")
                 continue
-            read = _read_source(check, base, fid, raw)
+            read = read_path(check, base, fid, raw)
             if read is None:
                 continue
             path, source = read
@@ -493,8 +500,38 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         raise SpecError(
             [f"{label}: expected a mapping of task fields (functions, calls, ...), got {what}"]
         )
-    check.unknown_fields(data, (), TOP_FIELDS)
-    base = given.resolve().parent
+    # Arguments over the frame limit need a large file (or YAML aliases).
+    check_size = len(raw) > MAX_ARGS_BYTES // 2 or b"*" in raw
+    task = check_task_fields(
+        check, data, base=given.resolve().parent, task_file=given, check_size=check_size
+    )
+    check.raise_if_any()
+    return task
+
+
+def check_task_fields(
+    check: Checker,
+    data: Mapping[Any, Any],
+    *,
+    base: Path,
+    task_file: Path,
+    check_size: bool,
+    top_fields: tuple[str, ...] = TOP_FIELDS,
+    read_path: ReadPath | None = None,
+    calls_and_io: bool = True,
+) -> TaskFile:
+    """Check a task document's fields (parsed already: a mapping); the problems go to
+    ``check`` (nothing raised: the caller calls ``check.raise_if_any()``) and the good
+    parts make the returned :class:`TaskFile`.
+
+    What :func:`load_task_file` runs after parsing, and what ``blockx serve`` runs on a
+    submitted task (:mod:`blockx.serve.documents`) with its own rules: ``top_fields``
+    (the fields known), ``read_path`` (how a ``{path: FILE}`` is read; default: relative
+    to ``base``), ``calls_and_io`` False (the caller checks ``calls_file``, ``io`` and
+    whether calls are given; inline ``calls`` are still checked here).
+    ``check_size``: measure each call's encoded arguments (:data:`MAX_ARGS_BYTES`).
+    """
+    check.unknown_fields(data, (), top_fields)
 
     task_id = data.get("task_id")
     if task_id is not None and (not isinstance(task_id, str) or not _TASK_ID_RE.fullmatch(task_id)):
@@ -509,17 +546,20 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         check.add(("instance",), f"expected a non-empty string, got {describe(instance)}")
         instance = None
 
-    functions = _check_functions(check, data.get("functions"), base, given)
+    functions = _check_functions(
+        check, data.get("functions"), base, task_file, read_path or _read_source
+    )
     raw_functions = data.get("functions")
     declared: Mapping[Any, Any] = raw_functions if isinstance(raw_functions, Mapping) else {}
 
     calls: list[Any] | None = None
     calls_file: Path | None = None
-    has_calls, has_file = "calls" in data, "calls_file" in data
+    has_calls, has_file = "calls" in data, "calls_file" in data and calls_and_io
     if has_calls and has_file:
         check.add((), "give either calls (inline) or calls_file (JSON Lines), not both")
     elif not has_calls and not has_file:
-        check.add((), "missing: calls (a list of {function, args}) or calls_file (JSON Lines)")
+        if calls_and_io:
+            check.add((), "missing: calls (a list of {function, args}) or calls_file (JSON Lines)")
     elif has_calls:
         raw_calls = data["calls"]
         if not isinstance(raw_calls, list):
@@ -529,8 +569,6 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
         else:
             calls = []
             names = {fid: None for fid in declared if isinstance(fid, str)}
-            # Arguments over the frame limit need a large file (or YAML aliases).
-            check_size = len(raw) > MAX_ARGS_BYTES // 2 or b"*" in raw
             for i, call in enumerate(raw_calls):
                 checked = check_call(check, call, ("calls", i), names, check_size=check_size)
                 if checked is not None:
@@ -554,11 +592,10 @@ def load_task_file(path: str | os.PathLike[str]) -> TaskFile:
     if audit is not None and type(audit) is not bool:
         check.add(("audit",), f"expected true or false, got {describe(audit)}")
         audit = None
-    io = resolve_io(check, data.get("io"), base)
-    check.raise_if_any()
+    io = resolve_io(check, data.get("io"), base) if calls_and_io else {}
     return TaskFile(
-        path=given,
-        label=label,
+        path=task_file,
+        label=check.label,
         task_id=task_id,
         instance=instance,
         functions=functions,

@@ -44,11 +44,13 @@ __all__ = [
     "MAX_PROBLEMS",
     "POLICY_FIELDS",
     "Checker",
+    "NoLines",
     "SpecError",
     "args_size_problem",
     "check_call",
     "check_policy",
     "describe",
+    "json_line_problem",
     "parse_call_line",
     "parse_document",
     "resolve_io",
@@ -159,7 +161,9 @@ class _Lines:
         return node, True
 
 
-class _NoLines:
+class NoLines:
+    """No line numbers (a JSON document)."""
+
     def line(self, path: tuple[Any, ...]) -> int | None:
         return None
 
@@ -178,7 +182,7 @@ def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
         )
     if is_json:
         try:
-            return json.loads(text, object_pairs_hook=_no_duplicate_keys), _NoLines()
+            return json.loads(text, object_pairs_hook=_no_duplicate_keys), NoLines()
         except json.JSONDecodeError as exc:
             raise SpecError(
                 [
@@ -263,12 +267,16 @@ class Checker:
         self.label = label
         self.lines = lines
         self.problems: list[str] = []
+        #: The same problems as ``(field path, what)`` pairs, without the label and the line
+        #: (``blockx serve`` answers them with JSON paths: :mod:`blockx.serve.documents`).
+        self.found: list[tuple[tuple[Any, ...], str]] = []
         self.more = 0
 
     def add(self, path: tuple[Any, ...], what: str) -> None:
         if len(self.problems) >= MAX_PROBLEMS:
             self.more += 1
             return
+        self.found.append((path, what))
         line = self.lines.line(path)
         where = f" (line {line})" if line is not None else ""
         name = _field(path)
@@ -475,7 +483,7 @@ def parse_call_line(
             return call["function"], call["args"]
         if len(call) == 1:
             return call["function"], []
-    check = Checker(f"{label}: line {lineno}", _NoLines())
+    check = Checker(f"{label}: line {lineno}", NoLines())
     checked = check_call(check, call, (), known, check_size=large)
     check.raise_if_any()
     assert checked is not None  # no problem added: a call
