@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -378,10 +379,10 @@ def test_follow_of_failing_calls_reports_them_like_blockx_run(
     assert followed.stdout == local.stdout
     for expected in (
         "FAILED: 2 of 19 calls failed (failure: continue; the other calls' outputs were written)",
-        "1) call #6: picky(7) — ValueError after 1 attempt",
-        "2) call #13: picky(14) — ValueError",
+        "1) call #6: picky(7) — user_error after 1 attempt",
+        "2) call #13: picky(14) — user_error",
         'functions/picky.py", line 3',  # the user's file and line, as blockx run names them
-        "  failures  ValueError 2",
+        "  failures  user_error 2",
     ):
         assert expected in followed.stderr, (expected, followed.stderr)
         assert expected in local.stderr, (expected, local.stderr)
@@ -515,3 +516,38 @@ def test_the_async_client_does_the_same(server: Server, tmp_path: Path) -> None:
             assert unknown.value.status == 404
 
     asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_following_and_leaves_the_task_running(
+    server: Server, client: Client, tmp_path: Path
+) -> None:
+    path = task_file(tmp_path, "sleepy", SLEEPY, [0, 600])
+    env = clean_env(BLOCKX_SERVER=server.url, BLOCKX_TOKEN=TOKEN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "submit", str(path), "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline().decode()
+        match = re.search(r"submitted (t-[0-9a-f]{16})", first)
+        assert match, first
+        task = client.task(match.group(1))
+        deadline = time.monotonic() + 120
+        while task.status()["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert f"task {task.id} goes on on the server" in err.decode()
+    assert f"blockx cancel {task.id}" in err.decode() and "Traceback" not in err.decode()
+    assert task.status()["state"] == "running"  # not cancelled by the client going away
+    task.cancel()
+    assert task.wait(timeout=120)["state"] == "cancelled"

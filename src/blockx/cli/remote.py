@@ -192,11 +192,11 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         print(task.id, flush=True)
         return EXIT_OK
     task = client.create(upload)
-    named = f" (task_id {task.task_id})" if task.task_id else ""
-    print(f"blockx: submitted {task.id}{named} to {client.url}", file=sys.stderr, flush=True)
     uploader = _Uploader(client, task, upload) if upload.calls_file is not None else None
     stream = task.row_blocks()
     try:
+        named = f" (task_id {task.task_id})" if task.task_id else ""
+        print(f"blockx: submitted {task.id}{named} to {client.url}", file=sys.stderr, flush=True)
         rows = _copy_rows(stream, sys.stdout.buffer)
     except BrokenPipeError:
         stream.close()
