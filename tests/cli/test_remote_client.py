@@ -48,6 +48,11 @@ SQUARE = "def _(x):\n    return {'x': x, 'square': x * x}\n"
 PICKY = "def _(x):\n    if x % 7 == 0:\n        raise ValueError(f'no multiples of 7: {x}')\n    return {'x': x}\n"
 #: Many rows per call, with padding: the stream is long enough to cut it in the middle.
 WIDE = "def _(x):\n    return [{'x': x, 'i': i, 'pad': 'p' * 200} for i in range(20)]\n"
+#: Calls that end one after the other over a few seconds, three rows each.
+STAGGERED = (
+    "import time\n\ndef _(x):\n    time.sleep(x * 0.02)\n"
+    "    return [{'x': x, 'i': i} for i in range(3)]\n"
+)
 SLEEPY = "import time\n\ndef _(x):\n    time.sleep(x)\n    return {'slept': x}\n"
 
 
@@ -260,8 +265,8 @@ TOKEN = "client-test-token"
 class Server:
     """``blockx serve`` in a subprocess; its URL parsed from ``listening on ...``."""
 
-    def __init__(self, data_dir: Path, token_file: Path) -> None:
-        command = [sys.executable, "-m", "blockx", "serve", "--port", "0"]
+    def __init__(self, data_dir: Path, token_file: Path, port: int = 0) -> None:
+        command = [sys.executable, "-m", "blockx", "serve", "--port", str(port)]
         command += ["--data-dir", str(data_dir), "--executors", "2"]
         command += ["--token-file", str(token_file)]
         self.proc = subprocess.Popen(
@@ -274,6 +279,7 @@ class Server:
         self.log: list[str] = []
         self.url = ""
         found = threading.Event()
+        self.reader = threading.Thread(target=lambda: read(), daemon=True)
 
         def read() -> None:
             assert self.proc.stderr is not None
@@ -286,18 +292,30 @@ class Server:
                     found.set()
             found.set()
 
-        threading.Thread(target=read, daemon=True).start()
+        self.reader.start()
         if not found.wait(120) or not self.url:
             self.stop()
             raise AssertionError("the server did not start:\n" + "".join(self.log))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # executors attached: /readyz 200
             try:
-                Client(self.url).ready()
+                with Client(self.url) as probe:
+                    probe.ready()
                 return
             except ClientError:
                 time.sleep(0.1)
         raise AssertionError("the server never became ready:\n" + "".join(self.log))
+
+    def kill(self) -> None:
+        """``kill -9``: no drain, no checkpoint."""
+        self.proc.kill()
+        self.proc.wait(60)
+        self._close_stderr()
+
+    def _close_stderr(self) -> None:
+        self.reader.join(30)  # at EOF: every executor has exited too
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -307,6 +325,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        self._close_stderr()
 
 
 @pytest.fixture(scope="module")
@@ -425,14 +444,14 @@ def test_rows_survive_a_connection_cut_in_the_middle(client: Client, tmp_path: P
 
 @pytest.mark.slow
 def test_tokens_and_unknown_ids_are_clear_refusals(server: Server, tmp_path: Path) -> None:
-    with pytest.raises(ClientError, match="needs a token") as missing:
-        Client(server.url).tasks()
+    with Client(server.url) as c, pytest.raises(ClientError, match="needs a token") as missing:
+        c.tasks()
     assert missing.value.status == 401
-    with pytest.raises(ClientError, match="refused the token") as wrong:
-        Client(server.url, "nope").tasks()
+    with Client(server.url, "nope") as c, pytest.raises(ClientError, match="refused") as wrong:
+        c.tasks()
     assert wrong.value.status == 401
-    with pytest.raises(ClientError) as unknown:
-        Client(server.url, TOKEN).task("t-0123456789abcdef").status()
+    with Client(server.url, TOKEN) as c, pytest.raises(ClientError) as unknown:
+        c.task("t-0123456789abcdef").status()
     assert unknown.value.status == 404 and "t-0123456789abcdef" in str(unknown.value)
     cli = blockx("tasks", "--server", server.url)
     assert cli.returncode == 2 and "token" in cli.stderr and "Traceback" not in cli.stderr
@@ -488,6 +507,11 @@ def test_a_server_refusal_of_a_submitted_dict_lists_its_problems(client: Client)
 def test_the_async_client_does_the_same(server: Server, tmp_path: Path) -> None:
     square = task_file(tmp_path, "square", SQUARE, list(range(20)))
     wide = task_file(tmp_path, "wide", WIDE, list(range(100)))
+    write(
+        tmp_path / "calls.jsonl",
+        "".join(json.dumps({"function": "square", "args": [i]}) + "\n" for i in range(30)),
+    )
+    calls_task = task_file(tmp_path / "streamed", "square", SQUARE, [], calls_file="../calls.jsonl")
 
     async def scenario() -> None:
         async with AsyncClient(server.url, TOKEN) as c:
@@ -509,8 +533,15 @@ def test_the_async_client_does_the_same(server: Server, tmp_path: Path) -> None:
                     stream._break_connection()
             assert stream.reconnects >= 1 and len(set(seen)) == len(seen) == 2000
 
-            with pytest.raises(ClientError, match="token"):
-                await AsyncClient(server.url).tasks()
+            async with AsyncClient(server.url, TOKEN, batch_lines=7) as small_batches:
+                streamed = await small_batches.submit(calls_task)  # 5 POSTs, then close
+                got = [row async for row in streamed.rows()]
+                assert sorted(r["x"] for r in got) == list(range(30))
+                assert (await streamed.status())["calls"] == 30
+
+            async with AsyncClient(server.url) as no_token:
+                with pytest.raises(ClientError, match="token"):
+                    await no_token.tasks()
             with pytest.raises(ClientError) as unknown:
                 await c.task("t-0123456789abcdef").status()
             assert unknown.value.status == 404
@@ -551,3 +582,41 @@ def test_ctrl_c_stops_following_and_leaves_the_task_running(
     assert task.status()["state"] == "running"  # not cancelled by the client going away
     task.cancel()
     assert task.wait(timeout=120)["state"] == "cancelled"
+
+
+@pytest.mark.slow
+def test_rows_survive_a_server_killed_and_restarted(tmp_path: Path) -> None:
+    """kill -9 of the server mid-stream; while it is down the stream's reopenings are
+    refused; once it is back (same port, same data dir) the stream goes on at
+    ``?after=N``: every row once."""
+    token_file = write(tmp_path / "token", TOKEN)
+    token_file.chmod(0o600)
+    port = _closed_port()
+    first = Server(tmp_path / "data", token_file, port)
+    servers = [first]
+    try:
+        with Client(first.url, TOKEN, reconnect_attempts=200) as c:
+            task = c.submit(task_file(tmp_path, "staggered", STAGGERED, list(range(200))))
+            stream = task.rows()
+            seen: list[tuple[int, int]] = []
+            restart: threading.Thread | None = None
+            for row in stream:
+                seen.append((row["x"], row["i"]))
+                if len(seen) == 30:
+                    first.kill()
+
+                    def start_again() -> None:
+                        servers.append(Server(tmp_path / "data", token_file, port))
+
+                    restart = threading.Thread(target=start_again)
+                    restart.start()
+            assert restart is not None
+            restart.join()
+            assert stream.reconnects >= 1
+            assert len(seen) == len(set(seen)) == 600
+            assert sorted(seen) == [(x, i) for x in range(200) for i in range(3)]
+            assert seen == [(r["x"], r["i"]) for r in task.rows()]
+            assert task.wait(timeout=120)["state"] == "succeeded"
+    finally:
+        for running in servers:
+            running.stop()
