@@ -34,12 +34,14 @@ says how to give a token; a server that cannot be reached is a
 The package: :mod:`blockx.client.common` (errors, the reconnect bookkeeping, what
 ``submit`` sends), :mod:`blockx.client.sync` (:class:`Client`, :class:`RemoteTask`,
 :class:`RowStream`), :mod:`blockx.client.aio` (:class:`AsyncClient`,
-:class:`AsyncRemoteTask`, :class:`AsyncRowStream`; aiohttp is imported on first use).
+:class:`AsyncRemoteTask`, :class:`AsyncRowStream`; loaded, with asyncio, on first use,
+aiohttp when it connects).
 """
 
 from __future__ import annotations
 
-from blockx.client.aio import AsyncClient, AsyncRemoteTask, AsyncRowStream
+from typing import TYPE_CHECKING, Any
+
 from blockx.client.common import (
     DEFAULT_SERVER,
     ClientError,
@@ -49,6 +51,12 @@ from blockx.client.common import (
     prepare_upload,
 )
 from blockx.client.sync import Client, RemoteTask, RowStream
+
+if TYPE_CHECKING:
+    from blockx.client.aio import AsyncClient, AsyncRemoteTask, AsyncRowStream
+
+#: The async twin is loaded on first use: the sync client and the CLI need no asyncio.
+_ASYNC = frozenset({"AsyncClient", "AsyncRemoteTask", "AsyncRowStream"})
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -64,3 +72,11 @@ __all__ = [
     "TaskUpload",
     "prepare_upload",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ASYNC:
+        from blockx.client import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module 'blockx.client' has no attribute {name!r}")
