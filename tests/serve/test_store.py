@@ -8,6 +8,7 @@ persisted, and ``rows?after=N`` gives every remaining row once.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import signal
@@ -24,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import blockx.serve.store
+import blockx.serve.store as store_module
 from blockx.serve.store import (
     SCHEMA_VERSION,
     NewTask,
@@ -144,6 +145,9 @@ def test_calls_count_must_match_the_body(store: TaskStore) -> None:
     )
     with pytest.raises(ValueError, match="2 lines, its count says 3"):
         store.create_task(bad)
+    for body in (None, b""):
+        with pytest.raises(ValueError, match="empty for a count of 1"):
+            store.create_task(dataclasses.replace(bad, calls_body=body, calls_count=1))
     assert store.get(ID1) is None
 
 
@@ -291,6 +295,37 @@ def test_rows_after_slices_across_batches_by_whole_lines(store: TaskStore) -> No
         assert got == row_lines(after, 13 - after)
 
 
+@pytest.mark.parametrize("query", [store_module._ROWS_FROM, store_module._CALL_CHUNKS_FROM])
+def test_the_first_blob_is_found_by_the_index_not_a_scan(store: TaskStore, query: str) -> None:
+    assert store._connection is not None
+    plan = store._connection.execute(f"EXPLAIN QUERY PLAN {query}", (ID1, 5)).fetchall()
+    details = [row[-1] for row in plan]
+    assert not [detail for detail in details if detail.startswith("SCAN")], details
+    assert sum("USING" in detail and "INDEX" in detail for detail in details) == 2, details
+
+
+def test_a_batch_that_fails_midway_leaves_nothing_behind(store: TaskStore) -> None:
+    store.create_task(new_task(ID1, calls=4))
+    broken = SettledBatch(
+        first_call=0,
+        call_count=2,
+        rows_body=row_lines(0, 2),
+        row_count=2,
+        failures=((1, {"not": "bytes"}),),  # type: ignore[arg-type]
+        succeeded=1,
+        failed=1,
+        cancelled=0,
+    )
+    # the rows blob is inserted, then the failure record fails: the whole batch rolls back
+    with pytest.raises(StoreError, match=r"serve\.sqlite3: database error"):
+        store.settle_batch(ID1, broken)
+    record = store.get(ID1)
+    assert record is not None and (record.done, record.rows, record.failed) == (0, 0, 0)
+    assert store.failures(ID1) == []
+    assert store.settle_batch(ID1, settled(0, 2, 0, 2, failed=(1,)))
+    assert store.rows_after(ID1, 0) == (row_lines(0, 2), 2)
+
+
 def test_failures_come_back_by_call_index(store: TaskStore) -> None:
     store.create_task(new_task(ID1, calls=8))
     unordered = SettledBatch(
@@ -309,7 +344,7 @@ def test_failures_come_back_by_call_index(store: TaskStore) -> None:
 
 
 def test_finish_keeps_the_summary_and_failure_as_json(store: TaskStore) -> None:
-    store.create_task(new_task(ID1, calls=2))
+    store.create_task(new_task(ID1, calls=3))
     store.mark_started(ID1, 10.0)
     assert store.settle_batch(ID1, settled(0, 2, 0, 2, failed=(1,)))
     summary = {"task_id": "task-1", "success": False, "calls": 2, "calls_per_s": 1.5, "io": {}}
@@ -322,8 +357,10 @@ def test_finish_keeps_the_summary_and_failure_as_json(store: TaskStore) -> None:
     assert (record.state, record.finished, record.ended_at) == ("failed", True, 11.0)
     assert (record.summary, record.failure) == (summary, failure)
     # a finished task's figures are final: a late batch and a late start change nothing
+    assert not store.settle_batch(ID1, settled(2, 1, 2, 1))
     store.mark_started(ID1, 12.0)
-    assert store.get(ID1).state == "failed"  # type: ignore[union-attr]
+    record = store.get(ID1)
+    assert record is not None and (record.state, record.done, record.rows) == ("failed", 2, 2)
     assert store.counts_by_state()["failed"] == 1
 
 
@@ -416,7 +453,7 @@ def start_crash_child(
     source = CRASH_CHILD.format(
         make_batch=textwrap.dedent(inspect.getsource(make_batch)), id=CRASH_ID
     )
-    src = Path(blockx.serve.store.__file__).resolve().parents[2]
+    src = Path(store_module.__file__).resolve().parents[2]
     return subprocess.Popen(
         [sys.executable, "-c", source, str(data), synchronous, str(kill_at_statement)],
         stdout=subprocess.PIPE,

@@ -356,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print a JSON list of {knob, value, source, env}"
     )
     _add_config_options(config)
+
+    from blockx.cli.serve import add_serve_parser
+
+    add_serve_parser(commands, _Formatter, _add_config_options)
     _add_remote_commands(commands)
     return parser
 
@@ -468,4 +472,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from blockx.cli.validate import validate_command
 
         return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
+    if args.command == "serve":
+        from blockx.cli.serve import serve_command
+
+        return serve_command(args)
     return _config_command(args)

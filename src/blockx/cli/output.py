@@ -48,7 +48,13 @@ import msgspec
 
 from blockx.cli.writer import OutputClosed, WriterThread, open_std_stream
 
-__all__ = ["MAX_PENDING_BYTES", "PUT_SLICE_ROWS", "OutputClosed", "RowWriter"]
+__all__ = [
+    "MAX_PENDING_BYTES",
+    "PUT_SLICE_ROWS",
+    "OutputClosed",
+    "RowWriter",
+    "encode_rows",
+]
 
 #: Encoded rows queued for the writer before the producer waits for room.
 MAX_PENDING_BYTES: Final = 4 * 1024 * 1024
@@ -70,6 +76,10 @@ def _encode(rows: Sequence[Any]) -> bytes:
     from blockx.wire import dumps_wire
 
     return b"".join([dumps_wire(row) + b"\n" for row in rows])
+
+
+#: Rows as JSON Lines exactly as ``blockx run`` writes them (``blockx serve`` stores them so).
+encode_rows: Final = _encode
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

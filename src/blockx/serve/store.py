@@ -1,10 +1,10 @@
 """The durable state of ``blockx serve``: tasks, their calls, rows and failures, in SQLite.
 
-Theory of operation
--------------------
+Theory of operation (the guarantee in users' words: docs/serve.md, "Durability")
+-------------------------------------------------------------------------------
 One file, ``DATA_DIR/serve.sqlite3`` (the directory made ``0o700``, the file
 ``0o600``), opened with the standard library's :mod:`sqlite3` in write-ahead-log
-mode. Four tables:
+mode. Five tables:
 
 * ``tasks``: one row per task, everything :class:`TaskRecord` shows: the spec the
   runner rebuilds the task from (JSON bytes), the state, the counters (``calls``
@@ -29,7 +29,9 @@ counters move together, and ``rows`` in ``tasks`` always equals the rows stored.
 **Idempotent settle.** A batch names the position of its first call.
 :meth:`TaskStore.settle_batch` applies it only when that position is the
 task's ``done``; otherwise (a batch already persisted, replayed after a
-restart) it writes nothing and returns False. Since calls are settled in order,
+restart) it writes nothing and returns False. The caller settles batches in
+call order: a batch ahead of ``done`` (a gap) is refused the same way, so it
+must be held until the batches before it are stored. Since calls settle in order,
 ``done`` is also the point a restarted task resumes from: the calls before it
 are never run again, and each row is stored exactly once.
 
@@ -127,6 +129,24 @@ _TASK_FIELDS: Final = tuple(
     " created_at started_at ended_at summary failure".split()
 )
 _TASK_COLUMNS: Final = ", ".join(_TASK_FIELDS)
+
+# The blob holding call (row) ?2 is the last one starting at or before it (the blobs
+# tile the range); the primary key's index finds it, and the blobs after it, without a
+# scan of the task's other blobs (tests/serve/test_store.py checks the query plans).
+#: Call chunks of task ?1 from the one holding call ?2 on, in order.
+_CALL_CHUNKS_FROM: Final = (
+    "SELECT first_call, count, body FROM calls WHERE id = ?1"
+    " AND first_call >= coalesce((SELECT first_call FROM calls WHERE id = ?1"
+    "   AND first_call <= ?2 ORDER BY first_call DESC LIMIT 1), 0)"
+    " AND first_call + count > ?2 ORDER BY first_call"
+)
+#: Rows blobs of task ?1 from the one holding row ?2 on, in order.
+_ROWS_FROM: Final = (
+    "SELECT first_row, count, body FROM rows WHERE id = ?1"
+    " AND first_row >= (SELECT first_row FROM rows WHERE id = ?1"
+    "   AND first_row <= ?2 ORDER BY first_row DESC LIMIT 1)"
+    " ORDER BY first_row"
+)
 
 
 class StoreError(Exception):
@@ -490,13 +510,7 @@ class TaskStore:
             self._require(connection, id)
             return [
                 (int(first), int(count), bytes(body))
-                for first, count, body in connection.execute(
-                    "SELECT first_call, count, body FROM calls WHERE id = ?1"
-                    " AND first_call >= coalesce((SELECT first_call FROM calls WHERE id = ?1"
-                    "   AND first_call <= ?2 ORDER BY first_call DESC LIMIT 1), 0)"
-                    " AND first_call + count > ?2 ORDER BY first_call",
-                    (id, start),
-                )
+                for first, count, body in connection.execute(_CALL_CHUNKS_FROM, (id, start))
             ]
 
     def rows_after(self, id: str, after: int, max_rows: int = 65536) -> tuple[bytes, int]:
@@ -515,15 +529,7 @@ class TaskStore:
                 return b"", 0
             parts: builtins.list[bytes] = []
             taken = 0
-            # The blob holding row `after` is the last one starting at or before it (the
-            # blobs tile [0, rows)); the primary key's index finds it without a scan.
-            cursor = connection.execute(
-                "SELECT first_row, count, body FROM rows WHERE id = ?1"
-                " AND first_row >= (SELECT first_row FROM rows WHERE id = ?1"
-                "   AND first_row <= ?2 ORDER BY first_row DESC LIMIT 1)"
-                " ORDER BY first_row",
-                (id, after),
-            )
+            cursor = connection.execute(_ROWS_FROM, (id, after))
             for first, count, body in cursor:
                 skip = max(after - first, 0)
                 take = min(count - skip, max_rows - taken)
@@ -623,9 +629,8 @@ class TaskStore:
                     "INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,)
                 )
             else:
-                version = connection.execute("SELECT max(version) FROM schema_version").fetchone()[
-                    0
-                ]
+                query = "SELECT max(version) FROM schema_version"
+                version = connection.execute(query).fetchone()[0]
                 if not isinstance(version, int):
                     raise StoreError(
                         f"{self.path}: damaged (no schema version); move it away or start with"
@@ -685,6 +690,8 @@ def _checked_lines(body: bytes, count: int, what: str) -> bytes:
         if body:
             raise ValueError(f"{what}: {len(body)} bytes for a count of 0")
         return body
+    if not body:
+        raise ValueError(f"{what}: empty for a count of {count}")
     if not body.endswith(b"\n"):
         body += b"\n"
     lines = body.count(b"\n")

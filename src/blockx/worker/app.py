@@ -56,7 +56,7 @@ from blockx.worker.actor.events import (
 )
 from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args
 from blockx.worker.actor.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
-from blockx.worker.actor.task_run import TaskRun
+from blockx.worker.actor.task_run import SettledRows, TaskRun
 from blockx.worker.api import (
     Call,
     Task,
@@ -208,13 +208,21 @@ class TaskHandle:
         """:meth:`rows`, a settled batch's rows at a time (a one-shot task's: all of them,
         once it ends): a consumer that handles rows in bulk -- ``blockx run`` encodes a
         batch with one call -- does nothing per row here. Never an empty list."""
+        async for settled in self.settled_batches():
+            if settled.rows:
+                yield settled.rows
+
+    async def settled_batches(self) -> AsyncIterator[SettledRows]:
+        """:meth:`row_batches` with each batch's call range, failures and counts
+        (:class:`~blockx.worker.actor.task_run.SettledRows`), batches without rows
+        included: what a consumer that records outcomes durably needs (``blockx serve``
+        persists one of these per transaction). A stream's come in call order."""
         run = self._run
         driver = self._driver
         while True:
-            rows = run.take_rows()
-            if rows is not None:
-                if rows:
-                    yield rows
+            settled = run.take_settled()
+            if settled is not None:
+                yield settled
                 continue
             if run.done.done():
                 if run.outputs_pending:  # a one-shot task's rows, decoded off the actor

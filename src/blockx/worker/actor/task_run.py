@@ -44,10 +44,45 @@ from blockx.worker.core import (
 from blockx.worker.io import IOHandler
 from blockx.worker.json_values import rows_from_outputs
 
-__all__ = ["DECODE_SLICE", "TaskRun"]
+__all__ = ["DECODE_SLICE", "SettledRows", "TaskRun"]
 
 #: Outputs of a one-shot task decoded per loop turn (~7 ms of small rows).
 DECODE_SLICE: Final = 16_384
+
+
+class SettledRows:
+    """The rows of settled calls, with the range of calls they came from.
+
+    A stream's batch: calls ``[first_call, first_call + call_count)``, its rows in call
+    order, the calls that finally failed among them and its counts. A one-shot task's
+    rows come as one of these covering every call. A consumer that persists outcomes
+    (``blockx serve``) records a whole one of these at a time.
+    """
+
+    __slots__ = ("call_count", "cancelled", "failures", "first_call", "rows", "succeeded")
+
+    def __init__(
+        self,
+        *,
+        first_call: int,
+        call_count: int,
+        rows: list[Any],
+        failures: list[CallFailure],
+        succeeded: int,
+        cancelled: int,
+    ) -> None:
+        self.first_call = first_call
+        self.call_count = call_count
+        self.rows = rows
+        self.failures = failures
+        self.succeeded = succeeded
+        self.cancelled = cancelled
+
+    def __repr__(self) -> str:
+        return (
+            f"SettledRows(calls {self.first_call}..{self.first_call + self.call_count}, "
+            f"rows={len(self.rows)}, failed={len(self.failures)}, cancelled={self.cancelled})"
+        )
 
 
 class TaskRun:
@@ -150,7 +185,7 @@ class TaskRun:
         self.stream_counts = [0, 0]
         #: Rows of settled batches: kept for the result, or queued for ``rows()``.
         self.rows: list[Any] = []
-        self._consumer_rows: deque[list[Any]] = deque()
+        self._consumer_rows: deque[SettledRows] = deque()
         #: A one-shot task's outputs, converged and not yet decoded into rows
         #: (:meth:`decode_outputs`, off the actor).
         self._raw_outputs: Sequence[bytes] | None = None
@@ -175,14 +210,23 @@ class TaskRun:
         first, calls = self.batch_starts.pop(settled.batch_idx, (0, []))
         self.stream_counts[0] += settled.succeeded_count
         self.stream_counts[1] += settled.cancelled_count
-        for failed in settled.failed_calls:
-            self.failures.append(self._failure(failed, calls, first))
+        failures = [self._failure(failed, calls, first) for failed in settled.failed_calls]
+        self.failures.extend(failures)
         rows = rows_from_outputs(settled.outputs)
         if self.collect:
             self.rows.extend(rows)
             self.released_batches += 1
         else:
-            self._consumer_rows.append(rows)
+            self._consumer_rows.append(
+                SettledRows(
+                    first_call=first,
+                    call_count=settled.call_count,
+                    rows=rows,
+                    failures=failures,
+                    succeeded=settled.succeeded_count,
+                    cancelled=settled.cancelled_count,
+                )
+            )
         self.changed.set()
 
     def converged(self, converge: ConvergeTaskCalls) -> None:
@@ -246,7 +290,17 @@ class TaskRun:
         if self.collect:
             self.rows = rows
         else:
-            self._consumer_rows.append(rows)
+            converged = self.converged_with
+            self._consumer_rows.append(
+                SettledRows(
+                    first_call=0,
+                    call_count=converged.total_count if converged is not None else len(rows),
+                    rows=rows,
+                    failures=list(self.failures),
+                    succeeded=converged.succeeded_count if converged is not None else len(rows),
+                    cancelled=converged.cancelled_count if converged is not None else 0,
+                )
+            )
         self.changed.set()
 
     @property
@@ -256,13 +310,18 @@ class TaskRun:
 
     def take_rows(self) -> list[Any] | None:
         """The next settled batch's rows for ``rows()`` (releasing its credit), or None."""
+        settled = self.take_settled()
+        return None if settled is None else settled.rows
+
+    def take_settled(self) -> SettledRows | None:
+        """The next settled batch for ``rows()`` (releasing its credit), or None."""
         if not self._consumer_rows:
             return None
-        rows = self._consumer_rows.popleft()
+        settled = self._consumer_rows.popleft()
         if self.mode is TaskMode.STREAM:
             self.released_batches += 1
             self.changed.set()
-        return rows
+        return settled
 
     @property
     def finished(self) -> bool:
