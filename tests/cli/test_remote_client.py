@@ -137,10 +137,14 @@ def test_a_syntax_error_is_reported_with_file_and_line_before_anything_is_sent(
     assert re.search(r"functions/broken\.py:2:\d+: .*'broken'", str(caught.value)), caught.value
 
 
-def test_an_io_section_is_refused_here(tmp_path: Path) -> None:
+def test_an_io_section_is_left_out_with_a_warning(tmp_path: Path) -> None:
     path = task_file(tmp_path, "square", SQUARE, [1], io={"data_dir": "data"})
-    with pytest.raises(SpecError, match="io: a submitted task runs with the server's IO"):
-        prepare_upload(path)
+    upload = prepare_upload(path)
+    assert "io" not in upload.document
+    assert upload.warnings == (
+        f"{path}: io: not sent: the server's IO configuration applies to a submitted task "
+        "(blockx serve --config)",
+    )
 
 
 # --- no server: defaults, bookkeeping, messages ----------------------------------------------

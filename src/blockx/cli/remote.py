@@ -187,6 +187,8 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
         for problem in exc.problems:
             _err(problem)
         return EXIT_USAGE
+    for warning in upload.warnings:
+        print(f"blockx: warning: {warning}", file=sys.stderr)
     if not args.follow:
         task = client.submit_upload(upload)
         print(task.id, flush=True)

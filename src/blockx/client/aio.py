@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import urllib.parse
+import warnings
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,8 @@ class AsyncClient:
     async def submit(self, task: str | os.PathLike[str] | Mapping[str, Any]) -> AsyncRemoteTask:
         """Like :meth:`Client.submit` (the task file is read and checked synchronously)."""
         upload = prepare_upload(task)
+        for warning in upload.warnings:
+            warnings.warn(warning, UserWarning, stacklevel=2)
         body = json.dumps(upload.document, ensure_ascii=False).encode("utf-8")
         _, data = await self.request(
             "POST", "/v1/tasks", body, content_type="application/json", expect=(201,)

@@ -204,11 +204,16 @@ class TaskUpload:
     calls_file: Path | None = None
     #: The checked task file (None for a dict): for locations in failure reports.
     spec: TaskFile | None = None
+    #: What the task file says that is not sent (its ``io`` section), one line each.
+    warnings: tuple[str, ...] = ()
 
 
 def prepare_upload(task: str | os.PathLike[str] | Mapping[str, Any]) -> TaskUpload:
     """The :class:`TaskUpload` of a task file (read and checked here, like ``blockx
-    validate``: :class:`~blockx.cli.taskfile.SpecError` on a problem) or of a dict (as is)."""
+    validate``: :class:`~blockx.cli.taskfile.SpecError` on a problem) or of a dict (as is).
+
+    A task file's ``io`` section is left out (the server refuses one: its own IO
+    configuration applies), with a line in ``warnings`` saying so."""
     if isinstance(task, Mapping):
         return TaskUpload(dict(task))
     from blockx.cli.taskfile import SpecError, load_task_file
@@ -220,10 +225,11 @@ def prepare_upload(task: str | os.PathLike[str] | Mapping[str, Any]) -> TaskUplo
         p.message + (f"\n{indent(p.excerpt, '    ')}" if p.excerpt else "")
         for p in spec.code_problems()
     ]
-    if spec.io:
-        problems.append(
-            f"{spec.label}: io: a submitted task runs with the server's IO configuration; "
-            "remove the io section (or run the task with `blockx run`)"
+    warnings: tuple[str, ...] = ()
+    if spec.io:  # the server refuses one: its own IO configuration applies to every task
+        warnings = (
+            f"{spec.label}: io: not sent: the server's IO configuration applies to a "
+            "submitted task (blockx serve --config)",
         )
     if spec.is_stream:
         spec.scan_calls_file()
@@ -244,7 +250,7 @@ def prepare_upload(task: str | os.PathLike[str] | Mapping[str, Any]) -> TaskUplo
         document["calls_stream"] = True
     else:
         document["calls"] = [{"function": fid, "args": args} for fid, args in spec.calls or ()]
-    return TaskUpload(document, spec.calls_file, spec)
+    return TaskUpload(document, spec.calls_file, spec, warnings)
 
 
 def iter_call_batches(

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import urllib.parse
+import warnings
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
@@ -163,6 +164,8 @@ class Client:
         closed). A bad task file raises :class:`~blockx.cli.taskfile.SpecError` before
         anything is sent; the server's refusal a :class:`ClientError` (400: its problems)."""
         upload = prepare_upload(task)
+        for warning in upload.warnings:
+            warnings.warn(warning, UserWarning, stacklevel=2)
         return self.submit_upload(upload)
 
     def submit_upload(self, upload: TaskUpload) -> RemoteTask:
