@@ -305,3 +305,43 @@ def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None
         done = blockx("serve", "--port", "0", "--data-dir", str(tmp_path / "data"))
         assert done.returncode == 2
         assert "another blockx serve is using" in done.stderr
+
+
+def test_a_full_queue_answers_429_with_retry_after(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    args = ("--queue-limit", "1", "--set", "admission.executor_task_slots=1")
+    with Server(tmp_path / "data", *args) as server:
+        running = server.submit(_gated(gate, 5, 0))
+        wait_for(lambda: server.status(running)["state"] == "running", what="the first task")
+        waiting = server.submit(_task(3))
+        full = server.request("POST", "/v1/tasks", _task(3))
+        assert full.status == 429, full
+        assert int(full.headers["Retry-After"]) > 0
+        assert "waiting" in full.json()["detail"]
+        gate.touch()
+        assert server.wait_finished(running)["state"] == "succeeded"
+        assert server.wait_finished(waiting)["rows"] == 3
+        assert server.request("POST", "/v1/tasks", _task(3)).status == 201
+
+
+def test_while_draining_new_work_is_refused_and_running_tasks_finish(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    server = Server(tmp_path / "data", "--drain-timeout", "120").start()
+    task_id = server.submit(_gated(gate, 20, 10))
+    wait_for(
+        lambda: (
+            server.status(task_id)["done"] >= 0 and server.status(task_id)["state"] == "running"
+        ),
+        what="running",
+    )
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: server.request("GET", "/readyz").status == 503, what="readyz 503")
+    refused = server.request("POST", "/v1/tasks", _task(1))
+    assert refused.status == 503 and "shutting down" in refused.json()["detail"]
+    assert server.status(task_id)["state"] == "running"
+    gate.touch()  # the running task may finish within the drain timeout
+    assert server.proc.wait(120) == 0, server.stderr
+    with Server(tmp_path / "data") as again:
+        status = again.status(task_id)
+        assert status["state"] == "succeeded" and status["rows"] == 20

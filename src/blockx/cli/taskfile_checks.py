@@ -238,8 +238,14 @@ def _check_duplicate_keys(root: Any, label: str) -> None:
 
     problems: list[str] = []
     stack = [root]
+    # Each node once: an alias is the node it names, so a document can hold one node many
+    # times (an alias bomb) or inside itself (``&a [*a]``).
+    seen_nodes: set[int] = set()
     while stack:
         node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen: dict[tuple[str, str], int] = {}
             for key, value in node.value:

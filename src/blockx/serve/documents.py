@@ -334,7 +334,8 @@ def _path_reader(functions_root: Path | None) -> Any:
             check.add(where, f"cannot read {shown}: {exc.strerror or exc}")
             return None
         try:
-            return path, data.decode("utf-8")
+            # The path as given names the file in messages (the root is the server's).
+            return Path(raw), data.decode("utf-8")
         except UnicodeDecodeError as exc:
             check.add(where, f"{shown} is not UTF-8 text (byte {exc.start}: {exc.reason})")
             return None
@@ -560,7 +561,7 @@ def _check_line(line: bytes, known: Mapping[str, Any]) -> tuple[str, Any] | list
         checked = check_call(check, call, (), known, check_size=len(line) > MAX_ARGS_BYTES // 2)
     except RecursionError:
         return ["not valid JSON: nested too deeply"]
-    if checked is not None:
+    if checked is not None and not check.found:
         return checked
     messages: list[str] = []
     for path, what in check.found:
