@@ -79,8 +79,11 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def _error_status(exc: ClientError) -> int:
-    """4xx: something the user can fix (2); no answer or 5xx: 1."""
-    return EXIT_USAGE if exc.status is not None and 400 <= exc.status < 500 else EXIT_FAILED
+    """4xx: something the user can fix (2); no answer, 5xx or 429 (the queue is full, try
+    later): 1."""
+    if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+        return EXIT_USAGE
+    return EXIT_FAILED
 
 
 def remote_command(args: argparse.Namespace) -> int:
