@@ -412,6 +412,24 @@ def test_follow_of_failing_calls_reports_them_like_blockx_run(
 
 
 @pytest.mark.slow
+def test_follow_of_a_fast_fail_task_names_the_call_that_stopped_it(
+    server: Server, tmp_path: Path
+) -> None:
+    path = task_file(tmp_path, "picky", PICKY, list(range(1, 20)), policy={"failure": "fast_fail"})
+    followed = remote(server, "submit", path, "--follow")
+    assert followed.returncode == 1, followed.stderr
+    stopped = re.search(
+        r"FAILED: call #(\d+) failed and stopped the task \(failure: fast_fail\); \d+ call\(s\) "
+        r"were cancelled",
+        followed.stderr,
+    )
+    assert stopped, followed.stderr
+    reported = re.findall(r"\d+\) call #(\d+): picky", followed.stderr)
+    assert stopped.group(1) in reported
+    assert re.search(r"task picky: FAILED — 19 calls", followed.stderr)
+
+
+@pytest.mark.slow
 def test_a_calls_file_is_streamed_in_batches(server: Server, tmp_path: Path) -> None:
     write(
         tmp_path / "calls.jsonl",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -366,14 +367,28 @@ def _remote_result(status: Mapping[str, Any], records: Sequence[Mapping[str, Any
     failure = None
     raw = status.get("failure")
     if isinstance(raw, Mapping):
-        # The status does not carry the failing call's index: under fast_fail it is the one
-        # failed call.
-        index = errors[0].index if len(errors) == 1 else None
-        failure = _RemoteFailure(str(raw.get("kind")), str(raw.get("message") or ""), index)
+        message = str(raw.get("message") or "")
+        failure = _RemoteFailure(str(raw.get("kind")), message, _failing_call(raw, errors))
     stats = _RemoteStats(
         calls=int(status.get("calls") or 0), cancelled=int(status.get("cancelled") or 0)
     )
     return _RemoteResult(errors=errors, stats=stats, failure=failure)
+
+
+def _failing_call(failure: Mapping[str, Any], errors: Sequence[_RemoteError]) -> int | None:
+    """The index of the call that stopped a task (fast_fail), for the report's first line.
+
+    The status's ``failure`` may say (``call_index``); else its message names the call
+    (``call TASK#N/c13 failed: ...``), believed when a failure record has that index;
+    else a task with one failed call; else unknown (the report says "a call")."""
+    given = failure.get("call_index")
+    if isinstance(given, int):
+        return given
+    indices = {e.index for e in errors}
+    match = re.search(r"/c(\d+) failed", str(failure.get("message") or ""))
+    if match and int(match.group(1)) in indices:
+        return int(match.group(1))
+    return errors[0].index if len(errors) == 1 else None
 
 
 def remote_summary_text(
