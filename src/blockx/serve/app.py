@@ -197,7 +197,7 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
         return _json({"status": "ready", "executors": attached})
 
     async def openapi(_request: web.Request) -> web.Response:
-        from blockx.serve.openapi import OPENAPI  # type: ignore[import-not-found]
+        from blockx.serve.openapi import OPENAPI
 
         return _json(OPENAPI)
 
