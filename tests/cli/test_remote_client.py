@@ -529,6 +529,7 @@ def test_a_server_refusal_of_a_submitted_dict_lists_its_problems(client: Client)
 def test_the_async_client_does_the_same(server: Server, tmp_path: Path) -> None:
     square = task_file(tmp_path, "square", SQUARE, list(range(20)))
     wide = task_file(tmp_path, "wide", WIDE, list(range(100)))
+    sleepy_task = task_file(tmp_path, "sleepy", SLEEPY, [600])
     write(
         tmp_path / "calls.jsonl",
         "".join(json.dumps({"function": "square", "args": [i]}) + "\n" for i in range(30)),
@@ -560,6 +561,10 @@ def test_the_async_client_does_the_same(server: Server, tmp_path: Path) -> None:
                 got = [row async for row in streamed.rows()]
                 assert sorted(r["x"] for r in got) == list(range(30))
                 assert (await streamed.status())["calls"] == 30
+
+            sleepy = await c.submit(sleepy_task)
+            await sleepy.cancel()
+            assert (await sleepy.wait(timeout=120))["state"] == "cancelled"
 
             async with AsyncClient(server.url) as no_token:
                 with pytest.raises(ClientError, match="token"):
@@ -642,3 +647,52 @@ def test_rows_survive_a_server_killed_and_restarted(tmp_path: Path) -> None:
     finally:
         for running in servers:
             running.stop()
+
+
+def test_the_summary_io_lines_are_those_of_blockx_run() -> None:
+    """The io line and table rebuilt from ``IOStats.as_dict()`` (what the server stores)
+    read exactly as ``blockx run`` prints them from the IOStats itself."""
+    from blockx.cli.console import indent
+    from blockx.cli.remote import remote_summary_text
+    from blockx.worker.io.stats import IOStats
+
+    stats = IOStats()
+    reads = stats.operation("blockdb", "get_row")
+    for seconds in (0.001, 0.004, 0.002):
+        reads.record_call(seconds, failed=False)
+    reads.record_cache_hit()
+    reads.record_join()
+    writes = stats.operation("blockdb", "upsert_rows")
+    writes.record_call(0.0005, failed=True)
+    writes.record_local_hits(2)
+    status = {
+        "task_id": "t",
+        "state": "succeeded",
+        "summary": {
+            "task_id": "t",
+            "exit_code": 0,
+            "calls": 3,
+            "succeeded": 3,
+            "task_wall_time_s": 0.5,
+            "calls_per_s": 6.0,
+            "failures_by_kind": {},
+            "io": json.loads(json.dumps(stats.as_dict())),
+        },
+    }
+    text = remote_summary_text(status, 3, 2, 1.25).splitlines()
+    totals = stats.totals()
+    mean = totals["total_ms"] / totals["backend_calls"]
+    expected_io = (
+        f"  io        {totals['requests']} requests: {totals['backend_calls']} backend calls, "
+        f"1 cached, 1 joined, 1 errors; backend calls "
+        f"mean {mean:,.2f} ms, max {totals['max_ms']:,.2f} ms; 2 more answered in the executors"
+    )
+    assert text[0] == "task t: ok — 3 calls in 0.50 s (6 calls/s) on 2 executors"
+    assert text[1] == "  calls     3 succeeded, 0 failed, 0 cancelled; 0 sub-calls; 0 retries"
+    assert text[2:4] == [
+        "  outputs   3 rows → stdout",
+        "  cache     0 call-cache hits, 0 singleflight joins",
+    ]
+    assert text[4] == expected_io
+    assert "\n".join(text[5:-1]) == indent(stats.format_table(), "            ")
+    assert text[-1] == "  time      1.25 s wall (from submission to the last row)"
