@@ -116,14 +116,25 @@ def remote_command(args: argparse.Namespace) -> int:
 # --- blockx status / rows / cancel / tasks ------------------------------------------------------
 
 
-def _copy_rows(stream: Any, out: IO[bytes]) -> int:
-    """Write a row stream's blocks to ``out`` as they come; the rows written."""
-    rows = 0
+class _Copied:
+    """Rows written to stdout so far (whole lines the write and flush returned from): where
+    to read on after an interruption."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: int = 0) -> None:
+        self.rows = rows
+
+    def __repr__(self) -> str:
+        return f"_Copied(rows={self.rows})"
+
+
+def _copy_rows(stream: Any, out: IO[bytes], copied: _Copied) -> None:
+    """Write a row stream's blocks to ``out`` as they come, counting them in ``copied``."""
     for block in stream:
         out.write(block)
         out.flush()
-        rows += block.count(b"\n")
-    return rows
+        copied.rows += block.count(b"\n")
 
 
 def _stdout_gone() -> int:
@@ -141,7 +152,7 @@ def _stdout_gone() -> int:
 def _rows(task: RemoteTask, after: int) -> int:
     stream = task.row_blocks(after)
     try:
-        _copy_rows(stream, sys.stdout.buffer)
+        _copy_rows(stream, sys.stdout.buffer, _Copied(after))
     except BrokenPipeError:
         stream.close()
         return _stdout_gone()
@@ -200,15 +211,16 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
     task = client.create(upload)
     uploader = _Uploader(client, task, upload) if upload.calls_file is not None else None
     stream = task.row_blocks()
+    copied = _Copied()
     try:
         named = f" (task_id {task.task_id})" if task.task_id else ""
         print(f"blockx: submitted {task.id}{named} to {client.url}", file=sys.stderr, flush=True)
-        rows = _copy_rows(stream, sys.stdout.buffer)
+        _copy_rows(stream, sys.stdout.buffer, copied)
     except BrokenPipeError:
         stream.close()
         code = _stdout_gone()
         print(
-            f"blockx: stdout's reader went away after {plural(stream.position, 'row')}; task "
+            f"blockx: stdout's reader went away after {plural(copied.rows, 'row')}; task "
             f"{task.id} goes on on the server (`blockx cancel {task.id}` stops it)",
             file=sys.stderr,
         )
@@ -227,17 +239,18 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
             )
             return INTERRUPTED_STATUS["SIGINT"]
         print(
-            f"blockx: interrupted after {plural(stream.position, 'row')}: task {task.id} goes "
-            f"on on the server (`blockx rows {task.id} --after {stream.position}` reads on, "
+            f"blockx: interrupted after {plural(copied.rows, 'row')}: task {task.id} goes "
+            f"on on the server (`blockx rows {task.id} --after {copied.rows}` reads on, "
             f"`blockx cancel {task.id}` stops it)",
             file=sys.stderr,
         )
         return INTERRUPTED_STATUS["SIGINT"]
     if uploader is not None and uploader.join() is not None:
         _err(f"sending the calls of {task.id} failed (the task was cancelled): {uploader.error}")
-        return _error_status(uploader.error) if isinstance(uploader.error, ClientError) else 1
+        return _error_status(uploader.error) if isinstance(uploader.error, ClientError) else EXIT_FAILED
     status = task.wait()
-    return _verdict(client, task, upload, status, rows, time.monotonic() - started, args.quiet)
+    wall_s = time.monotonic() - started
+    return _verdict(client, task, upload, status, copied.rows, wall_s, args.quiet)
 
 
 class _Uploader:
