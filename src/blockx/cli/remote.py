@@ -245,9 +245,10 @@ def _submit(client: Client, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED_STATUS["SIGINT"]
-    if uploader is not None and uploader.join() is not None:
-        _err(f"sending the calls of {task.id} failed (the task was cancelled): {uploader.error}")
-        return _error_status(uploader.error) if isinstance(uploader.error, ClientError) else EXIT_FAILED
+    error = uploader.join() if uploader is not None else None
+    if error is not None:
+        _err(f"sending the calls of {task.id} failed (the task was cancelled): {error}")
+        return _error_status(error) if isinstance(error, ClientError) else EXIT_FAILED
     status = task.wait()
     wall_s = time.monotonic() - started
     return _verdict(client, task, upload, status, copied.rows, wall_s, args.quiet)
