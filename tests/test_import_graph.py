@@ -18,6 +18,8 @@ The layers (docs/architecture.md):
   ``worker.actor`` nothing from ``worker.app``;
 * nothing under ``blockx.worker`` or ``blockx.executor`` imports ``blockx.cli``;
 * ``blockx.wire`` imports nothing else of ``blockx`` (both sides share it);
+* the client of ``blockx serve`` (``blockx.client``, ``blockx.cli.remote``) imports
+  nothing of the worker, the executor or the server (a client machine needs HTTP only);
 * ``blockx.worker.config_model`` (the configuration model) imports neither
   schema's module (``worker.config``, ``worker.io.config``) nor
   ``worker.config_layers``, which resolves both together; the two schemas'
@@ -44,6 +46,8 @@ LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("blockx.worker.link", "blockx.worker.actor", "blockx.worker.app"),
     ),
     ("blockx.worker.link", ("blockx.worker.actor", "blockx.worker.app")),
+    ("blockx.client", ("blockx.worker", "blockx.executor", "blockx.serve")),
+    ("blockx.cli.remote", ("blockx.worker", "blockx.executor", "blockx.serve")),
     ("blockx.worker.actor", ("blockx.worker.app",)),
     # the configuration model is given its schemas; their modules import it, never the reverse
     (

@@ -1,7 +1,8 @@
 """BlockX: run huge numbers of calls of plain synchronous Python functions, fast and safely.
 
 The worker API is exported lazily (``blockx.Worker``, ``blockx.Task``, ...): the
-executor imports this package too, and must not pay for the worker's imports.
+executor imports this package too, and must not pay for the worker's imports. So is
+the client of ``blockx serve`` (``blockx.Client``, ``blockx.AsyncClient``: :mod:`blockx.client`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,24 @@ _LAZY = {
     "IOResult": "blockx.worker.io",
     "WorkerConfig": "blockx.worker.config",
     "load_config": "blockx.worker.config",
+    # the client of `blockx serve`: no worker import (a client machine needs only HTTP)
+    "AsyncClient": "blockx.client",
+    "AsyncRemoteTask": "blockx.client",
+    "Client": "blockx.client",
+    "ClientError": "blockx.client",
+    "RemoteTask": "blockx.client",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]
 
 if TYPE_CHECKING:
+    from blockx.client import (  # noqa: F401
+        AsyncClient,
+        AsyncRemoteTask,
+        Client,
+        ClientError,
+        RemoteTask,
+    )
     from blockx.worker.api import (  # noqa: F401
         Call,
         CallFailure,

@@ -5,14 +5,17 @@
     blockx run TASK [-o FILE] [--executors N] [--config FILE] [--set KNOB=VALUE ...] [--quiet]
     blockx validate TASK
     blockx config [--task TASK] [--json]
+    blockx submit TASK [--follow] [--server URL] [--token-file FILE]
+    blockx status ID | rows ID [--after N] | cancel ID | tasks [--state S]
 
 ``python -m blockx`` is the same command. The work is done in
 :mod:`blockx.cli.run` (running, signals), :mod:`blockx.cli.validate`
 (``blockx validate``), :mod:`blockx.cli.console` (stderr: logs, the progress
 line), :mod:`blockx.cli.report` (exit statuses, failure report, summary),
 :mod:`blockx.cli.output` (the rows' writer thread),
-:mod:`blockx.cli.settings` (configuration sources) and :mod:`blockx.cli.taskfile`
-(task files); this module is the argument parser and the dispatch.
+:mod:`blockx.cli.settings` (configuration sources), :mod:`blockx.cli.taskfile`
+(task files) and :mod:`blockx.cli.remote` (the client of ``blockx serve``: submit,
+status, rows, cancel, tasks); this module is the argument parser and the dispatch.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ examples:
   blockx run task.yaml -o outputs.jsonl --executors 8
   blockx validate task.yaml
   blockx config --set pool.executor_count=4
+  blockx submit task.yaml --follow --server http://127.0.0.1:8470
 
 Run `blockx COMMAND --help` for a command's options.
 """
@@ -175,6 +179,95 @@ def _add_config_options(parser: argparse.ArgumentParser, *, executors: bool = Tr
         )
 
 
+_SUBMIT_DESCRIPTION = """\
+Send TASK to a `blockx serve` server: the task file and its function files are
+read and checked here (the messages of `blockx validate`), the functions sent
+by source, the calls inline (a calls_file is uploaded in batches). Prints the
+task's id on stdout.
+
+With --follow the id goes to stderr, the task's rows are written to stdout as
+they are persisted (byte for byte the lines `blockx run` writes; a dropped
+connection is reopened where it broke off) and, when the task ends, the
+failure report and the summary go to stderr as `blockx run` prints them, with
+its exit statuses. Ctrl-C stops following and leaves the task running.
+"""
+
+_REMOTE_EPILOG = """\
+server and token: --server URL (default $BLOCKX_SERVER, else http://127.0.0.1:8470);
+--token-file FILE (its content, whitespace stripped; default $BLOCKX_TOKEN).
+
+examples:
+  blockx submit task.yaml
+  blockx submit task.yaml --follow > rows.jsonl
+  blockx status t-0123456789abcdef
+  blockx rows t-0123456789abcdef --after 1000
+  blockx tasks --state running
+"""
+
+#: The client's commands: (name, one-line help); their work is blockx.cli.remote's.
+_REMOTE_HELP = {
+    "submit": "send a task file to a `blockx serve` server (--follow: stream its rows)",
+    "status": "print a submitted task's status as JSON",
+    "rows": "write a submitted task's rows as JSON Lines (following it while it runs)",
+    "cancel": "cancel a submitted task",
+    "tasks": "list the server's tasks",
+}
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _add_remote_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``submit``, ``status``, ``rows``, ``cancel``, ``tasks`` (run by blockx.cli.remote)."""
+    for name, help_text in _REMOTE_HELP.items():
+        cmd = commands.add_parser(
+            name,
+            help=help_text,
+            description=_SUBMIT_DESCRIPTION
+            if name == "submit"
+            else help_text[0].upper() + help_text[1:] + ".",
+            epilog=_REMOTE_EPILOG,
+            formatter_class=_Formatter,
+        )
+        if name == "submit":
+            cmd.add_argument("task", metavar="TASK", help="the task file (.yaml, .yml or .json)")
+            cmd.add_argument(
+                "--follow",
+                "-f",
+                action="store_true",
+                help="stream the rows to stdout, then the report and summary to stderr",
+            )
+            cmd.add_argument("-q", "--quiet", action="store_true", help="with --follow: no summary")
+        elif name == "tasks":
+            cmd.add_argument(
+                "--state",
+                choices=("queued", "running", "succeeded", "failed", "cancelled"),
+                help="only the tasks in this state",
+            )
+        else:
+            cmd.add_argument("id", metavar="ID", help="the task's id (t-... as submit printed)")
+        if name == "rows":
+            cmd.add_argument(
+                "--after",
+                type=_non_negative_int,
+                default=0,
+                metavar="N",
+                help="skip the first N rows (those already read)",
+            )
+        server = cmd.add_argument_group("server")
+        server.add_argument("--server", metavar="URL", help="the server (default $BLOCKX_SERVER)")
+        server.add_argument(
+            "--token-file", metavar="FILE", help="the bearer token's file (default $BLOCKX_TOKEN)"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blockx",
@@ -267,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     from blockx.cli.serve import add_serve_parser
 
     add_serve_parser(commands, _Formatter, _add_config_options)
+    _add_remote_commands(commands)
     return parser
 
 
@@ -370,6 +464,10 @@ def _main(argv: Sequence[str] | None) -> int:
                 progress=args.progress,
             )
         )
+    if args.command in _REMOTE_HELP:
+        from blockx.cli.remote import remote_command
+
+        return remote_command(args)
     if args.command == "validate":
         from blockx.cli.validate import validate_command
 
