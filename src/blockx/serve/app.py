@@ -6,8 +6,8 @@ is :mod:`blockx.serve.documents`'s, how it is kept is the store's. The API is
 described in ``docs/serve.md`` and, machine-readably, at ``GET /openapi.json``
 (:mod:`blockx.serve.openapi`).
 
-Order of checks on a request: authentication (every path but ``/healthz``,
-``/readyz`` and ``/openapi.json`` needs the bearer token when the server has one;
+Order of checks on a request: authentication (every path but ``/healthz`` and
+``/readyz`` needs the bearer token when the server has one;
 compared in constant time), then the id (``t-`` and 16 hex digits, else 404 before
 any lookup), then the body (capped at ``max_body`` bytes: 413; a content type the
 route does not take: 415), then the route. Any exception a route did not expect is
@@ -39,7 +39,7 @@ _log = logging.getLogger("blockx.serve")
 
 ID_RE: Final = re.compile(r"t-[0-9a-f]{16}")
 STATES: Final = ("queued", "running", "succeeded", "failed", "cancelled")
-_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/openapi.json"})
+_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 _TASK_TYPES: Final = {
     "application/json": "json",
     "application/yaml": "yaml",

@@ -34,7 +34,7 @@ __all__ = ["OPENAPI", "PROBLEM_SCHEMA", "PUBLIC_PATHS", "TASK_ID_PATTERN", "TASK
 
 #: Paths answered without a token (the others need ``Authorization: Bearer <token>``
 #: when the server has one).
-PUBLIC_PATHS: Final = ("/healthz", "/readyz", "/openapi.json")
+PUBLIC_PATHS: Final = ("/healthz", "/readyz")
 #: A task's id as the server makes it (checked before any lookup: anything else is a 404).
 TASK_ID_PATTERN: Final = "^t-[0-9a-f]{16}$"
 #: A task's states, in the order a task goes through them (the last three: finished).
@@ -610,12 +610,12 @@ _PATHS: Final[dict[str, Any]] = {
         "get": {
             "operationId": "openapi",
             "summary": "This description",
-            "security": [],
             "responses": {
                 "200": {
                     "description": "The OpenAPI 3.1 document.",
                     "content": {"application/json": {"schema": {"type": "object"}}},
-                }
+                },
+                "401": _response("Unauthorized"),
             },
         }
     },
