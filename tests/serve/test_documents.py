@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blockx.cli.taskfile import SpecError, load_task_file
 from blockx.cli.taskfile_checks import MAX_PROBLEMS, Checker, NoLines, parse_call_line
@@ -389,6 +391,12 @@ def test_a_function_path_missing_or_a_directory(tmp_path: Path) -> None:
     ]
 
 
+def test_a_function_path_with_a_nul_byte(tmp_path: Path) -> None:
+    assert problems(
+        task(functions={"f": {"path": "a\x00b.py"}}, calls=[]), functions_root=tmp_path
+    ) == [("$.functions.f.path", "expected a file path, got 'a\\x00b.py'")]
+
+
 def test_a_server_that_requires_audit() -> None:
     assert problems(task(audit=False), require_audit=True) == [
         ("$.audit", "this server requires audit: true")
@@ -664,3 +672,47 @@ def test_call_lines_nested_too_deeply() -> None:
         check_call_lines(deeper, ["f"])
     [(path, message)] = caught.value.problems
     assert path == "line 1" and message.startswith("not valid JSON")
+
+
+# --- any data: a CheckedTask or a DocumentError, nothing else -------------------------------------
+
+_KEYS = st.sampled_from(
+    ["task_id", "instance", "functions", "calls", "calls_stream", "calls_file", "io", "policy",
+     "audit", "function", "args", "source", "path", "adder", "max_attempts", "failure", "x"]
+)  # fmt: skip
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(_KEYS | st.text(max_size=5), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=8) | _VALUES)
+def test_any_data_gives_a_task_or_problems(data: Any) -> None:
+    try:
+        checked = check_task_document(data)
+    except DocumentError as exc:
+        assert exc.problems
+        for path, message in exc.problems:
+            assert path.startswith(("$", "line ")) and message
+        return
+    assert checked.streamed or checked.calls_lines is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_give_data_or_problems(body: bytes) -> None:
+    for content_type in ("application/json", "application/yaml"):
+        try:
+            parse_task_body(body, content_type)
+        except DocumentError as exc:
+            assert exc.problems
+    try:
+        check_call_lines(body, ["adder"])
+    except DocumentError as exc:
+        assert exc.problems

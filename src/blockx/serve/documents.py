@@ -310,6 +310,9 @@ def _path_reader(functions_root: Path | None) -> Any:
             return None
         # Messages show the path as given: the server's own directories are not the client's.
         shown = raw
+        if "\x00" in raw:
+            check.add(where, f"expected a file path, got {describe(raw)}")
+            return None
         candidate = root / raw
         try:
             path = candidate.resolve(strict=True)
