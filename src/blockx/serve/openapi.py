@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 :data:`OPENAPI` is a plain dict, built once at import: every endpoint of
-docs/serve.md with its parameters, request bodies (and their content types),
-responses (status codes, schemas, headers) and the bearer-token security that
+``blockx serve`` (issue #19's API table) with its parameters, request bodies
+(and their content types), responses (status codes, schemas, headers) and the
+bearer-token security that
 applies to all but :data:`PUBLIC_PATHS`. Errors are RFC 9457 problem documents
 (``application/problem+json``, :data:`PROBLEM_SCHEMA`); an invalid task's 400
 lists every problem with its JSON path (:mod:`blockx.serve.documents`).
@@ -620,7 +621,7 @@ OPENAPI: Final[dict[str, Any]] = {
         "title": "BlockX serve",
         "version": __version__,
         "description": "blockx serve: tasks submitted over HTTP, run on one executor pool, "
-        "kept in SQLite so that they survive a crash (docs/serve.md).",
+        "kept in SQLite so that they survive a crash.",
         "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
     },
     "servers": [{"url": "http://127.0.0.1:8470"}],
