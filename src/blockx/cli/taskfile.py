@@ -103,6 +103,9 @@ TOP_FIELDS: Final = (
 #: Task ids: what the worker, the logs and the IO scopes can carry verbatim.
 _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _FUNCTION_ID_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
+#: The two patterns under public names (``blockx serve``'s OpenAPI document states them).
+TASK_ID_RE: Final = _TASK_ID_RE
+FUNCTION_ID_RE: Final = _FUNCTION_ID_RE
 #: The name the executor compiles a function under (blockx.worker.code.module_filename).
 _MODULE_NAME_RE: Final = re.compile(r"<blockx:([^>\n]+)>")
 
