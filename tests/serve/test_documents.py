@@ -124,6 +124,30 @@ def test_integers_of_any_size_are_kept_exact() -> None:
     assert checked.calls_lines == b'{"function":"adder","args":' + str(big).encode() + b"}\n"
 
 
+def test_inline_calls_encode_as_the_wire_does_on_every_path() -> None:
+    """Plain calls take one orjson encode, the others (a null, a big integer, a missing
+    args) the full check: the lines are the wire's either way, in call order."""
+    from blockx.wire import dumps_wire
+
+    args_list: list[Any] = [
+        {"x": 1},
+        None,
+        [1, None, "é"],
+        2**70,
+        {"b": 2, "a": [True, False, 1.5]},
+        "text",
+        [],
+    ]
+    calls: list[dict[str, Any]] = [{"function": "adder", "args": a} for a in args_list]
+    calls.append({"function": "adder"})
+    checked = submit(task(calls=calls))
+    expected = [dumps_wire({"function": "adder", "args": a}) + b"\n" for a in args_list]
+    expected.append(b'{"function":"adder","args":[]}\n')
+    assert checked.calls_lines == b"".join(expected)
+    assert checked.calls_count == len(calls)
+    assert checked.task_file.calls == [("adder", a) for a in args_list] + [("adder", [])]
+
+
 def test_a_streamed_task_has_no_calls_yet() -> None:
     checked = submit(task(calls=None, calls_stream=True))
     assert checked.streamed
