@@ -275,8 +275,9 @@ class Checker:
         self.label = label
         self.lines = lines
         self.problems: list[str] = []
-        #: The same problems as ``(field path, what)`` pairs, without the label and the line
+        #: The problems :meth:`add` took, as ``(field path, what)`` pairs: no label, no line
         #: (``blockx serve`` answers them with JSON paths: :mod:`blockx.serve.documents`).
+        #: :func:`resolve_io`'s lines are only in ``problems`` (a submitted task has no io).
         self.found: list[tuple[tuple[Any, ...], str]] = []
         self.more = 0
 

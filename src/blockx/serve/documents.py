@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -70,6 +70,10 @@ from blockx.cli.taskfile_checks import (
     json_line_problem,
     parse_document,
 )
+from blockx.wire import NotSerializableError, dumps_wire, loads_wire
+
+if TYPE_CHECKING:
+    from blockx.worker.api import Task
 
 __all__ = [
     "CALLS_CONTENT_TYPES",
@@ -473,8 +477,6 @@ def _check_calls_source(check: Checker, data: Mapping[Any, Any], max_calls: int 
 
 def _encode_call(function_id: str, args: Any) -> bytes | str:
     """One call as a JSON line (newline included), or why it cannot be sent."""
-    from blockx.wire import NotSerializableError, dumps_wire
-
     try:
         line = dumps_wire({"function": function_id, "args": args})
     except NotSerializableError as exc:
@@ -596,8 +598,6 @@ def check_call_lines(
 
 def _check_line(line: bytes, known: Mapping[str, Any]) -> tuple[str, Any] | list[str]:
     """One line -> (function id, args), or its problems' messages (a ``calls_file``'s)."""
-    from blockx.wire import loads_wire
-
     try:
         call = loads_wire(line)
     except ValueError:
@@ -619,7 +619,7 @@ def _check_line(line: bytes, known: Mapping[str, Any]) -> tuple[str, Any] | list
 # --- the Worker's task -----------------------------------------------------------------------
 
 
-def task_from_spec(spec_json: bytes, calls: Any) -> Any:
+def task_from_spec(spec_json: bytes, calls: Any) -> Task:
     """The :class:`~blockx.worker.api.Task` of a stored ``spec_json``, running ``calls``
     (a list of :class:`~blockx.worker.api.Call`, or any (async) iterable of them)."""
     from blockx.worker.api import Task, TaskPolicy
