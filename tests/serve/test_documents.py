@@ -415,6 +415,15 @@ def test_a_function_path_missing_or_a_directory(tmp_path: Path) -> None:
     ]
 
 
+def test_a_function_path_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pipe.py")
+    assert problems(
+        task(functions={"f": {"path": "pipe.py"}}, calls=[]), functions_root=tmp_path
+    ) == [("$.functions.f.path", "pipe.py is not a regular file")]
+
+
 def test_a_function_path_with_a_nul_byte(tmp_path: Path) -> None:
     assert problems(
         task(functions={"f": {"path": "a\x00b.py"}}, calls=[]), functions_root=tmp_path

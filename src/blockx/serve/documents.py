@@ -53,11 +53,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from blockx.cli.calls_file import parse_chunk_fast, parse_lines
-from blockx.cli.taskfile import (
-    FunctionSource,
-    TaskFile,
-    check_task_fields,
-)
+from blockx.cli.taskfile import FunctionSource, ReadPath, TaskFile, check_task_fields
 from blockx.cli.taskfile_checks import (
     MAX_ARGS_BYTES,
     MAX_PROBLEMS,
@@ -309,7 +305,7 @@ def _alias_problem(data: Any) -> str | None:
 # --- the task --------------------------------------------------------------------------------
 
 
-def _path_reader(functions_root: Path | None) -> Any:
+def _path_reader(functions_root: Path | None) -> ReadPath:
     """How a function's ``{path: FILE}`` is read: refused, or inside ``functions_root``."""
     root = functions_root.resolve(strict=True) if functions_root is not None else None
 
@@ -340,6 +336,9 @@ def _path_reader(functions_root: Path | None) -> Any:
             return None
         if path.is_dir():
             check.add(where, f"{shown} is a directory, not a .py file")
+            return None
+        if not path.is_file():  # a FIFO or a device would block or never end
+            check.add(where, f"{shown} is not a regular file")
             return None
         try:
             data = path.read_bytes()
