@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blockx.cli.taskfile import SpecError, load_task_file
 from blockx.cli.taskfile_checks import MAX_PROBLEMS, Checker, NoLines, parse_call_line
@@ -120,6 +122,30 @@ def test_integers_of_any_size_are_kept_exact() -> None:
     body += b'"calls": [{"function": "adder", "args": ' + str(big).encode() + b"}]}"
     checked = submit(body)
     assert checked.calls_lines == b'{"function":"adder","args":' + str(big).encode() + b"}\n"
+
+
+def test_inline_calls_encode_as_the_wire_does_on_every_path() -> None:
+    """Plain calls take one orjson encode, the others (a null, a big integer, a missing
+    args) the full check: the lines are the wire's either way, in call order."""
+    from blockx.wire import dumps_wire
+
+    args_list: list[Any] = [
+        {"x": 1},
+        None,
+        [1, None, "é"],
+        2**70,
+        {"b": 2, "a": [True, False, 1.5]},
+        "text",
+        [],
+    ]
+    calls: list[dict[str, Any]] = [{"function": "adder", "args": a} for a in args_list]
+    calls.append({"function": "adder"})
+    checked = submit(task(calls=calls))
+    expected = [dumps_wire({"function": "adder", "args": a}) + b"\n" for a in args_list]
+    expected.append(b'{"function":"adder","args":[]}\n')
+    assert checked.calls_lines == b"".join(expected)
+    assert checked.calls_count == len(calls)
+    assert checked.task_file.calls == [("adder", a) for a in args_list] + [("adder", [])]
 
 
 def test_a_streamed_task_has_no_calls_yet() -> None:
@@ -387,6 +413,21 @@ def test_a_function_path_missing_or_a_directory(tmp_path: Path) -> None:
         ("$.functions.gone.path", "file not found: gone.py"),
         ("$.functions.dir.path", "pkg is a directory, not a .py file"),
     ]
+
+
+def test_a_function_path_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "pipe.py")
+    assert problems(
+        task(functions={"f": {"path": "pipe.py"}}, calls=[]), functions_root=tmp_path
+    ) == [("$.functions.f.path", "pipe.py is not a regular file")]
+
+
+def test_a_function_path_with_a_nul_byte(tmp_path: Path) -> None:
+    assert problems(
+        task(functions={"f": {"path": "a\x00b.py"}}, calls=[]), functions_root=tmp_path
+    ) == [("$.functions.f.path", "expected a file path, got 'a\\x00b.py'")]
 
 
 def test_a_server_that_requires_audit() -> None:
@@ -664,3 +705,47 @@ def test_call_lines_nested_too_deeply() -> None:
         check_call_lines(deeper, ["f"])
     [(path, message)] = caught.value.problems
     assert path == "line 1" and message.startswith("not valid JSON")
+
+
+# --- any data: a CheckedTask or a DocumentError, nothing else -------------------------------------
+
+_KEYS = st.sampled_from(
+    ["task_id", "instance", "functions", "calls", "calls_stream", "calls_file", "io", "policy",
+     "audit", "function", "args", "source", "path", "adder", "max_attempts", "failure", "x"]
+)  # fmt: skip
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(_KEYS | st.text(max_size=5), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_KEYS, _VALUES, max_size=8) | _VALUES)
+def test_any_data_gives_a_task_or_problems(data: Any) -> None:
+    try:
+        checked = check_task_document(data)
+    except DocumentError as exc:
+        assert exc.problems
+        for path, message in exc.problems:
+            assert path.startswith(("$", "line ")) and message
+        return
+    assert checked.streamed or checked.calls_lines is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_give_data_or_problems(body: bytes) -> None:
+    for content_type in ("application/json", "application/yaml"):
+        try:
+            parse_task_body(body, content_type)
+        except DocumentError as exc:
+            assert exc.problems
+    try:
+        check_call_lines(body, ["adder"])
+    except DocumentError as exc:
+        assert exc.problems

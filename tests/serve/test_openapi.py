@@ -1,5 +1,5 @@
 """``GET /openapi.json``'s document: valid OpenAPI 3.1, every endpoint and status code of
-docs/serve.md described, and its task schema agreeing with the server's checks
+the serve API described, and its task schema agreeing with the server's checks
 (src/blockx/serve/openapi.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from blockx.serve.documents import CALLS_CONTENT_TYPES, TASK_CONTENT_TYPES, chec
 from blockx.serve.openapi import OPENAPI, PUBLIC_PATHS
 from blockx.worker.api import POLICY_INTEGERS
 
-#: (path, method) -> the status codes the API answers with (docs/serve.md); 401 on every
+#: (path, method) -> the status codes the API answers with (issue #19); 401 on every
 #: endpoint but the public ones and 404 on every task's are added below.
 ENDPOINTS: dict[tuple[str, str], set[str]] = {
     ("/v1/tasks", "post"): {"201", "400", "413", "415", "429", "503"},

@@ -103,12 +103,18 @@ TOP_FIELDS: Final = (
 #: Task ids: what the worker, the logs and the IO scopes can carry verbatim.
 _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _FUNCTION_ID_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
+#: The two patterns under public names (``blockx serve``'s OpenAPI document states them).
+TASK_ID_RE: Final = _TASK_ID_RE
+FUNCTION_ID_RE: Final = _FUNCTION_ID_RE
 #: The name the executor compiles a function under (blockx.worker.code.module_filename).
 _MODULE_NAME_RE: Final = re.compile(r"<blockx:([^>\n]+)>")
 
 #: Reads a function's ``{path: FILE}``: ``(checker, base dir, function id, the path as
 #: given) -> (the file, its source)``, or None with a problem added.
 ReadPath = Callable[[Checker, Path, str, str], "tuple[Path, str] | None"]
+#: Checks inline calls: ``(checker, the calls (a list), the task's function ids) -> the
+#: good calls as (function id, args)``, problems added to the checker.
+CheckCalls = Callable[[Checker, list[Any], dict[str, None]], list[Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,6 +525,7 @@ def check_task_fields(
     top_fields: tuple[str, ...] = TOP_FIELDS,
     read_path: ReadPath | None = None,
     calls_and_io: bool = True,
+    check_calls: CheckCalls | None = None,
 ) -> TaskFile:
     """Check a task document's fields (parsed already: a mapping); the problems go to
     ``check`` (nothing raised: the caller calls ``check.raise_if_any()``) and the good
@@ -528,7 +535,8 @@ def check_task_fields(
     submitted task (:mod:`blockx.serve.documents`) with its own rules: ``top_fields``
     (the fields known), ``read_path`` (how a ``{path: FILE}`` is read; default: relative
     to ``base``), ``calls_and_io`` False (the caller checks ``calls_file``, ``io`` and
-    whether calls are given; inline ``calls`` are still checked here).
+    whether calls are given; inline ``calls`` are still checked here), ``check_calls``
+    (checks the inline calls, a list, instead of :func:`check_call` on each).
     ``check_size``: measure each call's encoded arguments (:data:`MAX_ARGS_BYTES`).
     """
     check.unknown_fields(data, (), top_fields)
@@ -567,12 +575,15 @@ def check_task_fields(
                 ("calls",), f"expected a list of {{function, args}}, got {describe(raw_calls)}"
             )
         else:
-            calls = []
             names = {fid: None for fid in declared if isinstance(fid, str)}
-            for i, call in enumerate(raw_calls):
-                checked = check_call(check, call, ("calls", i), names, check_size=check_size)
-                if checked is not None:
-                    calls.append(checked)
+            if check_calls is not None:
+                calls = check_calls(check, raw_calls, names)
+            else:
+                calls = []
+                for i, call in enumerate(raw_calls):
+                    checked = check_call(check, call, ("calls", i), names, check_size=check_size)
+                    if checked is not None:
+                        calls.append(checked)
     else:
         raw_file = data["calls_file"]
         if not isinstance(raw_file, str) or not raw_file.strip():

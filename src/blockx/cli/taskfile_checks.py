@@ -224,11 +224,13 @@ class _DuplicateKey(Exception):
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
+    out = dict(pairs)  # one C call; a key given twice makes the dict shorter
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
     return out
 
 
@@ -273,8 +275,9 @@ class Checker:
         self.label = label
         self.lines = lines
         self.problems: list[str] = []
-        #: The same problems as ``(field path, what)`` pairs, without the label and the line
+        #: The problems :meth:`add` took, as ``(field path, what)`` pairs: no label, no line
         #: (``blockx serve`` answers them with JSON paths: :mod:`blockx.serve.documents`).
+        #: :func:`resolve_io`'s lines are only in ``problems`` (a submitted task has no io).
         self.found: list[tuple[tuple[Any, ...], str]] = []
         self.more = 0
 

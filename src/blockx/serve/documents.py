@@ -48,16 +48,12 @@ import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from blockx.cli.calls_file import parse_chunk_fast, parse_lines
-from blockx.cli.taskfile import (
-    FunctionSource,
-    TaskFile,
-    check_task_fields,
-)
+from blockx.cli.taskfile import FunctionSource, ReadPath, TaskFile, check_task_fields
 from blockx.cli.taskfile_checks import (
     MAX_ARGS_BYTES,
     MAX_PROBLEMS,
@@ -70,6 +66,10 @@ from blockx.cli.taskfile_checks import (
     json_line_problem,
     parse_document,
 )
+from blockx.wire import NotSerializableError, dumps_wire, loads_wire
+
+if TYPE_CHECKING:
+    from blockx.worker.api import Task
 
 __all__ = [
     "CALLS_CONTENT_TYPES",
@@ -123,6 +123,12 @@ _IO_REFUSED: Final = (
 _PATH_REFUSED: Final = (
     "a submitted task cannot read the server's files: send the function's code as source "
     "(or start the server with --functions-root)"
+)
+#: orjson options that leave every non-JSON type to the (absent) default: it raises.
+_PLAIN_JSON: Final = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
 )
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: A sub-path of a call's arguments as the checks write it (``x[0]``, ``rows[2][1]``).
@@ -299,7 +305,7 @@ def _alias_problem(data: Any) -> str | None:
 # --- the task --------------------------------------------------------------------------------
 
 
-def _path_reader(functions_root: Path | None) -> Any:
+def _path_reader(functions_root: Path | None) -> ReadPath:
     """How a function's ``{path: FILE}`` is read: refused, or inside ``functions_root``."""
     root = functions_root.resolve(strict=True) if functions_root is not None else None
 
@@ -310,6 +316,9 @@ def _path_reader(functions_root: Path | None) -> Any:
             return None
         # Messages show the path as given: the server's own directories are not the client's.
         shown = raw
+        if "\x00" in raw:
+            check.add(where, f"expected a file path, got {describe(raw)}")
+            return None
         candidate = root / raw
         try:
             path = candidate.resolve(strict=True)
@@ -327,6 +336,9 @@ def _path_reader(functions_root: Path | None) -> Any:
             return None
         if path.is_dir():
             check.add(where, f"{shown} is a directory, not a .py file")
+            return None
+        if not path.is_file():  # a FIFO or a device would block or never end
+            check.add(where, f"{shown} is not a regular file")
             return None
         try:
             data = path.read_bytes()
@@ -381,6 +393,7 @@ def _check_task(
     if "io" in data:
         check.add(("io",), _IO_REFUSED)
     streamed = _check_calls_source(check, data, max_calls)
+    lines: list[bytes] = []  # the inline calls, encoded as they are checked
     if require_audit and data.get("audit") is False:
         check.add(("audit",), "this server requires audit: true")
     task = check_task_fields(
@@ -388,10 +401,11 @@ def _check_task(
         {key: value for key, value in data.items() if key not in _REFUSED_FIELDS},
         base=functions_root or Path(LABEL),
         task_file=Path(LABEL),
-        check_size=False,  # _encode_calls measures each call's arguments as it encodes them
+        check_size=False,  # _encode_call measures each call's arguments as it encodes them
         top_fields=SUBMITTED_FIELDS,
         read_path=_path_reader(functions_root),
         calls_and_io=False,
+        check_calls=lambda check, raw, names: _check_inline_calls(check, raw, names, lines),
     )
     audit = True if require_audit else task.audit
     task = replace(
@@ -403,13 +417,7 @@ def _check_task(
     for problem in task.code_problems():
         fn = task.functions[problem.function_id]
         check.add(("functions", fn.function_id, _origin_field(fn)), problem.message)
-    calls_lines: bytes | None = None
-    count = 0
-    if not streamed and task.calls is not None:
-        raw_calls = data.get("calls")
-        # A bad call leaves no entry in task.calls: positions match only when all are good.
-        aligned = isinstance(raw_calls, list) and len(raw_calls) == len(task.calls)
-        calls_lines, count = _encode_calls(check, task.calls, aligned)
+    calls_lines = None if streamed else b"".join(lines)
     if check.found or check.more:
         raise DocumentError(_problems(check))
     spec = {
@@ -424,7 +432,7 @@ def _check_task(
         streamed=streamed,
         spec_json=orjson.dumps(spec),
         calls_lines=calls_lines,
-        calls_count=count,
+        calls_count=0 if streamed else len(lines),
     )
 
 
@@ -468,8 +476,6 @@ def _check_calls_source(check: Checker, data: Mapping[Any, Any], max_calls: int 
 
 def _encode_call(function_id: str, args: Any) -> bytes | str:
     """One call as a JSON line (newline included), or why it cannot be sent."""
-    from blockx.wire import NotSerializableError, dumps_wire
-
     try:
         line = dumps_wire({"function": function_id, "args": args})
     except NotSerializableError as exc:
@@ -483,16 +489,57 @@ def _encode_call(function_id: str, args: Any) -> bytes | str:
     return line + b"\n"
 
 
-def _encode_calls(check: Checker, calls: list[tuple[str, Any]], aligned: bool) -> tuple[bytes, int]:
-    lines: list[bytes] = []
-    for i, (function_id, args) in enumerate(calls):
-        line = _encode_call(function_id, args)
-        if isinstance(line, str):
-            if aligned:
-                check.add(("calls", i, "args"), line)
+def _check_inline_calls(
+    check: Checker, raw_calls: list[Any], names: dict[str, None], lines: list[bytes]
+) -> list[tuple[str, Any]]:
+    """The good inline calls (each also encoded into ``lines``); problems go to ``check``
+    with the task file's messages (:func:`check_call`)."""
+    calls: list[tuple[str, Any]] = []
+    for i, call in enumerate(raw_calls):
+        fast = _plain_call_line(call, names)
+        if fast is not None:
+            calls.append(fast[0])
+            lines.append(fast[1])
             continue
+        checked = check_call(check, call, ("calls", i), names)
+        if checked is None:
+            continue
+        line = _encode_call(*checked)
+        if isinstance(line, str):
+            check.add(("calls", i, "args"), line)
+            continue
+        calls.append(checked)
         lines.append(line)
-    return b"".join(lines), len(lines)
+    return calls
+
+
+def _plain_call_line(call: Any, names: Mapping[str, None]) -> tuple[tuple[str, Any], bytes] | None:
+    """A well-formed call with plain JSON arguments, and its line; None: check it fully.
+
+    The fast path of a long call list (as :func:`parse_call_line`'s): one orjson encode
+    instead of a walk of the arguments. orjson refuses here (no ``default``) what the full
+    check refuses or must look at -- a date (passed through, not written), bytes, a set, a
+    non-string key, an integer past 64 bits, nesting past 254 -- and writes NaN and
+    infinities as ``null``: a line holding a ``null`` takes the full check too.
+    """
+    if type(call) is not dict:
+        return None
+    function_id = call.get("function")
+    if type(function_id) is not str or function_id not in names:
+        return None
+    if len(call) == 2 and "args" in call:
+        args = call["args"]
+    elif len(call) == 1:
+        args = []
+    else:
+        return None
+    try:
+        line = orjson.dumps({"function": function_id, "args": args}, option=_PLAIN_JSON)
+    except TypeError:
+        return None
+    if b"null" in line or len(line) > MAX_ARGS_BYTES:
+        return None
+    return (function_id, args), line + b"\n"
 
 
 # --- calls sent to a streamed task -----------------------------------------------------------
@@ -550,8 +597,6 @@ def check_call_lines(
 
 def _check_line(line: bytes, known: Mapping[str, Any]) -> tuple[str, Any] | list[str]:
     """One line -> (function id, args), or its problems' messages (a ``calls_file``'s)."""
-    from blockx.wire import loads_wire
-
     try:
         call = loads_wire(line)
     except ValueError:
@@ -573,7 +618,7 @@ def _check_line(line: bytes, known: Mapping[str, Any]) -> tuple[str, Any] | list
 # --- the Worker's task -----------------------------------------------------------------------
 
 
-def task_from_spec(spec_json: bytes, calls: Any) -> Any:
+def task_from_spec(spec_json: bytes, calls: Any) -> Task:
     """The :class:`~blockx.worker.api.Task` of a stored ``spec_json``, running ``calls``
     (a list of :class:`~blockx.worker.api.Call`, or any (async) iterable of them)."""
     from blockx.worker.api import Task, TaskPolicy

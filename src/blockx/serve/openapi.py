@@ -3,11 +3,12 @@
 Theory of operation
 -------------------
 :data:`OPENAPI` is a plain dict, built once at import: every endpoint of
-docs/serve.md with its parameters, request bodies (and their content types),
-responses (status codes, schemas, headers) and the bearer-token security that
-applies to all but :data:`PUBLIC_PATHS`. Errors are RFC 9457 problem documents
-(``application/problem+json``, :data:`PROBLEM_SCHEMA`); an invalid task's 400
-lists every problem with its JSON path (:mod:`blockx.serve.documents`).
+``blockx serve`` (issue #19's API table) with its parameters, request bodies
+(and their content types), responses (status codes, schemas, headers) and the
+bearer-token security that applies to all but :data:`PUBLIC_PATHS`. Errors are
+RFC 9457 problem documents (``application/problem+json``,
+:data:`PROBLEM_SCHEMA`); an invalid task's 400 lists every problem with its
+JSON path (:mod:`blockx.serve.documents`).
 
 The task document's schema (``TaskDocument``) is the task-file schema of
 docs/taskspec.md as a submitted task may use it (``calls`` or ``calls_stream``;
@@ -26,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from blockx import __version__
-from blockx.cli.taskfile import _FUNCTION_ID_RE, _TASK_ID_RE
+from blockx.cli.taskfile import FUNCTION_ID_RE, TASK_ID_RE
 from blockx.serve.documents import CALLS_CONTENT_TYPES, TASK_CONTENT_TYPES
 from blockx.worker.api import FAILURE_POLICIES, POLICY_INTEGERS
 
@@ -93,7 +94,7 @@ _TASK_DOCUMENT: Final[dict[str, Any]] = {
     "properties": {
         "task_id": {
             "type": "string",
-            "pattern": f"^{_TASK_ID_RE.pattern}$",
+            "pattern": f"^{TASK_ID_RE.pattern}$",
             "description": "names the task in logs and the summary (default: task-<12 hex>)",
         },
         "instance": {
@@ -105,7 +106,7 @@ _TASK_DOCUMENT: Final[dict[str, Any]] = {
         "functions": {
             "type": "object",
             "minProperties": 1,
-            "propertyNames": {"pattern": f"^{_FUNCTION_ID_RE.pattern}$"},
+            "propertyNames": {"pattern": f"^{FUNCTION_ID_RE.pattern}$"},
             "additionalProperties": _ref("FunctionSource"),
             "description": "{function_id: {source: CODE}} (or {path: FILE} under the "
             "server's --functions-root)",
@@ -628,7 +629,7 @@ OPENAPI: Final[dict[str, Any]] = {
         "title": "BlockX serve",
         "version": __version__,
         "description": "blockx serve: tasks submitted over HTTP, run on one executor pool, "
-        "kept in SQLite so that they survive a crash (docs/serve.md).",
+        "kept in SQLite so that they survive a crash.",
         "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
     },
     "servers": [{"url": "http://127.0.0.1:8470"}],
