@@ -95,3 +95,16 @@ def test_whole_process_rows_check_refuses_a_missing_or_wrong_row() -> None:
     for rows in ([{"y": 1}, {"y": 2}], [{"y": 1}, {"y": 2}, {"y": 4}], [{"y": 1}] * 3):
         with pytest.raises(SystemExit, match="wrong rows"):
             check("x", rows, 3)
+
+
+@pytest.mark.slow
+def test_serve_bench_runs_submit_and_run_side_by_side() -> None:
+    done = run_bench(
+        str(BENCH / "serve.py"), "--calls", "200", "--repeats", "1", "--latency-samples", "2"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "| blockx run (whole process) |" in out
+    assert "| blockx submit --follow (whole client process; server running) |" in out
+    assert "| submit / run |" in out
+    assert "submit to first row, a one-call task over HTTP: median" in out
