@@ -373,3 +373,39 @@ def test_a_fast_fail_task_names_the_call_that_stopped_it(tmp_path: Path) -> None
         assert [
             f["index"] for f in server.request("GET", f"/v1/tasks/{status['id']}/failures").lines()
         ] == [5]
+
+
+def test_require_audit_applies_to_every_submitted_function(tmp_path: Path) -> None:
+    with Server(tmp_path / "data", "--require-audit") as server:
+        off = server.request("POST", "/v1/tasks", {**_task(1), "audit": False})
+        assert off.status == 400, off
+        assert any(p["path"] == "$.audit" for p in off.json()["problems"])
+        escaping = {
+            "functions": {"f": {"source": "import os\ndef _(x):\n    return os.getcwd()\n"}},
+            "calls": [{"function": "f", "args": 1}],
+        }
+        refused = server.request("POST", "/v1/tasks", escaping)
+        assert refused.status == 400, refused
+        assert "os" in json.dumps(refused.json()["problems"])
+        status = server.wait_finished(server.submit(_task(3)))  # clean code runs, audited
+        assert status["state"] == "succeeded" and status["rows"] == 3
+
+
+def test_finished_tasks_are_purged_after_the_retention(tmp_path: Path) -> None:
+    # --retention in days: 0.00002 days is 1.7 s; the purge looks every second.
+    with Server(tmp_path / "data", "--retention", "0.00002") as server:
+        task_id = server.submit(_task(2))
+        server.wait_finished(task_id)
+        wait_for(
+            lambda: server.request("GET", f"/v1/tasks/{task_id}").status == 404,
+            what="the finished task to be purged",
+        )
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("tok")
+    os.chmod(token_file, 0o644)
+    with Server(tmp_path / "data", "--token-file", str(token_file), token="tok") as server:
+        assert "can be read by other users" in server.stderr
+        assert "chmod 600" in server.stderr
