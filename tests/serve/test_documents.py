@@ -586,6 +586,20 @@ def test_messages_equal_blockx_validate(tmp_path: Path, doc: dict[str, Any]) -> 
         assert _as_validate(problems(text)) == _validate_messages(file)
 
 
+def test_arguments_nested_too_deeply_read_as_in_blockx_validate(tmp_path: Path) -> None:
+    """A task file measured for size (it holds a ``*``) used to crash blockx validate here."""
+    args: Any = 1
+    for _ in range(300):
+        args = [args]
+    doc = task(calls=[{"function": "adder", "args": args}], instance="*")
+    (tmp_path / "task.json").write_text(json.dumps(doc))
+    found = problems(doc)
+    assert found == [
+        ("$.calls[0].args", "cannot be sent to an executor: it is nested more than 254 levels deep")
+    ]
+    assert _as_validate(found) == _validate_messages(tmp_path / "task.json")
+
+
 def test_a_yaml_date_gets_validates_hint(tmp_path: Path) -> None:
     text = (
         f"functions: {{adder: {{source: {json.dumps(ADDER)}}}}}\n"

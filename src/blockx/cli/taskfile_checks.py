@@ -339,11 +339,14 @@ def _json_problem(value: Any, path: str = "") -> str | None:
 
 
 def args_size_problem(args: Any) -> str | None:
-    """Why ``args`` cannot be sent to an executor (too large for one frame), or None."""
-    from blockx.wire import dumps_wire
+    """Why ``args`` cannot be sent to an executor (too large for one frame, nested too
+    deeply for the encoder), or None."""
+    from blockx.wire import NotSerializableError, dumps_wire
 
     try:
         size = len(dumps_wire(args))
+    except NotSerializableError as exc:  # nested past 254 (a non-JSON value: _json_problem)
+        return f"cannot be sent to an executor: it {exc.problem}"
     except ValueError:  # not JSON: _json_problem says why
         return None
     if size <= MAX_ARGS_BYTES:
