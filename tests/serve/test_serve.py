@@ -409,3 +409,36 @@ def test_a_token_file_others_can_read_is_warned_about(tmp_path: Path) -> None:
     with Server(tmp_path / "data", "--token-file", str(token_file), token="tok") as server:
         assert "can be read by other users" in server.stderr
         assert "chmod 600" in server.stderr
+
+
+def test_calls_posted_past_the_window_are_held_until_calls_settle(tmp_path: Path) -> None:
+    import threading
+
+    gate = tmp_path / "gate"
+    gated = _gated(gate, 0, 0)
+    with Server(tmp_path / "data", "--stream-window", "50") as server:
+        task = {"functions": gated["functions"], "calls_stream": True}
+        task_id = server.request("POST", "/v1/tasks", task).json()["id"]
+
+        def calls(first: int, n: int) -> bytes:
+            return "".join(
+                json.dumps({"function": "gated", "args": i}) + "\n" for i in range(first, first + n)
+            ).encode()
+
+        path = f"/v1/tasks/{task_id}/calls"
+        first = server.request("POST", path, calls(0, 60), content_type="application/x-ndjson")
+        assert first.json() == {"accepted": 60, "calls": 60}
+        answers: list[Any] = []
+        held = threading.Thread(
+            target=lambda: answers.append(
+                server.request("POST", path, calls(60, 40), content_type="application/x-ndjson")
+            )
+        )
+        held.start()
+        held.join(1.0)
+        assert held.is_alive() and not answers  # 60 stored, none done: past the window of 50
+        gate.touch()
+        held.join(60)
+        assert answers and answers[0].json() == {"accepted": 40, "calls": 100}
+        server.request("POST", f"/v1/tasks/{task_id}/close")
+        assert server.rows(task_id) == [{"i": i} for i in range(100)]

@@ -114,6 +114,14 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         help="tasks waiting for a run slot before new ones get 429 "
         f"(default {DEFAULT_QUEUE_LIMIT})",
     )
+    serve.add_argument(
+        "--stream-window",
+        type=int,
+        default=65_536,
+        metavar="N",
+        help="a streamed task's calls stored and not yet done before POST .../calls waits "
+        "(back-pressure; default 65,536)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log the worker's own messages")
     add_config_options(serve)
 
@@ -180,7 +188,11 @@ def serve_command(args: argparse.Namespace) -> int:
             )
         if not 0 <= args.port <= 65535:
             raise _Refused(f"--port {args.port}: expected 0 to 65535")
-        for name, value in (("--max-body", args.max_body), ("--queue-limit", args.queue_limit)):
+        for name, value in (
+            ("--max-body", args.max_body),
+            ("--queue-limit", args.queue_limit),
+            ("--stream-window", args.stream_window),
+        ):
             if value < 1:
                 raise _Refused(f"{name} {value}: expected a positive integer")
         if args.drain_timeout < 0 or args.retention <= 0:
@@ -256,6 +268,7 @@ async def _serve(
             slots=settings.worker.admission.executor_task_slots,
             queue_limit=args.queue_limit,
             retention_s=args.retention * 86400.0,
+            stream_window=args.stream_window,
             task_factory=task_from_spec,
         )
         resumed = await manager.start()

@@ -161,6 +161,7 @@ class TaskManager:
         slots: int,
         queue_limit: int = 64,
         retention_s: float = 7 * 86400.0,
+        stream_window: int = STREAM_WINDOW_CALLS,
         task_factory: Callable[[bytes, Any], Any],
     ) -> None:
         self.worker = worker
@@ -169,6 +170,7 @@ class TaskManager:
         self.slots = slots
         self.queue_limit = queue_limit
         self.retention_s = retention_s
+        self.stream_window = stream_window
         self._task_factory = task_factory
         self.live: dict[str, LiveTask] = {}
         #: Waiting tasks by instance (FIFO), and the instances in round-robin order.
@@ -281,7 +283,7 @@ class TaskManager:
         if live is None:
             raise TaskClosed("the task has finished")
         while (
-            live.record.calls - live.record.done >= STREAM_WINDOW_CALLS
+            live.record.calls - live.record.done >= self.stream_window
             and live.record.state not in FINISHED_STATES
             and not self.draining
         ):
@@ -384,7 +386,7 @@ class TaskManager:
     async def _calls(self, live: LiveTask, start: int) -> AsyncIterator[Any]:
         """The task's stored calls from ``start`` on; a streamed task's as they arrive,
         until it is closed."""
-        from blockx.worker.api import Call
+        from blockx.worker.api import FLUSH, Call
 
         position = start
         store = self.store.store
@@ -417,6 +419,7 @@ class TaskManager:
                 continue
             if live.cancel_reason is not None:
                 return
+            yield FLUSH  # the calls read so far run now, not once a batch fills
             await wait_event(event, 5.0)
             await self._refresh(live)
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from blockx.worker.io import IOHandler
 
 __all__ = [
+    "FLUSH",
     "Call",
     "CallFailure",
     "Task",
@@ -74,6 +75,23 @@ class Call:
 
     function_id: str
     args: Any = None
+
+
+class _Flush:
+    """The type of :data:`FLUSH` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "FLUSH"
+
+
+#: An item of a streamed task's call source that is not a call: "commit the calls read
+#: so far as a batch now". A stream's calls are sent to the executors a batch at a time
+#: (``StreamBuild.BatchMaxRows`` calls, or the source's end); a source that is about to
+#: wait for more calls (a service's task fed over HTTP) yields ``FLUSH`` first, so the
+#: calls it has are not held back until a batch fills. Ignored when no call is pending.
+FLUSH: Final = _Flush()
 
 
 #: The values of ``TaskPolicy.failure``.

@@ -58,6 +58,7 @@ from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args
 from blockx.worker.actor.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
 from blockx.worker.actor.task_run import SettledRows, TaskRun
 from blockx.worker.api import (
+    FLUSH,
     Call,
     Task,
     TaskFailureInfo,
@@ -632,12 +633,20 @@ class Worker:
         try:
             if isinstance(calls, AsyncIterable):
                 async for item in calls:
+                    if item is FLUSH:  # the source is about to wait: send what it gave
+                        if specs and not await commit():
+                            return
+                        continue
                     add(item)
                     if len(specs) >= max_rows or size >= max_bytes:
                         if not await commit():
                             return
             else:
                 for item in calls:
+                    if item is FLUSH:
+                        if specs and not await commit():
+                            return
+                        continue
                     add(item)
                     if len(specs) >= max_rows or size >= max_bytes:
                         if not await commit():

@@ -254,6 +254,38 @@ def test_a_streamed_task_yields_rows_as_batches_settle() -> None:
         session.run(scenario())
 
 
+def test_flush_sends_the_calls_a_waiting_source_gave_without_a_full_batch(
+    session: WorkerSession,
+) -> None:
+    # Batches hold 8192 calls here; the source gives 3, FLUSH, then waits until their
+    # rows arrived. Without FLUSH the 3 calls would wait for a batch to fill: forever.
+    from blockx.worker.api import FLUSH
+
+    async def scenario() -> None:
+        first_rows = asyncio.Event()
+
+        async def calls():  # type: ignore[no-untyped-def]
+            for i in range(3):
+                yield Call("adder", {"x": i})
+            yield FLUSH
+            yield FLUSH  # nothing pending: ignored
+            await asyncio.wait_for(first_rows.wait(), 60)
+            yield Call("adder", {"x": 3})
+
+        handle = session.worker.submit(
+            Task(functions={"adder": ADDER}, calls=calls()), collect=False
+        )
+        batches = []
+        async for batch in handle.settled_batches():
+            batches.append((batch.first_call, batch.call_count, [r["y"] for r in batch.rows]))
+            first_rows.set()
+        result = await handle.result()
+        assert result.success and result.stats.calls == 4
+        assert batches == [(0, 3, [1, 2, 3]), (3, 1, [4])]
+
+    session.run(scenario())
+
+
 def test_an_async_stream_collects_its_rows_in_run_task(session: WorkerSession) -> None:
     async def scenario() -> None:
         async def calls():  # type: ignore[no-untyped-def]
