@@ -49,6 +49,7 @@ class RunOptions:
     errors_out: str | None = None
     summary_json: str | None = None
     progress: bool | None = None  # None: when stderr is a terminal
+    log_format: str | None = None  # json | text; None: BLOCKX_LOG_FORMAT, else text
 
 
 @dataclass(frozen=True, slots=True)
