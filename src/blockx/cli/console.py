@@ -381,6 +381,7 @@ _LEVEL_PREFIXES: Final = (
     ("blockx: error: ", "error"),
     ("blockx: warning: ", "warning"),
     ("blockx: info: ", "info"),
+    ("blockx: note: ", "info"),
     ("blockx: ", "info"),
 )
 
