@@ -22,6 +22,7 @@ from tests.cli.cli_support import clean_env
 from tests.serve.server import Server, wait_for
 
 from blockx.cli.console import Console, StderrWriter
+from blockx.executor.logging_setup import JsonLinesStdout, set_call_fields_provider
 from blockx.observability.logs import (
     JsonLogFormatter,
     LogFormatError,
@@ -125,12 +126,16 @@ def test_run_json_every_stderr_line_parses(
     # where the executor knew it, the call).
     printed = {r["message"]: r for r in records if r["message"].startswith("printed by call")}
     assert set(printed) == {"printed by call 1", "printed by call 2", "printed by call 3"}
-    for record in printed.values():
+    for text, record in printed.items():
         assert record["executor"] == "exec-0" and record["stream"] == "stdout"
+        assert record["call_id"] == f"{record['task_run']}/c{int(text[-1]) - 1}"
+        assert record["task_id"] == "logs-json" and record["function"] == "f"
+        assert "executor_logger" not in record  # user output, not the executor's own log
     # The Python warning of the function and its raw stderr line: forwarded, tagged.
     (warned,) = [r for r in records if "careful with 2" in r["message"]]
     assert warned["level"] == "warning" and warned["executor"] == "exec-0"
     assert warned["call_id"].endswith("/c1") and warned["function"] == "f"
+    assert warned["task_id"] == "logs-json" and warned["task_run"].startswith("logs-json#")
     (raw,) = [r for r in records if r["message"] == "a raw stderr line from call 2"]
     assert raw["executor"] == "exec-0" and raw["stream"] == "stderr"
 
@@ -222,7 +227,7 @@ def test_serve_json_lines_parse(tmp_path: Path) -> None:
     # aiohttp's access records (-v) and the executors' lines go through the same formatter.
     assert any(r["logger"] == "aiohttp.access" for r in records)
     (printed,) = [r for r in records if r["message"] == "hi 1"]
-    assert printed["executor"] == "exec-0"
+    assert printed["executor"] == "exec-0" and printed["call_id"].endswith("/c0")
     assert any("draining" in r["message"] for r in records)
 
 
@@ -266,12 +271,8 @@ def test_formatter_names_a_forwarded_executor_line() -> None:
         setattr(record, key, value)
     data = json.loads(JsonLogFormatter().format(record))
     assert data["message"] == "hi" and data["level"] == "warning"
-    assert (data["executor"], data["call_id"], data["task_id"], data["attempt"]) == (
-        "exec-1",
-        "t#1/c7",
-        "t#1",
-        2,
-    )
+    assert (data["executor"], data["call_id"], data["attempt"]) == ("exec-1", "t#1/c7", 2)
+    assert (data["task_id"], data["task_run"]) == ("t", "t#1")
 
 
 def test_console_json_through_the_writer_thread() -> None:
@@ -312,3 +313,30 @@ def test_console_json_through_the_writer_thread() -> None:
     assert records[1]["message"] == "line one\nline two"
     assert "a warning of the worker process" in records[2]["message"]
     assert records[3]["task_id"] == "t"
+
+
+def test_executor_stdout_as_json_lines_names_the_running_call() -> None:
+    """An executor asked for JSON explicitly: print() output becomes JSON lines (no
+    ``logger``: user output), each with the fields of the call running when it ended."""
+    out = io.StringIO()
+    stdout = JsonLinesStdout(out)
+    running: dict[str, Any] = {"callId": "t#1/c0", "taskId": "t#1", "attemptSeq": 1}
+    set_call_fields_provider(lambda: running)
+    try:
+        print("one", file=stdout)
+        stdout.write("two, ")
+        running = {"callId": "t#1/c1", "taskId": "t#1"}
+        stdout.write("ended\nthree\nfour")
+        set_call_fields_provider(None)
+        stdout.flush()
+    finally:
+        set_call_fields_provider(None)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(d["msg"], d.get("callId")) for d in lines] == [
+        ("one", "t#1/c0"),
+        ("two, ended", "t#1/c1"),
+        ("three", "t#1/c1"),
+        ("four", None),
+    ]
+    assert all(d["level"] == "info" and "logger" not in d for d in lines)
+    assert RFC3339_UTC.match(lines[0]["ts"])

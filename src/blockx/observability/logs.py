@@ -13,7 +13,10 @@ every line the command writes to stderr is one JSON object (:func:`json_line`)::
 :mod:`logging` level name, ``logger`` the logger's name, ``message`` the text
 (one record may span lines: JSON escapes the newlines, so it stays one line).
 ``task_id``, ``call_id``, ``executor`` are there when known, and so are a few more
-fields a record carries (``attempt``, ``function``, ``stream``, ...).
+fields a record carries (``attempt``, ``function``, ``stream``, ...). An
+executor's line names the worker's run of the task (``TASK_ID#N``): its
+``task_id`` is the task's (as in the CLI's records), ``task_run`` the run's;
+``call_id`` (``TASK_ID#N/cI``) is the same everywhere.
 
 Where the lines come from:
 
@@ -163,6 +166,14 @@ def record_fields(record: logging.LogRecord) -> dict[str, Any]:
         value = attrs.get(attr)
         if value is not None and key not in fields:
             fields[key] = value
+    run = attrs.get("taskId")
+    if isinstance(run, str):
+        # The worker's id of a run is the task's id and "#N" (blockx.worker.app): the
+        # task's id is what the CLI's and the service's records name; the run's is kept.
+        task_id, hash_sign, seq = run.rpartition("#")
+        if hash_sign and task_id and seq.isdigit():
+            fields["task_id"] = task_id
+            fields["task_run"] = run
     more = attrs.get(EXTRA_FIELDS_ATTR)
     if isinstance(more, Mapping):
         for key, value in more.items():
