@@ -231,6 +231,24 @@ def test_serve_json_lines_parse(tmp_path: Path) -> None:
     assert any("draining" in r["message"] for r in records)
 
 
+@pytest.mark.slow
+def test_serve_json_refusal_is_a_record(tmp_path: Path) -> None:
+    """A refusal before start-up (a non-loopback address without a token) is JSON too."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "blockx", "serve", "--log-format", "json", "--host", "0.0.0.0"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (record,) = _records(proc.stderr)
+    assert record["level"] == "error" and record["logger"] == "blockx.serve"
+    assert "not a loopback address" in record["message"]
+
+
 # --- the pieces, in process ------------------------------------------------------------------
 
 
