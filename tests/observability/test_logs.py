@@ -13,12 +13,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cli.cli_support import clean_env
+from tests.cli.cli_support import clean_env, jsonl, kill_if_running, streamed_task, wait_for_exit
 from tests.serve.server import Server, wait_for
 
 from blockx.cli.console import Console, StderrWriter
@@ -198,6 +200,71 @@ def test_run_refuses_an_unknown_log_format_in_the_environment(tmp_path: Path) ->
     proc = _run(tmp_path, BLOCKX_LOG_FORMAT="xml")
     assert proc.returncode == 2
     assert "BLOCKX_LOG_FORMAT='xml': expected text or json" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pipe sizes: Linux")
+def test_run_json_through_a_slow_stderr_drops_whole_records_and_says_so(tmp_path: Path) -> None:
+    """The stderr writer thread in json: a stderr not read while the run goes on does not
+    stall it; lines are dropped whole (every line still parses), counted in a record of
+    their own, and the ones written keep their order; the summary comes last."""
+    count, lines = 600, 20
+    body = (
+        f"for j in range({lines}):\n"
+        "    print(f'call {i} line {j} ' + 'x' * 80)\n"
+        "return {'i': i}"
+    )
+    task = streamed_task(tmp_path, count, body, task_id="printing")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blockx", "run", str(task), "-n", "2", "--log-format", "json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        cwd=tmp_path,
+    )
+    rows: list[bytes] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout = proc.stdout
+
+        def read() -> None:
+            while chunk := stdout.read1(65536):
+                rows.append(chunk)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 120
+        while sum(chunk.count(b"\n") for chunk in rows) < count:  # stderr unread meanwhile
+            assert proc.poll() is None, "blockx run ended before its last row"
+            assert time.monotonic() < deadline, "the rows did not all come"
+            time.sleep(0.01)
+        err = proc.stderr.read().decode()
+        wait_for_exit(proc, 60)
+        reader.join(10)
+    finally:
+        kill_if_running(proc)
+    assert proc.returncode == 0, err[-2000:]
+    assert [row["i"] for row in jsonl(b"".join(rows).decode())] == list(range(count))
+    records = _records(err)
+    notices = [r for r in records if "stderr lines dropped" in r["message"]]
+    assert notices, "nothing was dropped: the test did not fill stderr"
+    assert all(r["level"] == "warning" for r in notices)
+    dropped = sum(r["lines_dropped"] for r in notices)
+    seen: dict[int, int] = {}
+    written = 0
+    for record in records:
+        match = re.match(r"call (\d+) line (\d+) x", record["message"])
+        if match:
+            call, line = int(match.group(1)), int(match.group(2))
+            assert seen.get(call, -1) < line, f"call {call}: line {line} out of order"
+            assert record["call_id"].endswith(f"/c{call}"), record
+            seen[call] = line
+            written += 1
+    assert written + dropped == count * lines
+    assert records[-1]["logger"] == "blockx.cli.summary"
+    assert records[-1]["summary"]["stderr_lines_dropped"] == dropped
 
 
 # --- blockx serve, a real server -------------------------------------------------------------
