@@ -316,6 +316,43 @@ def test_serve_json_refusal_is_a_record(tmp_path: Path) -> None:
     assert "not a loopback address" in record["message"]
 
 
+@pytest.mark.slow
+def test_serve_json_a_port_in_use_ends_in_a_record(tmp_path: Path) -> None:
+    """What ends the process before it listens (the port is taken) is a record too."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "blockx",
+                "serve",
+                "--log-format",
+                "json",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--executors",
+                "1",
+            ],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert proc.returncode == 1
+    last = _records(proc.stderr)[-1]
+    assert last["level"] == "critical" and "address already in use" in last["message"]
+    assert "Traceback" in last["exc"]
+
+
 # --- the pieces, in process ------------------------------------------------------------------
 
 

@@ -164,6 +164,7 @@ def _configure_logging(*, verbose: bool, json_lines: bool) -> None:
         handler.setFormatter(JsonLogFormatter())
         logging.basicConfig(level=level, handlers=[handler])
         logging.captureWarnings(True)  # a Python warning: a record, not a text line
+        sys.excepthook = _log_uncaught  # what ends the process (a port in use): a record too
     else:
         logging.basicConfig(
             level=level,
@@ -172,6 +173,13 @@ def _configure_logging(*, verbose: bool, json_lines: bool) -> None:
         )
     if not verbose:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """``sys.excepthook`` under ``--log-format json``: the traceback as one record."""
+    logging.getLogger("blockx.serve").critical(
+        "%s: %s", kind.__name__, value, exc_info=(kind, value, tb)
+    )
 
 
 def _read_token(path: str, *, json_lines: bool = False) -> str:
