@@ -1,0 +1,1 @@
+"""Observability: metrics, traces, logs and the dashboard's snapshots (docs/observability.md)."""
