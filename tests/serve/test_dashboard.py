@@ -183,13 +183,23 @@ def test_the_state_endpoint_shows_tasks_history_io_and_executors(tmp_path: Path)
     [task] = state["tasks"]
     assert task["id"] == task_id and task["state"] == "succeeded"
     assert task["done"] == task["calls"] == task["rows"] == 300
-    assert task["failures_by_kind"] == {} and task["failures_url"] == f"/v1/tasks/{task_id}/failures"
+    assert (
+        task["failures_by_kind"] == {} and task["failures_url"] == f"/v1/tasks/{task_id}/failures"
+    )
     assert task["calls_per_s"] > 0
     assert state["task_counts"]["succeeded"] == 1
     # calls settled per second, summed over the history, is every call once (root calls
     # only here: no sub-calls), and the history's clock moves a second at a time
     history = state["history"]
-    assert round(sum(history["calls_per_s"][i] * (history["t"][i] - history["t"][i - 1]) for i in range(1, len(history["t"])))) <= 300
+    assert (
+        round(
+            sum(
+                history["calls_per_s"][i] * (history["t"][i] - history["t"][i - 1])
+                for i in range(1, len(history["t"]))
+            )
+        )
+        <= 300
+    )
     assert {(o["backend"], o["operation"]) for o in state["io"]} >= {
         ("blockdb", "get_row"),
         ("blockdb", "upsert_rows"),
@@ -241,7 +251,7 @@ def _chrome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         "--no-sandbox",  # root in CI containers
         "--disable-dev-shm-usage",
         "--disable-gpu",
-        "--window-size=1440,1000",
+        "--window-size=1440,1300",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(arg)

@@ -70,7 +70,7 @@ UPLOT_VERSION: Final = "1.6.32"
 HISTORY_POINTS: Final = 300
 SAMPLE_INTERVAL_S: Final = 1.0
 #: Finished tasks shown (newest first) after the running and queued ones.
-FINISHED_SHOWN: Final = 20
+FINISHED_SHOWN: Final = 8
 #: Suspended context states of an executor's ``Heartbeat.callStateCounts``.
 _SUSPENDED_STATES: Final = (
     "WAITING_IO",
@@ -167,11 +167,14 @@ class DashboardHistory:
         return f"DashboardHistory({len(self.samples)} samples, last={self._last!r})"
 
     def observe(self, now: float, counters: Counters) -> Sample | None:
-        """Take one reading; returns the new sample (none for the first reading, or
-        when the clock did not move). A counter that went back (a restart) counts as 0."""
+        """Take one reading; returns the new sample (none for the first reading; a reading
+        whose clock did not move is ignored). A counter that went back (a restart) counts
+        as 0 for that interval."""
         last, last_t = self._last, self._last_t
+        if last is not None and now <= last_t:
+            return None  # the clock did not move: keep the earlier reading
         self._last, self._last_t = counters, now
-        if last is None or now <= last_t:
+        if last is None:
             return None
         dt = now - last_t
         io: dict[str, tuple[float | None, float | None, float]] = {}

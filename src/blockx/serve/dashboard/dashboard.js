@@ -131,11 +131,10 @@
     const body = $("tasks").querySelector("tbody");
     body.replaceChildren();
     for (const t of state.tasks) {
-      let label = t.state;
-      let pillClass = t.state;
-      if (t.state === "succeeded" && t.failed > 0) { label = "succeeded*"; }
-      const stateCell = el("span", { class: "pill " + pillClass,
-        title: t.state === "succeeded" && t.failed > 0 ? "succeeded under failure: continue, with failed calls" : t.state }, label);
+      const partial = t.state === "succeeded" && t.failed > 0;
+      const stateCell = el("span", { class: "pill " + t.state + (partial ? " partial" : ""),
+        title: partial ? `succeeded under failure: continue, ${t.failed} calls failed (exit code 1)` : t.state },
+        t.state);
       const task = el("td", { class: "l" },
         el("span", { class: "id", title: t.id }, t.id),
         el("span", { class: "sub", title: t.task_id }, t.task_id));
@@ -199,11 +198,20 @@
 
   function plotWidth(id) { return Math.max(300, $(id).clientWidth); }
 
+  function axisValue(v, unit) {
+    if (v == null) return "";
+    if (unit === "ms") {
+      if (v >= 1000) return +(v / 1000).toPrecision(3) + " s";
+      return +v.toPrecision(3) + " ms";
+    }
+    return v >= 1000 ? nf.format(v) : String(+v.toPrecision(3));
+  }
+
   function axes(unit) {
     return [
       { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" } },
-      { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" }, size: 60,
-        values: (u, splits) => splits.map((v) => v == null ? "" : (v >= 1000 ? nf.format(v) : +v.toPrecision(3)) + (unit ? " " + unit : "")) },
+      { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" }, size: 72,
+        values: (u, splits) => splits.map((v) => axisValue(v, unit)) },
     ];
   }
 
@@ -256,8 +264,11 @@
       backends.forEach((b, i) => {
         const colour = PALETTE[i % PALETTE.length];
         const fmt = (u, v) => v == null ? "—" : (v < 10 ? v.toFixed(2) : v.toFixed(0)) + " ms";
-        series.push({ label: b + " p50", stroke: colour, width: 2, spanGaps: false, value: fmt });
-        series.push({ label: b + " p99", stroke: colour, width: 1.5, dash: [6, 4], spanGaps: false, value: fmt });
+        // Points too: a second with IO between idle ones is a lone point, not a line.
+        series.push({ label: b + " p50", stroke: colour, width: 2, value: fmt,
+          points: { show: true, size: 4, fill: colour } });
+        series.push({ label: b + " p99", stroke: colour, width: 1.5, dash: [6, 4], value: fmt,
+          points: { show: true, size: 3, fill: "#fff" } });
       });
       if (!backends.length) series.push({ label: "no IO", stroke: "#b5bccb", show: true });
       ioChart = new uPlot({
