@@ -280,52 +280,78 @@ def test_the_dashboard_in_a_real_browser(tmp_path: Path, monkeypatch: pytest.Mon
             )
             assert "No tasks yet" in driver.find_element(By.ID, "tasks-empty").text
             task_id = s.submit(_task(400))
-            row_css = f'#tasks tr[data-task-id="{task_id}"]'
 
             def succeeded_row() -> Any:
-                rows = driver.find_elements(By.CSS_SELECTOR, row_css)
-                return rows and rows[0].get_attribute("data-state") == "succeeded" and rows[0]
+                page = _page(driver)
+                row = page["tasks"].get(task_id)
+                return row is not None and row["state"] == "succeeded" and page
 
             wait_for(succeeded_row, 120, "the task to show as succeeded")
 
-            def plots_drawn() -> bool:
-                io = driver.find_element(By.ID, "plot-io").get_attribute("data-backends") or ""
-                io_shown = "hidden" in (
-                    driver.find_element(By.ID, "io-empty").get_attribute("class") or ""
+            def plots_drawn() -> Any:
+                page = _page(driver)
+                drawn = (
+                    "blockdb" in page["io_backends"]
+                    and not page["io_empty_shown"]
+                    and "calls/s" in page["throughput_legend"]
+                    and all("%" in e["cells"][4] for e in page["executors"])
                 )
-                rate = driver.find_element(By.CSS_SELECTOR, "#plot-throughput .u-legend").text
-                return "blockdb" in io and io_shown and "calls/s" in rate
+                return drawn and page
 
-            wait_for(plots_drawn, 60, "both plots to have data")
-            wait_for(lambda: "%" in _text(driver, "#executors td.cpu"), 30, "a CPU figure")
+            page = wait_for(plots_drawn, 60, "both plots and the executors' CPU to have data")
             driver.save_screenshot(str(screenshot))
 
-            row = driver.find_element(By.CSS_SELECTOR, row_css)
-            assert row.find_element(By.CSS_SELECTOR, "td.state").text == "succeeded"
-            assert "400 / 400" in row.text and "100%" in row.text
-            assert row.find_element(By.CSS_SELECTOR, "td.rows").text == "400"
-            assert row.find_element(By.CSS_SELECTOR, "td.failures").text == "—"
-            for plot in ("#plot-throughput", "#plot-io"):
-                assert driver.find_elements(By.CSS_SELECTOR, f"{plot} .uplot canvas"), plot
-            assert "blockdb p50" in driver.find_element(By.CSS_SELECTOR, "#plot-io").text
-            executors = driver.find_elements(By.CSS_SELECTOR, "#executors tbody tr")
-            assert [e.get_attribute("data-executor") for e in executors] == ["exec-0", "exec-1"]
-            for e in executors:
-                cells = [c.text for c in e.find_elements(By.TAG_NAME, "td")]
+            row = page["tasks"][task_id]
+            assert row["cells"]["state"] == "succeeded", row
+            assert "400 / 400" in row["text"] and "100%" in row["text"], row
+            assert row["cells"]["rows"] == "400" and row["cells"]["failures"] == "—", row
+            assert page["throughput_canvases"] and page["io_canvases"], page
+            assert "blockdb p50" in page["io_legend"] and "blockdb p99" in page["io_legend"]
+            assert [e["executor"] for e in page["executors"]] == ["exec-0", "exec-1"], page
+            for e in page["executors"]:
+                cells = e["cells"]
                 assert cells[1] == "running", cells
                 assert cells[3].endswith(" MB") and cells[4].endswith(" %"), cells
-            assert "live" in driver.find_element(By.ID, "conn-text").text
-            assert "1 succeeded" in driver.find_element(By.ID, "summary").text.replace("\n", " ")
+            assert "live" in page["connection"], page
+            assert "1 succeeded" in page["summary"], page
     finally:
         driver.quit()
     print(f"dashboard screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
 
 
-def _text(driver: Any, css: str) -> str:
-    from selenium.webdriver.common.by import By
+#: One reading of what the page shows, taken in the page at once (it redraws its tables
+#: every second: element handles held across a redraw would go stale).
+_READ_PAGE = """
+const text = (el) => el ? el.textContent.replace(/\\s+/g, " ").trim() : "";
+const tasks = {};
+for (const tr of document.querySelectorAll("#tasks tbody tr")) {
+  const cell = (c) => text(tr.querySelector("td." + c));
+  tasks[tr.dataset.taskId] = {
+    state: tr.dataset.state, text: text(tr),
+    cells: {state: cell("state"), rows: cell("rows"), failures: cell("failures")},
+  };
+}
+return {
+  tasks,
+  executors: [...document.querySelectorAll("#executors tbody tr")].map((tr) => ({
+    executor: tr.dataset.executor,
+    cells: [...tr.querySelectorAll("td")].map(text),
+  })),
+  io_backends: document.getElementById("plot-io").dataset.backends || "",
+  io_empty_shown: !document.getElementById("io-empty").classList.contains("hidden"),
+  io_legend: text(document.querySelector("#plot-io .u-legend")),
+  io_canvases: document.querySelectorAll("#plot-io .uplot canvas").length,
+  throughput_legend: text(document.querySelector("#plot-throughput .u-legend")),
+  throughput_canvases: document.querySelectorAll("#plot-throughput .uplot canvas").length,
+  connection: text(document.getElementById("conn-text")),
+  summary: text(document.getElementById("summary")),
+};
+"""
 
-    return " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, css))
+
+def _page(driver: Any) -> dict[str, Any]:
+    return dict(driver.execute_script(_READ_PAGE))
 
 
 @pytest.mark.slow

@@ -94,7 +94,8 @@
     const percent = t.calls ? Math.floor((100 * t.done) / t.calls) + "%" : "";
     const num = el("span", { class: "num" }, `${int(t.done)} / ${int(t.calls)}${open}`,
       percent ? el("span", { class: "muted" }, " · " + percent) : null);
-    return el("div", { class: "progress" }, bar, num);
+    return el("div", { class: "progress",
+      title: "calls whose outcome is stored: the server stores a settled batch at a time (up to 8,192 calls)" }, bar, num);
   }
 
   function failuresCell(t) {
@@ -198,6 +199,11 @@
 
   function plotWidth(id) { return Math.max(300, $(id).clientWidth); }
 
+  // Local wall-clock time, 24 h: the axis needs no date (it spans 5 minutes at most).
+  function clock(seconds) {
+    return new Date(seconds * 1000).toLocaleTimeString("en-GB", { hour12: false });
+  }
+
   function axisValue(v, unit) {
     if (v == null) return "";
     if (unit === "ms") {
@@ -209,7 +215,8 @@
 
   function axes(unit) {
     return [
-      { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" } },
+      { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" },
+        values: (u, splits) => splits.map((v) => v == null ? "" : clock(v)) },
       { stroke: "#6b7385", grid: { stroke: "#eef1f6" }, ticks: { stroke: "#e3e7ee" }, size: 72,
         values: (u, splits) => splits.map((v) => axisValue(v, unit)) },
     ];
@@ -266,9 +273,8 @@
         const fmt = (u, v) => v == null ? "—" : (v < 10 ? v.toFixed(2) : v.toFixed(0)) + " ms";
         // Points too: a second with IO between idle ones is a lone point, not a line.
         series.push({ label: b + " p50", stroke: colour, width: 2, value: fmt,
-          points: { show: true, size: 4, fill: colour } });
-        series.push({ label: b + " p99", stroke: colour, width: 1.5, dash: [6, 4], value: fmt,
-          points: { show: true, size: 3, fill: "#fff" } });
+          points: { show: true, size: 3.5, fill: colour } });
+        series.push({ label: b + " p99", stroke: colour, width: 1.5, dash: [6, 4], value: fmt });
       });
       if (!backends.length) series.push({ label: "no IO", stroke: "#b5bccb", show: true });
       ioChart = new uPlot({
