@@ -81,6 +81,13 @@
   }
   function none() { return el("span", { class: "none" }, "—"); }
 
+  // A table is redrawn every second; not while the reader is selecting text in it
+  // (to copy a task id, say): the redraw would drop the selection.
+  function selecting(table) {
+    const sel = window.getSelection();
+    return !!(sel && !sel.isCollapsed && sel.anchorNode && table.contains(sel.anchorNode));
+  }
+
   // --- tasks ----------------------------------------------------------------------------
   function progressCell(t) {
     const total = Math.max(t.calls, 1);
@@ -130,8 +137,9 @@
 
   function renderTasks(state) {
     const body = $("tasks").querySelector("tbody");
-    body.replaceChildren();
-    for (const t of state.tasks) {
+    const frozen = selecting($("tasks"));
+    if (!frozen) body.replaceChildren();
+    for (const t of frozen ? [] : state.tasks) {
       const partial = t.state === "succeeded" && t.failed > 0;
       const stateCell = el("span", { class: "pill " + t.state + (partial ? " partial" : ""),
         title: partial ? `succeeded under failure: continue, ${t.failed} calls failed (exit code 1)` : t.state },
@@ -169,8 +177,9 @@
   // --- executors ------------------------------------------------------------------------
   function renderExecutors(state) {
     const body = $("executors").querySelector("tbody");
-    body.replaceChildren();
-    for (const e of state.executors) {
+    const frozen = selecting($("executors"));
+    if (!frozen) body.replaceChildren();
+    for (const e of frozen ? [] : state.executors) {
       const age = e.heartbeat_age_s;
       const stale = age != null && age > 5;
       body.append(el("tr", { "data-executor": e.executor, "data-state": e.state },
