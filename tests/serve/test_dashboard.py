@@ -255,6 +255,7 @@ def _chrome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
     ):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
     try:
         return webdriver.Chrome(options=options, service=service)
@@ -314,6 +315,9 @@ def test_the_dashboard_in_a_real_browser(tmp_path: Path, monkeypatch: pytest.Mon
                 assert cells[3].endswith(" MB") and cells[4].endswith(" %"), cells
             assert "live" in page["connection"], page
             assert "1 succeeded" in page["summary"], page
+            # No script error, no resource refused (the page's CSP), nothing missing.
+            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            assert errors == [], errors
     finally:
         driver.quit()
     print(f"dashboard screenshot: {screenshot}")

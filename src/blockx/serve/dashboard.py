@@ -50,6 +50,7 @@ import orjson
 from aiohttp import web
 
 __all__ = [
+    "CONTENT_SECURITY_POLICY",
     "HISTORY_POINTS",
     "PUBLIC_PATHS",
     "UPLOT_VERSION",
@@ -89,6 +90,12 @@ _STATIC: Final[dict[str, tuple[str, str]]] = {
     "/dashboard/uPlot.min.css": ("vendor/uPlot.min.css", "text/css"),
     "/dashboard/uPlot.LICENSE": ("vendor/uPlot.LICENSE", "text/plain"),
 }
+#: The page loads only its own files and talks only to its own server; no inline script
+#: or style (data shown is text, never HTML); it cannot be framed.
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 #: Paths served without the bearer token: the static page and its assets (no data).
 PUBLIC_PATHS: Final = frozenset(_STATIC)
 
@@ -555,7 +562,12 @@ def add_dashboard_routes(app: web.Application, manager: Any, options: Any) -> Da
                 body=path.read_bytes(),
                 content_type=content_type,
                 charset="utf-8",
-                headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+                headers={
+                    "Cache-Control": "no-cache",
+                    "X-Content-Type-Options": "nosniff",
+                    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+                    "Referrer-Policy": "no-referrer",
+                },
             )
 
         return handler

@@ -94,9 +94,13 @@
     const bar = el("div", { class: "bar " + t.state, role: "progressbar",
       "aria-valuemin": "0", "aria-valuemax": String(t.calls), "aria-valuenow": String(t.done) });
     const ok = t.succeeded, bad = t.failed, cut = t.cancelled;
-    if (ok) bar.append(el("span", { class: "ok", style: `width:${(100 * ok) / total}%` }));
-    if (bad) bar.append(el("span", { class: "bad", style: `width:${(100 * bad) / total}%` }));
-    if (cut) bar.append(el("span", { class: "cut", style: `width:${(100 * cut) / total}%` }));
+    // Widths through the CSSOM, not style attributes (the page's CSP allows no inline style).
+    for (const [cls, n] of [["ok", ok], ["bad", bad], ["cut", cut]]) {
+      if (!n) continue;
+      const part = el("span", { class: cls });
+      part.style.width = `${(100 * n) / total}%`;
+      bar.append(part);
+    }
     const open = t.streamed && !t.closed ? " (open)" : "";
     const percent = t.calls ? Math.floor((100 * t.done) / t.calls) + "%" : "";
     const num = el("span", { class: "num" }, `${int(t.done)} / ${int(t.calls)}${open}`,
@@ -149,7 +153,7 @@
         el("span", { class: "sub", title: t.task_id }, t.task_id));
       body.append(el("tr", { "data-task-id": t.id, "data-state": t.state },
         task,
-        el("td", { class: "l" }, t.instance ? el("span", { class: "sub", title: t.instance, style: "color:inherit" }, t.instance) : none()),
+        el("td", { class: "l" }, t.instance ? el("span", { class: "sub instance", title: t.instance }, t.instance) : none()),
         el("td", { class: "l state" }, stateCell),
         el("td", { class: "l" }, progressCell(t)),
         el("td", { class: "r rate" }, rate(t.calls_per_s)),
