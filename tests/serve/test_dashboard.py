@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -53,7 +54,7 @@ def _task(n: int) -> dict[str, Any]:
 
 def _server(tmp_path: Path, *args: str, token: str | None = None) -> Server:
     """A server whose table store lives under ``tmp_path`` (not in the working dir)."""
-    extra = ["--set", f"io.blockdb.sqlite_path={tmp_path / 'blockdb.sqlite3'}"]
+    extra: list[str] = ["--set", f"io.blockdb.sqlite_path={tmp_path / 'blockdb.sqlite3'}"]
     if token is not None:
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")
@@ -213,20 +214,56 @@ def test_the_state_endpoint_shows_tasks_history_io_and_executors(tmp_path: Path)
         assert e["inflight"] == 0 and e["suspended"] == 0
 
 
-@pytest.mark.slow
-def test_failures_by_kind_while_and_after_a_task_runs(tmp_path: Path) -> None:
+def _failing_task() -> dict[str, Any]:
+    """30 calls, 10 of which raise (``failure: continue``: the task succeeds)."""
     source = "def _(i):\n    if i % 3 == 0:\n        raise ValueError(i)\n    return i\n"
-    task = {
+    return {
         "functions": {"f": {"source": source}},
         "calls": [{"function": "f", "args": i} for i in range(30)],
         "policy": {"failure": "continue", "max_attempts": 1},
     }
+
+
+@pytest.mark.slow
+def test_failures_by_kind_after_a_task_ran(tmp_path: Path) -> None:
     with _server(tmp_path) as s:
-        task_id = s.submit(task)
+        task_id = s.submit(_failing_task())
         assert s.wait_finished(task_id)["failed"] == 10
         [row] = s.request("GET", "/v1/dashboard").json()["tasks"]
     assert row["state"] == "succeeded" and row["failed"] == 10 and row["exit_code"] == 1
-    assert sum(row["failures_by_kind"].values()) == 10, row["failures_by_kind"]
+    assert row["failures_by_kind"] == {"user_error": 10}, row
+
+
+@pytest.mark.slow
+def test_failures_by_kind_while_a_task_runs(tmp_path: Path) -> None:
+    """A running task's failures are counted from its stored failure records."""
+    gate = tmp_path / "gate"
+    source = (
+        "import os, time\n"
+        "def _(i):\n"
+        "    if i < 10:\n"
+        "        raise ValueError(i)\n"
+        "    if i >= 20:\n"
+        f"        while not os.path.exists({str(gate)!r}):\n"
+        "            time.sleep(0.01)\n"
+        "    return i\n"
+    )
+    task = {
+        "functions": {"g": {"source": source}},
+        "calls": [{"function": "g", "args": i} for i in range(30)],
+        "policy": {"failure": "continue", "max_attempts": 1, "call_budget_ms": 0},
+    }
+    with _server(tmp_path, "--set", "stream_build.batch_max_rows=10") as s:
+        task_id = s.submit(task)
+
+        def running_with_failures() -> Any:
+            [row] = s.request("GET", "/v1/dashboard").json()["tasks"]
+            return row["state"] == "running" and row["failed"] == 10 and row
+
+        row = wait_for(running_with_failures, 60, "the running task's stored failures")
+        assert row["failures_by_kind"] == {"user_error": 10}, row
+        gate.touch()
+        assert s.wait_finished(task_id)["state"] == "succeeded"
 
 
 # --- in a real browser ----------------------------------------------------------------------
@@ -381,5 +418,27 @@ def test_the_page_asks_for_the_token_when_it_has_none(
                 "the executor table after the token was given",
             )
             assert "hidden" in (driver.find_element(By.ID, "login").get_attribute("class") or "")
+            # A task with failed calls: its failure kinds, and the report link opens the
+            # failure records (fetched with the token) in a new tab.
+            task_id = s.submit(_failing_task())
+            assert s.wait_finished(task_id)["failed"] == 10
+            wait_for(
+                lambda: "user_error ×10" in _page(driver)["tasks"].get(task_id, {}).get("text", ""),
+                60,
+                "the failures by kind",
+            )
+            assert _page(driver)["tasks"][task_id]["cells"]["state"] == "succeeded"
+            first = driver.current_window_handle
+            driver.execute_script(
+                "document.querySelector(arguments[0]).click()",
+                f'#tasks tr[data-task-id="{task_id}"] a.report',
+            )
+            wait_for(lambda: len(driver.window_handles) == 2, 30, "the report's tab")
+            driver.switch_to.window(next(h for h in driver.window_handles if h != first))
+            report = wait_for(
+                lambda: driver.find_element(By.TAG_NAME, "body").text.strip(), 30, "the report"
+            )
+            records = [json.loads(line) for line in report.splitlines()]
+            assert len(records) == 10 and {r["kind"] for r in records} == {"user_error"}, records
     finally:
         driver.quit()
