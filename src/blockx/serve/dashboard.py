@@ -55,6 +55,7 @@ __all__ = [
     "PUBLIC_PATHS",
     "UPLOT_VERSION",
     "Counters",
+    "Dashboard",
     "DashboardHistory",
     "Sample",
     "add_dashboard_routes",
@@ -350,7 +351,8 @@ def _backend_histograms(
 
 
 class Dashboard:
-    """The dashboard's live part: the sampler, the history, the tasks' call counts."""
+    """The dashboard's live part: the snapshots, the sampler and its history, and the
+    failure kinds of running tasks (re-read only when their ``failed`` count moves)."""
 
     __slots__ = (
         "_failure_kinds",
@@ -397,7 +399,7 @@ class Dashboard:
             _log.debug("io snapshot failed", exc_info=True)
             return []
 
-    async def sample(self, now: float) -> Sample | None:
+    def sample(self, now: float) -> Sample | None:
         """One reading of every counter into the history."""
         snap = self.worker_snapshot()
         calls = snap.get("calls")
@@ -418,7 +420,7 @@ class Dashboard:
     async def _sample_forever(self) -> None:
         while True:
             try:
-                await self.sample(time.time())
+                self.sample(time.time())
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -436,12 +438,15 @@ class Dashboard:
                 await self._sampler
             self._sampler = None
 
+    def forget_failure_kinds_but(self, running: set[str]) -> None:
+        for task_id in [t for t in self._failure_kinds if t not in running]:
+            del self._failure_kinds[task_id]
+
     async def failure_kinds(self, record: Any) -> dict[str, int]:
         """Failures by error kind: the summary's once a task ended; for a running one,
         counted from its failure records when its ``failed`` count changed."""
         summary = record.summary or {}
         if record.state in ("succeeded", "failed", "cancelled") and "failures_by_kind" in summary:
-            self._failure_kinds.pop(record.id, None)
             return dict(summary["failures_by_kind"])
         if not record.failed:
             return {}
@@ -514,6 +519,7 @@ async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dic
                 "exit_code": (r.summary or {}).get("exit_code"),
             }
         )
+    dashboard.forget_failure_kinds_but({r.id for r in records if r.state in ("running", "queued")})
     snap = dashboard.worker_snapshot()
     cpu = dashboard.history.cpu_percent
     executors = []
