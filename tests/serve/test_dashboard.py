@@ -235,6 +235,40 @@ def test_failures_by_kind_after_a_task_ran(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_progress_counts_calls_ended_before_their_batch_is_stored(tmp_path: Path) -> None:
+    """30 calls in one batch, the last 10 held by a gate: the store has none of them yet,
+    the dashboard's progress has the 20 that ended."""
+    gate = tmp_path / "gate"
+    source = (
+        "import os, time\n"
+        "def _(i):\n"
+        "    if i >= 20:\n"
+        f"        while not os.path.exists({str(gate)!r}):\n"
+        "            time.sleep(0.01)\n"
+        "    return i\n"
+    )
+    task = {
+        "functions": {"g": {"source": source}},
+        "calls": [{"function": "g", "args": i} for i in range(30)],
+        "policy": {"call_budget_ms": 0},
+    }
+    with _server(tmp_path) as s:
+        task_id = s.submit(task)
+
+        def twenty_ended() -> Any:
+            [row] = s.request("GET", "/v1/dashboard").json()["tasks"]
+            return row["state"] == "running" and row["unstored"] == 20 and row
+
+        row = wait_for(twenty_ended, 60, "the 20 ended calls")
+        assert row["done"] == 0 and row["rows"] == 0, row  # nothing stored yet
+        assert s.status(task_id)["done"] == 0
+        gate.touch()
+        assert s.wait_finished(task_id)["state"] == "succeeded"
+        [row] = s.request("GET", "/v1/dashboard").json()["tasks"]
+    assert row["done"] == 30 and row["unstored"] == 0, row
+
+
+@pytest.mark.slow
 def test_failures_by_kind_while_a_task_runs(tmp_path: Path) -> None:
     """A running task's failures are counted from its stored failure records."""
     gate = tmp_path / "gate"

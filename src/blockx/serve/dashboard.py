@@ -438,6 +438,28 @@ class Dashboard:
                 await self._sampler
             self._sampler = None
 
+    def unstored(self, record: Any) -> int:
+        """Calls of a running task that ended and are not stored yet (the store takes a
+        settled batch at a time): what this run's calls the dispatcher core saw end
+        (``terminal_roots``) beyond what the run has handed over as settled batches.
+        Never more than the calls not stored; 0 when unknown."""
+        live = self.manager.live.get(record.id)
+        handle = None if live is None else live.handle
+        worker = getattr(self.options, "worker", None)
+        if handle is None or worker is None or record.state != "running":
+            return 0
+        try:
+            run = handle.run_state
+            state = worker.orchestrator.core.task_state(run.task_id)
+            if state is None:
+                return 0
+            handed_over: int = run.stream_counts[0] + run.stream_counts[1] + len(run.failures)
+            ended: int = state.terminal_roots
+        except Exception:  # the run or the worker went away meanwhile
+            return 0
+        not_stored: int = record.calls - record.done
+        return max(0, min(ended - handed_over, not_stored))
+
     def forget_failure_kinds_but(self, running: set[str]) -> None:
         for task_id in [t for t in self._failure_kinds if t not in running]:
             del self._failure_kinds[task_id]
@@ -460,7 +482,7 @@ class Dashboard:
         return kinds
 
 
-def _task_rate(record: Any, now: float) -> float | None:
+def _task_rate(record: Any, ended: int, now: float) -> float | None:
     """Average calls/s of a task: over its run so far, or its whole run once ended."""
     if record.started_at is None:
         return None
@@ -468,8 +490,7 @@ def _task_rate(record: Any, now: float) -> float | None:
     wall: float = end - record.started_at
     if wall <= 0:
         return None
-    done: int = record.done
-    return round(done / wall, 1)
+    return round(ended / wall, 1)
 
 
 def _task_order(records: list[Any]) -> tuple[list[Any], int]:
@@ -496,6 +517,7 @@ async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dic
         counts[r.state] = counts.get(r.state, 0) + 1
     tasks = []
     for r in shown:
+        unstored = dashboard.unstored(r)
         tasks.append(
             {
                 "id": r.id,
@@ -513,7 +535,8 @@ async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dic
                 "created_at": r.created_at,
                 "started_at": r.started_at,
                 "ended_at": r.ended_at,
-                "calls_per_s": _task_rate(r, now),
+                "unstored": unstored,
+                "calls_per_s": _task_rate(r, r.done + unstored, now),
                 "failures_by_kind": await dashboard.failure_kinds(r),
                 "failures_url": f"/v1/tasks/{r.id}/failures",
                 "exit_code": (r.summary or {}).get("exit_code"),

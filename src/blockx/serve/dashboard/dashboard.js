@@ -92,21 +92,23 @@
   function progressCell(t) {
     const total = Math.max(t.calls, 1);
     const bar = el("div", { class: "bar " + t.state, role: "progressbar",
-      "aria-valuemin": "0", "aria-valuemax": String(t.calls), "aria-valuenow": String(t.done) });
-    const ok = t.succeeded, bad = t.failed, cut = t.cancelled;
+      "aria-valuemin": "0", "aria-valuemax": String(t.calls), "aria-valuenow": String(t.done + (t.unstored || 0)) });
+    const ok = t.succeeded, bad = t.failed, cut = t.cancelled, pending = t.unstored || 0;
+    const ended = t.done + pending;
     // Widths through the CSSOM, not style attributes (the page's CSP allows no inline style).
-    for (const [cls, n] of [["ok", ok], ["bad", bad], ["cut", cut]]) {
+    for (const [cls, n] of [["ok", ok], ["bad", bad], ["cut", cut], ["pending", pending]]) {
       if (!n) continue;
       const part = el("span", { class: cls });
       part.style.width = `${(100 * n) / total}%`;
       bar.append(part);
     }
     const open = t.streamed && !t.closed ? " (open)" : "";
-    const percent = t.calls ? Math.floor((100 * t.done) / t.calls) + "%" : "";
-    const num = el("span", { class: "num" }, `${int(t.done)} / ${int(t.calls)}${open}`,
+    const percent = t.calls ? Math.floor((100 * ended) / t.calls) + "%" : "";
+    const num = el("span", { class: "num" }, `${int(ended)} / ${int(t.calls)}${open}`,
       percent ? el("span", { class: "muted" }, " · " + percent) : null);
-    return el("div", { class: "progress",
-      title: "calls whose outcome is stored: the server stores a settled batch at a time (up to 8,192 calls)" }, bar, num);
+    const title = `${int(ended)} calls ended, ${int(t.done)} stored (${int(t.succeeded)} succeeded, ` +
+      `${int(t.failed)} failed, ${int(t.cancelled)} cancelled): the server stores a settled batch at a time`;
+    return el("div", { class: "progress", title }, bar, num);
   }
 
   function failuresCell(t) {
