@@ -24,6 +24,7 @@ import pytest
 from tests.serve.server import Server, wait_for
 
 from blockx.serve.dashboard import (
+    FINISHED_SHOWN,
     PUBLIC_PATHS,
     Counters,
     DashboardHistory,
@@ -221,6 +222,24 @@ def _failing_task() -> dict[str, Any]:
         "functions": {"f": {"source": source}},
         "calls": [{"function": "f", "args": i} for i in range(30)],
         "policy": {"failure": "continue", "max_attempts": 1},
+    }
+
+
+@pytest.mark.slow
+def test_the_newest_finished_tasks_are_listed_and_the_others_counted(tmp_path: Path) -> None:
+    with _server(tmp_path) as s:
+        ids = [s.submit({**_task(1), "instance": f"i{n}"}) for n in range(FINISHED_SHOWN + 2)]
+        for task_id in ids:
+            s.wait_finished(task_id)
+        state = s.request("GET", "/v1/dashboard").json()
+    assert [t["id"] for t in state["tasks"]] == ids[::-1][:FINISHED_SHOWN]
+    assert state["tasks_hidden"] == 2
+    assert state["task_counts"] == {
+        "queued": 0,
+        "running": 0,
+        "succeeded": FINISHED_SHOWN + 2,
+        "failed": 0,
+        "cancelled": 0,
     }
 
 

@@ -51,6 +51,7 @@ from aiohttp import web
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
+    "FINISHED_SHOWN",
     "HISTORY_POINTS",
     "PUBLIC_PATHS",
     "UPLOT_VERSION",
@@ -71,7 +72,7 @@ UPLOT_VERSION: Final = "1.6.32"
 #: Seconds of history kept (one point a second).
 HISTORY_POINTS: Final = 300
 SAMPLE_INTERVAL_S: Final = 1.0
-#: Finished tasks shown (newest first) after the running and queued ones.
+#: Finished tasks shown (the newest, by creation) after the running and queued ones.
 FINISHED_SHOWN: Final = 8
 #: Suspended context states of an executor's ``Heartbeat.callStateCounts``.
 _SUSPENDED_STATES: Final = (
@@ -493,28 +494,28 @@ def _task_rate(record: Any, ended: int, now: float) -> float | None:
     return round(ended / wall, 1)
 
 
-def _task_order(records: list[Any]) -> tuple[list[Any], int]:
-    """Running, then queued (oldest first), then the newest finished ones; and how many
-    finished ones were left out."""
-    running = [r for r in records if r.state == "running"]
-    queued = [r for r in records if r.state == "queued"]
-    finished = sorted(
-        (r for r in records if r.state not in ("running", "queued")),
-        key=lambda r: r.ended_at or r.created_at,
-        reverse=True,
-    )
-    return running + queued + finished[:FINISHED_SHOWN], max(0, len(finished) - FINISHED_SHOWN)
+async def _tasks_shown(manager: Any) -> tuple[list[Any], dict[str, int]]:
+    """Running, then queued (oldest first), then the :data:`FINISHED_SHOWN` newest finished
+    ones (by creation, newest first); and the count of tasks in each state. Reads only
+    those from the store, however many tasks it keeps."""
+    store = manager.store
+    running = await manager.list("running")
+    queued = await manager.list("queued")
+    finished: list[Any] = []
+    for state in ("succeeded", "failed", "cancelled"):
+        finished += await store.call(store.store.newest, state, FINISHED_SHOWN)
+    finished.sort(key=lambda r: r.created_at, reverse=True)
+    counts = await store.call(store.store.counts_by_state)
+    return running + queued + finished[:FINISHED_SHOWN], dict(counts)
 
 
 async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dict[str, Any]:
     """What ``GET /v1/dashboard`` answers (``docs/observability-dashboard.md``)."""
     now = time.time() if now is None else now
     manager = dashboard.manager
-    records = await manager.list(None)
-    shown, hidden = _task_order(list(records))
-    counts = dict.fromkeys(("queued", "running", "succeeded", "failed", "cancelled"), 0)
-    for r in records:
-        counts[r.state] = counts.get(r.state, 0) + 1
+    shown, counts = await _tasks_shown(manager)
+    finished = sum(counts.get(state, 0) for state in ("succeeded", "failed", "cancelled"))
+    hidden = max(0, finished - sum(1 for r in shown if r.state not in ("running", "queued")))
     tasks = []
     for r in shown:
         unstored = dashboard.unstored(r)
@@ -542,7 +543,7 @@ async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dic
                 "exit_code": (r.summary or {}).get("exit_code"),
             }
         )
-    dashboard.forget_failure_kinds_but({r.id for r in records if r.state in ("running", "queued")})
+    dashboard.forget_failure_kinds_but({r.id for r in shown if r.state in ("running", "queued")})
     snap = dashboard.worker_snapshot()
     cpu = dashboard.history.cpu_percent
     executors = []
