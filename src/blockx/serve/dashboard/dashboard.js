@@ -50,6 +50,7 @@
   function int(n) { return n == null ? "—" : nf.format(n); }
   function rate(n) {
     if (n == null) return "—";
+    if (n === 0) return "0";
     if (n >= 100) return nf.format(Math.round(n));
     return n.toFixed(1);
   }
@@ -258,7 +259,7 @@
     if (!throughputChart) {
       throughputChart = new uPlot({
         width: plotWidth("plot-throughput"), height: 240,
-        scales: { x: { time: true, range: xRange }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.15)] } },
+        scales: { x: { time: true, range: xRange }, y: { range: (u, min, max) => [0, Math.max(5, (max || 0) * 1.15)] } },
         axes: axes(""),
         legend: { live: false },
         series: [
@@ -296,7 +297,7 @@
         width: plotWidth("plot-io"), height: 240,
         scales: { x: { time: true, range: xRange }, y: { distr: 3, log: 10 } },
         axes: axes("ms"),
-        legend: { live: false },
+        legend: { live: false, show: backends.length > 0 },
         series,
       }, data, $("plot-io"));
       ioBackends = key;
