@@ -18,7 +18,8 @@ have_initdb() {
 missing=""
 have_initdb || missing="$missing postgresql"
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
-{ command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; } || missing="$missing chromium"
+# (fonts-liberation: chromium only recommends a font; without one, text renders as boxes)
+{ command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; } || missing="$missing chromium fonts-liberation"
 { command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ]; } || missing="$missing chromium-driver"
 
 if [ -z "$missing" ]; then
