@@ -226,6 +226,38 @@ def _failing_task() -> dict[str, Any]:
 
 
 @pytest.mark.slow
+def test_an_executor_killed_shows_its_restart(tmp_path: Path) -> None:
+    import signal
+
+    with _server(tmp_path) as s:
+
+        def executors() -> dict[str, Any]:
+            state = s.request("GET", "/v1/dashboard").json()
+            return {e["executor"]: e for e in state["executors"]}
+
+        before = wait_for(
+            lambda: (e := executors()) and all(x["rss_bytes"] for x in e.values()) and e,
+            60,
+            "both executors' heartbeats",
+        )
+        os.kill(before["exec-1"]["pid"], signal.SIGKILL)
+        after = wait_for(
+            lambda: (
+                (e := executors())["exec-1"]["restarts"] == 1
+                and e["exec-1"]["state"] == "running"
+                and e["exec-1"]["pid"] not in (None, before["exec-1"]["pid"])
+                and e
+            ),
+            60,
+            "exec-1 restarted",
+        )
+        assert (
+            after["exec-0"]["restarts"] == 0 and after["exec-0"]["pid"] == before["exec-0"]["pid"]
+        )
+        assert s.request("GET", "/v1/dashboard").json()["pool"]["restarts"] == 1
+
+
+@pytest.mark.slow
 def test_the_newest_finished_tasks_are_listed_and_the_others_counted(tmp_path: Path) -> None:
     with _server(tmp_path) as s:
         ids = [s.submit({**_task(1), "instance": f"i{n}"}) for n in range(FINISHED_SHOWN + 2)]
