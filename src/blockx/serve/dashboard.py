@@ -9,7 +9,15 @@ are served without the bearer token (:data:`PUBLIC_PATHS`); everything the page 
 comes from ``GET /v1/dashboard``, which needs the token like every other API route.
 The script takes the token from ``/?token=...`` once, keeps it in ``sessionStorage``
 (the address bar is cleaned) and sends it as ``Authorization: Bearer``; without one,
-a 401 makes the page ask for it (``docs/observability-dashboard.md``).
+a 401 makes the page ask for it (``docs/observability-dashboard.md``). The page is
+served with a strict Content-Security-Policy (:data:`CONTENT_SECURITY_POLICY`) and
+sets whatever a task carries as text, never as HTML.
+
+A poll (:func:`dashboard_state`) reads from the store only what it shows: the running
+and queued tasks, the :data:`FINISHED_SHOWN` newest finished ones, the counts by state.
+A running task's progress adds to its stored ``done`` the calls that ended and wait
+for their batch to be stored (:meth:`Dashboard.unstored`: the dispatcher core's count
+of the run's ended calls beyond the run's settled batches).
 
 Live updates are polling, once a second: ``fetch`` can send the bearer header where
 ``EventSource`` (server-sent events) cannot, the state is a few kilobytes, and a poll
