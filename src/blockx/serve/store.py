@@ -594,6 +594,17 @@ class TaskStore:
                 )
             return [_record(row) for row in rows]
 
+    def newest(self, state: str, limit: int) -> builtins.list[TaskRecord]:
+        """The ``limit`` newest tasks in ``state``, newest first (the dashboard's list)."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {list(STATES)}, got {state!r}")
+        with self._read() as connection:
+            rows = connection.execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY seq DESC LIMIT ?",
+                (state, limit),
+            )
+            return [_record(row) for row in rows]
+
     # ---- internals --------------------------------------------------------------------------
 
     @contextmanager
