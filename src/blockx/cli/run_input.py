@@ -49,6 +49,7 @@ class RunOptions:
     errors_out: str | None = None
     summary_json: str | None = None
     progress: bool | None = None  # None: when stderr is a terminal
+    trace_file: str | None = None  # --trace-file (else $BLOCKX_TRACE_FILE; None: no file)
 
 
 @dataclass(frozen=True, slots=True)

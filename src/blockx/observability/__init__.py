@@ -1,0 +1,1 @@
+"""Observability of a running worker: traces (tracing.py); imports nothing heavy."""
