@@ -123,6 +123,14 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         "(back-pressure; default 65,536)",
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log the worker's own messages")
+    # Observability: traces (docs/observability-traces.md).
+    serve.add_argument(
+        "--trace-file",
+        metavar="FILE",
+        help="append every finished span (task, call, io, subcall, execute) to FILE as JSON "
+        "Lines (default $BLOCKX_TRACE_FILE); OTEL_TRACES_SAMPLER(_ARG) set the sampling, "
+        "OTEL_EXPORTER_OTLP_ENDPOINT exports them too (blockx[otel])",
+    )
     add_config_options(serve)
 
 
@@ -244,6 +252,7 @@ async def _serve(
 ) -> int:
     from aiohttp import web
 
+    from blockx.observability.tracing import Tracing
     from blockx.serve.app import ServeOptions, make_app
     from blockx.serve.documents import task_from_spec
     from blockx.serve.runner import StoreThread, TaskManager
@@ -256,7 +265,7 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     store_thread = StoreThread(store)
-    worker = Worker(settings.worker)
+    worker = Worker(settings.worker, tracing=Tracing.from_env(args.trace_file))
     io = IOSubsystem(settings.io)
     runner: web.AppRunner | None = None
     try:
