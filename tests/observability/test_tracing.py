@@ -360,3 +360,25 @@ def test_blockx_run_help_names_the_trace_file_option() -> None:
     assert done.returncode == 0
     assert "--trace-file" in done.stdout
     assert sys.executable  # the same interpreter runs the CLI
+
+
+@pytest.mark.slow
+def test_blockx_serve_trace_file(tmp_path: Path) -> None:
+    from tests.serve.server import Server
+
+    trace = tmp_path / "serve-trace.jsonl"
+    task = {
+        "functions": {"parent": {"source": SERVE_PARENT}, "child": {"source": SERVE_CHILD}},
+        "calls": [{"function": "parent", "args": i} for i in range(4)],
+    }
+    with Server(tmp_path / "data", "--trace-file", str(trace)) as server:
+        assert server.wait_finished(server.submit(task))["rows"] == 4
+        # The task span is written (and the file flushed) when the task ends.
+        spans = read_spans(trace)
+    check_tree(spans)
+    names = Counter(span["name"] for span in spans)
+    assert names == {"task": 1, "call": 8, "subcall": 4, "execute": 8}, names
+
+
+SERVE_PARENT = "def _(i):\n    return function.call('child', i) + 1\n"
+SERVE_CHILD = "def _(i):\n    return i * 2\n"
