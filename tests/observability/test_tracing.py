@@ -382,3 +382,71 @@ def test_blockx_serve_trace_file(tmp_path: Path) -> None:
 
 SERVE_PARENT = "def _(i):\n    return function.call('child', i) + 1\n"
 SERVE_CHILD = "def _(i):\n    return i * 2\n"
+
+
+class SlowTable:
+    """A real IO backend named ``blockdb`` behind a task IO scope (read cache, shared
+    flights), as ``blockx run`` serves reads: each read answers after 50 ms."""
+
+    name = "blockdb"
+
+    def prepare(self, io_kind: str, operation: str, params: Any, sidecar: Any) -> Any:
+        from blockx.worker.io.backend import PreparedRequest
+
+        return PreparedRequest(operation, params["key"], domain=params["table"])
+
+    def execute(self, request: Any) -> asyncio.Future[Any]:
+        from blockx.worker.io.backend import Reply
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        loop.call_later(0.05, future.set_result, Reply({"usd": request.body * 2}, nbytes=16))
+        return future
+
+    async def close(self) -> None:
+        pass
+
+
+SAME_KEY_TWICE = """
+from blockx.sdk import db
+
+def _(p):
+    first = db.get("prices", 7)
+    second = db.get("prices", 7)
+    return first["usd"] + second["usd"] + p
+"""
+
+
+@pytest.mark.slow
+def test_io_spans_say_sent_joined_or_cached(tmp_path: Path) -> None:
+    from blockx.worker.io.registry import BackendRegistry, IOSubsystem
+
+    path = tmp_path / "trace.jsonl"
+    registry = BackendRegistry()
+    registry.register("blockdb", SlowTable())
+    io = IOSubsystem(registry=registry)
+    with WorkerSession(e2e_config(), tracing=Tracing([JsonLinesSink(path)])) as s:
+
+        async def scenario() -> Any:
+            task = Task(
+                functions={"reader": SAME_KEY_TWICE},
+                calls=[Call("reader", i) for i in range(6)],
+            )
+            scope = task.io_handler = io.task_scope(task.task_id)
+            try:
+                return await s.worker.run_task(task)
+            finally:
+                scope.close()
+                await io.close()
+
+        result = s.run(scenario())
+        assert result.success, result.errors
+    spans = read_spans(path)
+    check_tree(spans)
+    answers = Counter(s["attributes"]["blockx.io.answer"] for s in spans if s["name"] == "io")
+    # Six calls read key 7 twice: one backend request; the reads that came while it
+    # was in flight joined it; the rest (every second read at least) hit the cache.
+    assert answers["sent"] == 1, answers
+    assert answers["cached"] >= 6, answers
+    assert sum(answers.values()) == 12 and set(answers) <= {"sent", "joined", "cached"}
+    assert answers["joined"] + answers["cached"] == 11, answers

@@ -28,7 +28,8 @@ nothing.
   child of ``task`` (a root call) or of its caller's ``subcall`` span;
 * ``io`` -- one per IO wait, from the ``CallWaiting`` to the answer, child of the
   waiting attempt's ``call``; ``blockx.io.answer`` says ``cached`` (answered at
-  once), ``joined`` (an identical read in flight) or ``sent`` (a backend request);
+  once), ``joined`` (an identical read in flight), ``sent`` (a backend request) or
+  ``refused`` (an error at once: no such backend, bad params);
 * ``subcall`` -- one per sub-call wait, child of the caller's ``call``; the
   child's ``call`` spans are its children;
 * ``execute`` -- the executor's side of an attempt: the worker writes its
@@ -524,12 +525,12 @@ class CallTracer:
         immediate: bool,
     ) -> None:
         """An IO wait of a call was handed to its handler, which answered ``answer`` (an
-        ``IOResult`` at once when ``immediate``: a cache hit; else a future)."""
+        ``IOResult`` at once when ``immediate``: a cache hit, or a refusal; else a future)."""
         call = self.calls.get(call_id)
         if call is None:
             return
         if immediate:
-            how = "cached"
+            how = "cached" if getattr(answer, "error", None) is None else "refused"
         else:
             flight = getattr(answer, "flight", None)
             joiners = getattr(flight, "joiners", None) if flight is not None else None
