@@ -450,3 +450,78 @@ def test_io_spans_say_sent_joined_or_cached(tmp_path: Path) -> None:
     assert answers["cached"] >= 6, answers
     assert sum(answers.values()) == 12 and set(answers) <= {"sent", "joined", "cached"}
     assert answers["joined"] + answers["cached"] == 11, answers
+
+
+class Collector:
+    """A real OTLP/HTTP trace receiver on a loopback port: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self.spans: list[Any] = []
+        self.paths: set[str] = set()
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                collector.paths.add(self.path)
+                for resource_spans in request.resource_spans:
+                    for scope_spans in resource_spans.scope_spans:
+                        collector.spans.extend(scope_spans.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.slow
+def test_blockx_run_exports_the_same_spans_over_otlp_http(tmp_path: Path) -> None:
+    task = copy_example("quickstart", tmp_path)
+    trace = tmp_path / "trace.jsonl"
+    collector = Collector()
+    try:
+        env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=collector.url)
+        done = blockx(
+            "run", task, "-o", tmp_path / "rows.jsonl", "-q", "--trace-file", trace, env=env
+        )
+        assert done.returncode == 0, done.stderr
+    finally:
+        collector.close()
+    assert collector.paths == {"/v1/traces"}
+    spans = read_spans(trace)
+    exported = {(s.trace_id.hex(), s.span_id.hex(), s.name) for s in collector.spans}
+    assert exported == {(s["trace_id"], s["span_id"], s["name"]) for s in spans}
+    assert {"task", "call", "io", "subcall", "execute"} <= {name for _, _, name in exported}
+    parents = {s.span_id.hex(): s.parent_span_id.hex() for s in collector.spans}
+    assert parents == {s["span_id"]: s["parent_span_id"] or "" for s in spans}
+
+
+def test_otlp_export_follows_the_standard_variables() -> None:
+    on = Tracing.from_env(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"})
+    assert on is not None and isinstance(on.sinks[0], OtlpSink)
+    on.sinks[0].close()
+    for off in (
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_TRACES_EXPORTER": "none"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"},
+    ):
+        assert Tracing.from_env(environ=off) is None

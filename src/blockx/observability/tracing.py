@@ -181,17 +181,20 @@ class JsonLinesSink:
 
 class OtlpSink:
     """Finished spans to the OpenTelemetry SDK's batch processor and OTLP/HTTP exporter
-    (``pip install 'blockx[otel]'``); the exporter reads ``OTEL_EXPORTER_OTLP_*``.
-    ``exporter`` replaces it (tests: the SDK's in-memory exporter)."""
+    (``pip install 'blockx[otel]'``) at ``endpoint`` (the full URL, ``.../v1/traces``;
+    None: the exporter reads ``OTEL_EXPORTER_OTLP_*`` itself, as it does for headers,
+    timeout and compression). ``exporter`` replaces it (tests: the SDK's in-memory one)."""
 
-    def __init__(self, exporter: Any = None, *, batch: bool = True) -> None:
+    def __init__(
+        self, exporter: Any = None, *, endpoint: str | None = None, batch: bool = True
+    ) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter()
+            exporter = OTLPSpanExporter(endpoint=endpoint)
         self._resource = Resource.create({"service.name": "blockx"})
         self._processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
 
@@ -269,19 +272,26 @@ class Tracing:
     ) -> Tracing | None:
         """Tracing as ``blockx run`` / ``blockx serve`` configure it: a trace file
         (``trace_file``, else ``BLOCKX_TRACE_FILE``) and/or OTLP export (when
-        ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT`` is set and
-        ``OTEL_TRACES_EXPORTER`` is not ``none``). None when neither: tracing off."""
+        ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``..._TRACES_ENDPOINT`` is set,
+        ``OTEL_TRACES_EXPORTER`` is not ``none`` and ``OTEL_SDK_DISABLED`` is not
+        ``true``). None when neither: tracing off."""
         env = os.environ if environ is None else environ
         path = trace_file if trace_file is not None else env.get(ENV_TRACE_FILE) or None
         sinks: list[SpanSink] = []
         if path is not None:
             sinks.append(JsonLinesSink(path))
-        wants_otlp = bool(
-            env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        ) and env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() not in ("none", "")
+        traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if traces_endpoint is None and base:
+            traces_endpoint = base.rstrip("/") + "/v1/traces"  # as the OTLP/HTTP spec says
+        wants_otlp = (
+            traces_endpoint is not None
+            and env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() not in ("none", "")
+            and env.get("OTEL_SDK_DISABLED", "").strip().lower() != "true"
+        )
         if wants_otlp:
             try:
-                sinks.append(OtlpSink())
+                sinks.append(OtlpSink(endpoint=traces_endpoint))
             except ImportError:
                 _log.warning(
                     "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not "
