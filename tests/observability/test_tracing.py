@@ -526,3 +526,65 @@ def test_otlp_export_follows_the_standard_variables() -> None:
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"},
     ):
         assert Tracing.from_env(environ=off) is None
+
+
+class FlakyBackend:
+    """Fails the first read of each key with a retryable error, answers the rest."""
+
+    def __init__(self) -> None:
+        self.failed: set[int] = set()
+
+    async def handle_io(
+        self, task_id: str, call_id: str, payload: dict[str, Any], sidecar: bytes | None
+    ) -> IOResult:
+        from blockx.wire import RemoteError
+
+        key = payload["params"]["key"]
+        if key not in self.failed:
+            self.failed.add(key)
+            return IOResult(error=RemoteError(kind="io_error", message="flaky", retryable=True))
+        return IOResult(result={"usd": key}, budget_used_ms=1)
+
+
+ONE_READ = """
+from blockx.sdk import db
+
+def _(p):
+    return db.get("prices", p)["usd"]
+"""
+
+
+@pytest.mark.slow
+def test_a_call_span_per_attempt_with_its_outcome_and_error_kind(tmp_path: Path) -> None:
+    from blockx.worker.api import TaskPolicy
+
+    path = tmp_path / "trace.jsonl"
+    with WorkerSession(
+        e2e_config(),
+        io_handlers={"blockdb": FlakyBackend()},
+        tracing=Tracing([JsonLinesSink(path)]),
+    ) as s:
+        task = Task(
+            functions={"read": ONE_READ},
+            calls=[Call("read", i) for i in range(3)],
+            policy=TaskPolicy(max_attempts=3),
+        )
+        result = s.run(s.worker.run_task(task))
+        assert result.success, result.errors
+        assert result.outputs == [0, 1, 2]
+    spans = read_spans(path)
+    check_tree(spans)
+    calls = [span["attributes"] for span in spans if span["name"] == "call"]
+    by_attempt = sorted(
+        (a["blockx.call_id"], a["blockx.attempt"], a["blockx.outcome"]) for a in calls
+    )
+    ids = sorted({a["blockx.call_id"] for a in calls})
+    assert by_attempt == sorted(
+        [(call_id, 1, "failed") for call_id in ids] + [(call_id, 2, "succeeded") for call_id in ids]
+    )
+    assert all(a["blockx.error_kind"] == "io_error" for a in calls if a["blockx.attempt"] == 1)
+    executes = [span["attributes"] for span in spans if span["name"] == "execute"]
+    assert sorted((a["blockx.call_id"], a["blockx.attempt"]) for a in executes) == sorted(
+        (call_id, attempt) for call_id, attempt, _ in by_attempt
+    )
+    assert {a["blockx.outcome"] for a in executes if a["blockx.attempt"] == 1} == {"failed"}
