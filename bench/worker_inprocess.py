@@ -53,6 +53,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from blockx.observability.tracing import Tracing
 from blockx.wire import encode_frame
 from blockx.wire.frames import BATCH_MAGIC, FEATURE_BATCH, batch_frames
 from blockx.worker.api import Call, Task
@@ -443,7 +444,12 @@ async def _measure(
     acc: dict[str, float],
 ) -> list[tuple[float, float]]:
     out = []
-    async with Worker(config, spawner=IdleSpawner(), io_handlers=handlers) as worker:
+    # Tracing as blockx run sets it (off unless BLOCKX_TRACE_FILE or an OTLP endpoint is
+    # set; OTEL_TRACES_SAMPLER(_ARG) sample): bench/instructions.py measures its cost so.
+    tracing = Tracing.from_env()
+    async with Worker(
+        config, spawner=IdleSpawner(), io_handlers=handlers, tracing=tracing
+    ) as worker:
         fakes = []
         for i in range(args.executors):
             conn = worker.adapter._new_connection()

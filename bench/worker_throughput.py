@@ -64,6 +64,13 @@ task's submission, executors' start included) is printed beside it.
         [--executors 2] [--repeats 3] [--io-sweep 16,32,64] [--profile]
     .venv/bin/python bench/worker_throughput.py --whole-process [--calls 100000]
         [--executors 2] [--repeats 3]
+    .venv/bin/python bench/worker_throughput.py --tracing [--calls 20000] [--io-calls 5000]
+
+``--tracing`` runs only this comparison: the trivial and the IO task on two
+workers alive side by side, one with tracing off (the default) and one tracing
+1% of the calls (``traceidratio`` 0.01, to a trace file in a temporary
+directory: docs/observability-traces.md), their tasks interleaved, medians of
+``--repeats``; it prints both rates, the worker's CPU per call and the cost.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tests.helpers.pipelined_driver import process_cpu_seconds
 
+from blockx.observability.tracing import JsonLinesSink, Tracing
 from blockx.worker.api import Call, Task
 from blockx.worker.app import Worker, run
 from blockx.worker.config import load_config
@@ -239,6 +247,61 @@ async def io_sweep_runs(args: argparse.Namespace, per_executor: int) -> list[dic
         for _ in range(args.repeats):
             out.append(await _timed(worker, IO_BOUND, args.io_calls, check_io))
     return out
+
+
+async def tracing_runs(args: argparse.Namespace, trace_dir: str) -> dict[str, Any]:
+    """The trivial and IO tasks, interleaved, on a worker with tracing off and one with
+    tracing at 1% (``--tracing``)."""
+    config = load_config(env={}).replace(**{"pool.executor_count": args.executors})
+    sink = JsonLinesSink(os.path.join(trace_dir, "trace.jsonl"))
+    tracing = Tracing([sink], sample_ratio=0.01)
+    out: dict[str, Any] = {"off": {"trivial": [], "io": []}, "1%": {"trivial": [], "io": []}}
+    async with (
+        Worker(config, io_handlers={"blockdb": DelayedBackend()}) as off,
+        Worker(config, io_handlers={"blockdb": DelayedBackend()}, tracing=tracing) as on,
+    ):
+        workers = {"off": off, "1%": on}
+        for worker in workers.values():
+            await worker.wait_ready()
+            await _timed(worker, TRIVIAL, 2000, check_trivial)
+            await _timed(worker, IO_BOUND, 300, check_io)
+        for _ in range(args.repeats):
+            for name, worker in workers.items():
+                out[name]["trivial"].append(
+                    await _timed(worker, TRIVIAL, args.calls, check_trivial)
+                )
+                out[name]["io"].append(await _timed(worker, IO_BOUND, args.io_calls, check_io))
+    out["spans"] = sink.written
+    return out
+
+
+def tracing_main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as trace_dir:
+        runs = run(tracing_runs(args, trace_dir))
+    med = statistics.median
+    print(
+        f"\ntracing cost, {args.executors} executors, medians of {args.repeats} "
+        f"(interleaved; {runs['spans']:,} spans written at 1%)"
+    )
+    print(
+        f"| {'workload':<32} | {'tracing':>7} | {'calls/s':>10} | {'worker CPU us/call':>18} |"
+        f" {'cost':>7} |"
+    )
+    print(f"| {'-' * 32} | {'-' * 7} | {'-' * 9}:| {'-' * 17}:| {'-' * 6}:|")
+    for shape, label in (
+        ("trivial", f"trivial x{args.calls}"),
+        ("io", f"io x{args.io_calls} (5 reads x 2 ms)"),
+    ):
+        base_rate = med(r["calls_per_s"] for r in runs["off"][shape])
+        base_cpu = med(r["worker_cpu_us"] for r in runs["off"][shape])
+        for name in ("off", "1%"):
+            rate = med(r["calls_per_s"] for r in runs[name][shape])
+            cpu = med(r["worker_cpu_us"] for r in runs[name][shape])
+            cost = "" if name == "off" else f"{cpu / base_cpu - 1:+.1%}"
+            print(f"| {label:<32} | {name:>7} | {rate:>10,.0f} | {cpu:>18.1f} | {cost:>7} |")
+        print(f"| {'':<32} | {'':>7} | {'':>10} | {'rate 1% / off':>18} |", end="")
+        rate_on = med(r["calls_per_s"] for r in runs["1%"][shape])
+        print(f" {rate_on / base_rate:>6.2f}x |")
 
 
 def check_trivial(outputs: list[Any], n: int) -> None:
@@ -473,10 +536,18 @@ def main() -> None:
         action="store_true",
         help="time blockx run and a multiprocessing.Pool.imap script as whole processes instead",
     )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="only compare tracing off with tracing at 1%% sampling (trivial and IO tasks)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.whole_process:
         whole_process_main(args)
+        return
+    if args.tracing:
+        tracing_main(args)
         return
 
     backend = DelayedBackend()

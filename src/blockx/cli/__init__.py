@@ -337,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the run's statistics as JSON to FILE (calls, failures by kind, IO, "
         "timings, peak memory)",
     )
+    # Observability: traces (docs/observability-traces.md).
+    run.add_argument(
+        "--trace-file",
+        metavar="FILE",
+        help="append every finished span (task, call, io, subcall, execute) to FILE as JSON "
+        "Lines (default $BLOCKX_TRACE_FILE); OTEL_TRACES_SAMPLER(_ARG) set the sampling, "
+        "OTEL_EXPORTER_OTLP_ENDPOINT exports them too (blockx[otel])",
+    )
     _add_config_options(run)
 
     validate = commands.add_parser(
@@ -471,6 +479,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 summary_json=args.summary_json,
                 progress=args.progress,
                 log_format=args.log_format,
+                trace_file=args.trace_file,
             )
         )
     if args.command in _REMOTE_HELP:

@@ -204,6 +204,7 @@ async def _run_task(
     progress_total: int | None,
     show_progress: bool,
     worker: Worker | None = None,
+    trace_file: str | None = None,
 ) -> RunOutcome:
     from blockx.cli.output import OutputClosed
     from blockx.cli.report import RunOutcome
@@ -227,6 +228,7 @@ async def _run_task(
                 outcome,
                 interruption,
                 worker,
+                trace_file,
             )
         except asyncio.CancelledError:  # a first signal that came while a handler settled
             if outcome.interrupted is None:
@@ -253,18 +255,24 @@ async def _run_on_worker(
     outcome: RunOutcome,
     interruption: _Interruption,
     started: Worker | None = None,
+    trace_file: str | None = None,
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
     from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
     from blockx.cli.taskfile import SpecError
+    from blockx.observability.tracing import Tracing
     from blockx.worker.app import Worker
     from blockx.worker.io.registry import IOSubsystem
 
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
     io = IOSubsystem(settings.io)
-    worker = started if started is not None else Worker(settings.worker)
+    worker = (
+        started
+        if started is not None
+        else Worker(settings.worker, tracing=Tracing.from_env(trace_file))
+    )
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
@@ -466,9 +474,10 @@ async def _start_then_check(
     -- and :data:`EXIT_USAGE` returned. A worker that could not start is reported only
     once the input is known to be good (bad input is exit status 2 whatever the worker
     did). ``checked`` receives step 1's result for the caller's ends."""
+    from blockx.observability.tracing import Tracing
     from blockx.worker.app import Worker, tune_gc
 
-    worker = Worker(config)
+    worker = Worker(config, tracing=Tracing.from_env(options.trace_file))
     start_error: Exception | None = None
     try:
         try:
@@ -502,6 +511,7 @@ async def _start_then_check(
         result.total,
         _shows_progress(options, console),
         started,
+        options.trace_file,
     )
 
 
@@ -530,7 +540,13 @@ def _run_command(options: RunOptions, console: Console) -> int:
             c = checked[0]
             ran = run(
                 _run_task(
-                    c.spec, c.settings, c.sink, console, c.total, _shows_progress(options, console)
+                    c.spec,
+                    c.settings,
+                    c.sink,
+                    console,
+                    c.total,
+                    _shows_progress(options, console),
+                    trace_file=options.trace_file,
                 )
             )
         else:

@@ -50,6 +50,7 @@ class RunOptions:
     summary_json: str | None = None
     progress: bool | None = None  # None: when stderr is a terminal
     log_format: str | None = None  # json | text; None: BLOCKX_LOG_FORMAT, else text
+    trace_file: str | None = None  # --trace-file (else $BLOCKX_TRACE_FILE; None: no file)
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,14 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         "message, task_id / call_id / executor where known; aiohttp's records too); "
         "default: $BLOCKX_LOG_FORMAT, else text",
     )
+    # Observability: traces (docs/observability-traces.md).
+    serve.add_argument(
+        "--trace-file",
+        metavar="FILE",
+        help="append every finished span (task, call, io, subcall, execute) to FILE as JSON "
+        "Lines (default $BLOCKX_TRACE_FILE); OTEL_TRACES_SAMPLER(_ARG) set the sampling, "
+        "OTEL_EXPORTER_OTLP_ENDPOINT exports them too (blockx[otel])",
+    )
     add_config_options(serve)
 
 
@@ -295,6 +303,7 @@ async def _serve(
 ) -> int:
     from aiohttp import web
 
+    from blockx.observability.tracing import Tracing
     from blockx.serve.app import ServeOptions, make_app
     from blockx.serve.documents import task_from_spec
     from blockx.serve.runner import StoreThread, TaskManager
@@ -307,7 +316,7 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     store_thread = StoreThread(store)
-    worker = Worker(settings.worker)
+    worker = Worker(settings.worker, tracing=Tracing.from_env(args.trace_file))
     io = IOSubsystem(settings.io)
     runner: web.AppRunner | None = None
     try:

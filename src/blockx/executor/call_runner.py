@@ -77,6 +77,7 @@ from .outputs import (
     describe_failure,
     output_failure,
 )
+from .tracing import traced_envelope
 
 if TYPE_CHECKING:
     import contextvars
@@ -392,6 +393,9 @@ class CallRunner:
             queue_wait_us=round(queue_wait_s * 1e6),
             debug_output=debug_output,
         )
+        span = ctx.execute_span
+        if span is not None:  # a traced attempt: the one check an untraced call pays
+            envelope = traced_envelope(envelope, span, self._span_attributes(ctx, "succeeded"))
         try:
             frame = encode_frame_with_value(
                 envelope, envelope[F_PAYLOAD], FP_OUTPUT, 1 if debug_output is None else 0
@@ -426,7 +430,22 @@ class CallRunner:
             debug_output=capture.getvalue() if capture is not None else None,
             local_read_hits=ctx.local_hits_wire(),
         )
+        span = ctx.execute_span
+        if span is not None:
+            attributes = self._span_attributes(ctx, "failed")
+            attributes["blockx.error_kind"] = failure[0]
+            envelope = traced_envelope(envelope, span, attributes)
         self._finish(ctx, envelope, completed=False)
+
+    def _span_attributes(self, ctx: ExecContext, outcome: str) -> dict[str, Any]:
+        """The ``execute`` span's attributes (executor/tracing.py)."""
+        return {
+            "blockx.call_id": ctx.call_id,
+            "blockx.function": ctx.function_id,
+            "blockx.attempt": ctx.attempt_seq,
+            "blockx.executor": self.executor_id,
+            "blockx.outcome": outcome,
+        }
 
     def _finish(
         self, ctx: ExecContext, envelope: dict[str, Any] | bytes, *, completed: bool

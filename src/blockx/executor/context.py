@@ -102,6 +102,7 @@ if TYPE_CHECKING:
     from greenlet import greenlet
 
     from .local_reads import TaskReads
+    from .tracing import ExecuteSpan
 
 __all__ = [
     "BUDGET_CUT_OFF_STATES",
@@ -358,6 +359,7 @@ class ExecContext:
         "debug_capture",
         "enqueued_at",
         "entry_selector",
+        "execute_span",
         "expires_at",
         "finished",
         "function_code_digest",
@@ -451,6 +453,8 @@ class ExecContext:
         # answered for this attempt, per (backend, operation) (None: none yet).
         self.local_reads: TaskReads | None = None
         self.local_hits: dict[tuple[str, str], int] | None = None
+        # The traced attempt's ``execute`` span (None: not traced; executor/tracing.py).
+        self.execute_span: ExecuteSpan | None = None
 
     def local_hits_wire(self) -> dict[str, dict[str, int]] | None:
         """``localReadHits`` of this attempt's terminal frame: ``{backend: {operation: n}}``."""

@@ -60,6 +60,7 @@ from blockx.wire.keys import (
     F_MESSAGE_TYPE,
     F_PAYLOAD,
     F_REQUEST_ID,
+    F_TRACE,
     FP_ATTEMPT_SEQ,
     FP_FEATURES,
     FP_REASON,
@@ -88,6 +89,7 @@ from .errors import (
     SubcallParentNotResident,
 )
 from .execute_frames import ExecuteCallFrame, ResumeCallFrame
+from .tracing import execute_span_from
 
 if TYPE_CHECKING:
     from collections import OrderedDict, deque
@@ -358,6 +360,9 @@ class InboundFrames:
             self._counters["calls_refused"] += 1
             self._runner.send_failed(call_id, exc.task_id, exc.attempt_seq, admission_failure(exc))
             return
+        trace = envelope.get(F_TRACE)
+        if trace is not None:  # a traced attempt (the worker writes the key first: this path)
+            ctx.execute_span = execute_span_from(trace)
         self.submit_call(ctx)
 
     def _handle_execute_frame(self, frame: ExecuteCallFrame) -> None:

@@ -103,6 +103,9 @@ FP_DEBUG_OUTPUT: Final = "debugOutput"
 #: (addition, CallCompleted and CallFailed) reads the executor answered from its own
 #: cache during the attempt: ``{backend: {operation: count}}``; absent when none.
 FP_LOCAL_READ_HITS: Final = "localReadHits"
+#: (addition, CallCompleted and CallFailed) the executor's finished ``execute`` span of a
+#: traced attempt (one whose ExecuteCall carried ``trace``); absent otherwise.
+FP_EXECUTE_SPAN: Final = "executeSpan"
 
 # CallFailed
 FP_ERROR_KIND: Final = "errorKind"

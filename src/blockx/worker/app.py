@@ -45,7 +45,7 @@ import itertools
 import logging
 import random
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.worker.actor.events import (
     StreamBatchProduced,
@@ -82,6 +82,9 @@ from blockx.worker.link.adapter import ExecutorAdapter
 from blockx.worker.loop import GC_GEN0_THRESHOLD, run, tune_gc
 from blockx.worker.pool.manager import PoolManager
 from blockx.worker.pool.spawner import ExecutorSpawner
+
+if TYPE_CHECKING:
+    from blockx.observability.tracing import CallTracer, Tracing
 
 __all__ = ["GC_GEN0_THRESHOLD", "TaskHandle", "Worker", "run", "run_task_sync", "tune_gc"]
 
@@ -247,6 +250,9 @@ class Worker:
     or a mapping ``{backend: handler}`` (routed by ``payload["backend"]``). A task may
     bring its own (``Task.io_handler``).
 
+    ``tracing`` (a :class:`blockx.observability.tracing.Tracing`, e.g. from
+    ``Tracing.from_env(trace_file)``) records spans; None (the default) is off.
+
     Testing hooks: ``spawner`` replaces the process spawner; ``core_wrapper`` wraps the
     dispatcher core (an ownership-checking proxy); ``tick_interval_ms`` the tick.
     """
@@ -260,8 +266,15 @@ class Worker:
         core_wrapper: Callable[[DispatcherCore], Any] | None = None,
         tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS,
         seed: int | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config if config is not None else load_config()
+        self.tracing = tracing
+        self._tracer: CallTracer | None = None
+        if tracing is not None:
+            from blockx.observability.tracing import CallTracer
+
+            self._tracer = CallTracer(tracing)
         self._default_io = _io_handler(io_handlers)
         self._spawner = spawner
         self._core_wrapper = core_wrapper
@@ -314,6 +327,8 @@ class Worker:
             )
             adapter.set_callbacks(orchestrator.callbacks())
             adapter.set_function_code_resolver(orchestrator.resolve_code)
+            if self._tracer is not None:
+                orchestrator.set_tracer(self._tracer)
             orchestrator.start()
             self._orchestrator = orchestrator
             pool = PoolManager.from_config(cfg, adapter.socket_path, spawner=self._spawner)
@@ -366,6 +381,8 @@ class Worker:
             await self._pool.stop()
         if self._orchestrator is not None:
             self._orchestrator.close()
+        if self._tracer is not None:
+            self._tracer.close()  # what is still open ends "unfinished"; sinks flushed
         if self._adapter is not None:
             await self._adapter.close()
         if drivers:

@@ -37,6 +37,7 @@ from blockx.worker.link.callbacks import CallFrame
 from blockx.worker.link.completed_frames import CompletedPayload
 
 if TYPE_CHECKING:
+    from blockx.observability.tracing import CallTracer
     from blockx.worker.actor.runs import TaskRuns
     from blockx.worker.actor.snapshot_sync import SnapshotSync
     from blockx.worker.actor.stats import OrchestratorStats
@@ -52,6 +53,7 @@ _FP_BUDGET_USED_MS: Final = keys.FP_BUDGET_USED_MS
 _FP_TASK_ID: Final = keys.FP_TASK_ID
 _FP_DEBUG_OUTPUT: Final = keys.FP_DEBUG_OUTPUT
 _FP_LOCAL_READ_HITS: Final = keys.FP_LOCAL_READ_HITS
+_FP_EXECUTE_SPAN: Final = keys.FP_EXECUTE_SPAN
 _MT_CALL_COMPLETED: Final = keys.MT_CALL_COMPLETED
 _MT_CALL_WAITING: Final = keys.MT_CALL_WAITING
 _encode_output: Final = encode_output_fast
@@ -84,6 +86,8 @@ class AttemptEnds:
         self._snapshots = snapshots
         self._run = run
         self._fail_attempt = fail_attempt
+        #: The span recorder (None: tracing off; set by ``Orchestrator.set_tracer``).
+        self.tracer: CallTracer | None = None
 
     def __repr__(self) -> str:
         return f"AttemptEnds({self._runs!r})"
@@ -133,6 +137,15 @@ class AttemptEnds:
                     hits = payload.get(_FP_LOCAL_READ_HITS)
                     if hits is not None:
                         self._note_local_hits(payload.get(_FP_TASK_ID), hits)
+                    tracer = self.tracer  # a traced attempt's frame takes this path
+                    if tracer is not None:
+                        tracer.call_ended(
+                            frame[1],
+                            attempt if type(attempt) is int else -1,
+                            "succeeded",
+                            None,
+                            payload.get(_FP_EXECUTE_SPAN),
+                        )
                     try:  # right-sized, big ints exact: see json_values
                         output_json = _encode_output(payload.get(_FP_OUTPUT))
                     except (TypeError, ValueError, OverflowError):
@@ -179,6 +192,9 @@ class AttemptEnds:
             _log.exception("dispatch actor: applying call frames of %s failed", executor_id)
 
     def _complete_calls(self, completions: list[CompletedCall]) -> None:
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.calls_completed(completions)
         self._run(self._core.handle_calls_completed(completions))
 
     def _note_local_hits(self, task_id: Any, hits: Any) -> None:
@@ -204,6 +220,15 @@ class AttemptEnds:
         payload = event.payload
         attempt = payload.get(_FP_ATTEMPT_SEQ)
         budget = payload.get(_FP_BUDGET_USED_MS, 0)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.call_ended(
+                event.call_id,
+                attempt if type(attempt) is int else -1,
+                "succeeded",
+                None,
+                payload.get(_FP_EXECUTE_SPAN),
+            )
         if self._runs.output_limited or payload.get(_FP_DEBUG_OUTPUT) is not None:
             if self._note_completion(event, output_json):
                 return
@@ -263,6 +288,15 @@ class AttemptEnds:
             retryable=payload.get(keys.FP_RETRYABLE) is True,
             stack=stack if isinstance(stack, str) else None,
         )
+        tracer = self.tracer
+        if tracer is not None:  # first: with the executor's execute span, if it sent one
+            tracer.call_ended(
+                event.call_id,
+                attempt if type(attempt) is int else -1,
+                "failed",
+                error.kind,
+                payload.get(_FP_EXECUTE_SPAN),
+            )
         self._fail_attempt(
             event.call_id,
             attempt if type(attempt) is int else -1,

@@ -153,6 +153,7 @@ from blockx.worker.link.loss import ExecutorLoss
 from blockx.worker.link.reservations import LostCall
 
 if TYPE_CHECKING:
+    from blockx.observability.tracing import CallTracer
     from blockx.worker.actor.task_run import TaskRun
     from blockx.worker.code import FunctionCodeView
     from blockx.worker.link.adapter import ExecutorAdapter
@@ -223,6 +224,8 @@ class Orchestrator:
         #: first calls spread over all of them (0: not waiting).
         self._attach_hold_until_ms = 0
         self.stats = OrchestratorStats()
+        #: The span recorder (None: tracing off, the default; :meth:`set_tracer`).
+        self.tracer: CallTracer | None = None
         #: Live tasks by the task id the core and executors see (written by ``tasks``).
         self.runs = TaskRuns()
         # The parts: each holds what it needs; none holds the orchestrator, only the
@@ -367,6 +370,14 @@ class Orchestrator:
         self._pool = pool
         self.tick.set_pool(pool)
         self._attach_hold_until_ms = self._clock_ms() + ATTACH_GRACE_MS
+
+    def set_tracer(self, tracer: CallTracer | None) -> None:
+        """Record spans with ``tracer`` (blockx/observability/tracing.py); None: off.
+        Each part that records spans holds it too (one attribute test per hook)."""
+        self.tracer = tracer
+        self.waits.tracer = tracer
+        self.attempts.tracer = tracer
+        self.tasks.tracer = tracer
 
     @property
     def core(self) -> DispatcherCore:
@@ -598,9 +609,13 @@ class Orchestrator:
                 code.audit,
                 run.debug,
             )
+        body = execute_body(prefix, cmd)
+        tracer = self.tracer
+        if tracer is not None:  # tracing on: the call span, and its context in the envelope
+            body = tracer.traced_body(cmd, body)
         try:
             self._adapter.send_execute_call_encoded(
-                cmd.executor_id, cmd.call_id, cmd.attempt_seq, execute_body(prefix, cmd)
+                cmd.executor_id, cmd.call_id, cmd.attempt_seq, body
             )
         except SendError as exc:
             self.stats.send_failures += 1
@@ -626,6 +641,9 @@ class Orchestrator:
         self, call_id: str, attempt_seq: int, error: CallError, budget_used_ms: int
     ) -> None:
         """Fail the live attempt at this actor run's time (given to the parts)."""
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.call_ended(call_id, attempt_seq, "failed", error.kind, None)
         self._run(
             self._core.handle_attempt_failure(
                 call_id, attempt_seq, error, self._now_ms, budget_used_ms=budget_used_ms

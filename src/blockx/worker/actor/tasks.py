@@ -46,6 +46,7 @@ from blockx.worker.core import (
 )
 
 if TYPE_CHECKING:
+    from blockx.observability.tracing import CallTracer
     from blockx.worker.actor.events import (
         CallChunkPrepared,
         StreamBatchProduced,
@@ -83,6 +84,8 @@ class Tasks:
         self._code_view = code_view
         self._runs = runs
         self._run = run
+        #: The span recorder (None: tracing off; set by ``Orchestrator.set_tracer``).
+        self.tracer: CallTracer | None = None
 
     def __repr__(self) -> str:
         return f"Tasks({self._runs!r})"
@@ -101,6 +104,9 @@ class Tasks:
 
     def execute_converge(self, cmd: ConvergeTaskCalls) -> None:
         run = self._runs.remove(cmd.task_id)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.task_finished(cmd.task_id, "succeeded" if cmd.success else "failed")
         self._code_view.release(cmd.task_id)
         if run is not None:
             run.converged(cmd)
@@ -113,10 +119,16 @@ class Tasks:
             return False
         self._code_view.pin(run.task_id, run.code)
         self._runs.add(run)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.task_started(run.task_id, run.user_task_id)
         return True
 
     def _unregister(self, run: TaskRun, error: BaseException) -> None:
         self._runs.remove(run.task_id)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.task_finished(run.task_id, "refused")
         self._code_view.release(run.task_id)
         if not run.done.done():
             run.done.set_exception(error)

@@ -93,6 +93,7 @@ from blockx.worker.json_values import encode_args
 from blockx.worker.link.callbacks import CallFrame
 
 if TYPE_CHECKING:
+    from blockx.observability.tracing import CallTracer
     from blockx.worker.actor.events import ActorEvent
     from blockx.worker.actor.runs import TaskRuns
     from blockx.worker.actor.stats import OrchestratorStats
@@ -165,6 +166,8 @@ class Waits:
         #: (call id, handler future) of the IO waits released (ReleaseWait) whose
         #: future's done callback has not run yet: it answers nobody.
         self.released_waits: set[tuple[str, Any]] = set()
+        #: The span recorder (None: tracing off; set by ``Orchestrator.set_tracer``).
+        self.tracer: CallTracer | None = None
 
     def __repr__(self) -> str:
         return f"Waits(released={len(self.released_waits)}, {self._stats!r})"
@@ -247,6 +250,11 @@ class Waits:
         except Exception as exc:
             _log.exception("IO handler %r raised for %s", run.io_handler, call_id)
             answer = _handler_failed(exc)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.io_started(
+                call_id, request_id, payload, answer, immediate=type(answer) is IOResult
+            )
         try:
             if type(answer) is IOResult:
                 io_answered(executor_id, call_id, request_id, attempt, started, answer)
@@ -324,6 +332,9 @@ class Waits:
         if budget is None:
             budget = int((_monotonic() - started) * 1000)
         error = answer.error
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.io_answered(call_id, request_id, None if error is None else error.kind)
         if error is None:
             payload: dict[str, Any] = {
                 _FP_RESUME_KIND: _WAIT_IO,
@@ -383,6 +394,9 @@ class Waits:
         self._stats.subcall_waits += 1
         run.subcalls += 1
         function_id = payload.get(keys.FP_FUNCTION_ID)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.subcall_started(call_id, request_id, function_id)
         granted = payload.get(keys.FP_GRANTED_BUDGET_MS, 0)
         if type(function_id) is not str or not function_id:
             self._refuse_subcall(
@@ -459,6 +473,12 @@ class Waits:
         attempt: int,
     ) -> None:
         """Queue a ResumeCall from the actor; a refusal fails the waiting attempt at once."""
+        tracer = self.tracer
+        if tracer is not None:
+            error = payload.get(_FP_ERROR)
+            tracer.subcall_ended(
+                call_id, request_id, error.get("kind") if type(error) is dict else None
+            )
         try:
             self._adapter.send_resume_call(executor_id, call_id, request_id, payload, token=attempt)
         except (SendError, EncodeError) as exc:
