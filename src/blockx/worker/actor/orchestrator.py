@@ -246,7 +246,7 @@ class Orchestrator:
             run=self._run,
             fail_attempt=self._fail_attempt,
         )
-        self.tasks = Tasks(core, code_view, self.runs, run=self._run)
+        self.tasks = Tasks(core, code_view, self.runs, run=self._run, stats=self.stats)
         self.tick = Tick(
             core,
             adapter,
@@ -437,7 +437,8 @@ class Orchestrator:
         self._in_actor = True
         self.stats.actor_runs += 1
         try:
-            self._now_ms = self._clock_ms()
+            self._now_ms = now_ms = self._clock_ms()
+            self._core.set_clock(now_ms)
             for _round in range(_MAX_ROUNDS):
                 while events:
                     event = events.popleft()

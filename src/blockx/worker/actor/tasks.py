@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from blockx.worker.actor.stats import OrchestratorStats
 from blockx.worker.core import (
     BatchSettled,
     ConvergeTaskCalls,
@@ -78,11 +79,14 @@ class Tasks:
         runs: TaskRuns,
         *,
         run: Callable[[list[DispatchCommand]], None],
+        stats: OrchestratorStats | None = None,
     ) -> None:
         self._core = core
         self._code_view = code_view
         self._runs = runs
         self._run = run
+        #: The rows handed to the runs are counted here (``rows``).
+        self._stats = stats if stats is not None else OrchestratorStats()
 
     def __repr__(self) -> str:
         return f"Tasks({self._runs!r})"
@@ -95,11 +99,13 @@ class Tasks:
             run.production_stopped(cmd.failure)
 
     def execute_batch_settled(self, cmd: BatchSettled) -> None:
+        self._stats.rows += len(cmd.outputs)
         run = self._runs.by_id.get(cmd.task_id)
         if run is not None:
             run.batch_settled(cmd)
 
     def execute_converge(self, cmd: ConvergeTaskCalls) -> None:
+        self._stats.rows += len(cmd.outputs)
         run = self._runs.remove(cmd.task_id)
         self._code_view.release(cmd.task_id)
         if run is not None:

@@ -121,6 +121,7 @@ class CoreState:
         "jitter",
         "output_limit",
         "scheduler",
+        "clock_ms",
         "stats",
         "subcall_ids",
         "tasks",
@@ -146,6 +147,9 @@ class CoreState:
         #: Tasks to settle at the next ``flush_dirty_tasks``, in marking order.
         self.dirty: deque[TaskDispatchState] = deque()
         self.stats = DispatcherStats()
+        #: The latest ``now_ms`` the actor handed in (``DispatcherCore.set_clock``): what
+        #: attempt durations are measured on (statistics only; no decision reads it).
+        self.clock_ms = 0
         self.cache_limit = config.call_cache_max_entries
         #: ``max_collected_output_bytes`` (0: no limit), read once per completion.
         self.output_limit = config.max_collected_output_bytes
@@ -206,6 +210,8 @@ def release_executor(
     ex = ctx.executor
     if ex is None:
         return None
+    if ctx.bound:  # an attempt that reached its executor ended
+        core.stats.record_attempt(core.clock_ms - ctx.attempt_started_ms)
     ctx.executor = None
     ctx.bound = False
     core.executors.release_slot(ex, ctx, completed)
@@ -278,9 +284,19 @@ def set_call_terminal(
         stats.calls_completed += 1
     elif outcome is _FAILED:
         stats.calls_failed += 1
+        failed_with = ctx.error
+        kind = failed_with.kind if failed_with is not None else "unknown"
+        by_kind = stats.failures_by_kind
+        by_kind[kind] = by_kind.get(kind, 0) + 1
     else:
         stats.calls_cancelled += 1
     if ctx.is_subcall:
+        if outcome is _SUCCEEDED:
+            stats.subcalls_completed += 1
+        elif outcome is _FAILED:
+            stats.subcalls_failed += 1
+        else:
+            stats.subcalls_cancelled += 1
         if ctx.parked:
             ctx.parked = False
             del task.pending_bind_subcalls[ctx.call_id]
@@ -628,7 +644,10 @@ def fail_attempt(
         )
         ctx.retry_armed = True
         task.retries += 1
-        core.stats.retries += 1
+        stats = core.stats
+        stats.retries += 1
+        retried = stats.retries_by_kind
+        retried[error.kind] = retried.get(error.kind, 0) + 1
         out.append(
             ArmCallRetry(
                 call_id=ctx.call_id,

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
+    "ATTEMPT_BUCKETS_MS",
     "CALL_TRANSITIONS",
     "DispatchCallContext",
     "DispatcherStats",
@@ -100,6 +101,7 @@ class DispatchCallContext:
         "ancestry",
         "attempt_count",
         "attempt_seq",
+        "attempt_started_ms",
         "awaiting_isolation",
         "batch",
         "batch_idx",
@@ -169,6 +171,9 @@ class DispatchCallContext:
         self.attempt_count = 0
         #: Increases with every bind; failures of older attempts are stale.
         self.attempt_seq = 0
+        #: The core's clock (``CoreState.clock_ms``) when the current attempt's bind
+        #: was confirmed: its duration is measured from here (metrics only).
+        self.attempt_started_ms = 0
         self.max_attempts = max_attempts
         self.budget_ms = budget_ms
         self.budget_used_ms = 0
@@ -624,17 +629,54 @@ _STAT_COUNTERS: Final = (
     "retries",
     "singleflight_hits",
     "stale_events",
+    "subcalls_cancelled",
+    "subcalls_completed",
     "subcalls_created",
+    "subcalls_failed",
     "subcalls_rejected",
     "suspects",
     "tasks_converged",
 )
 
 
-class DispatcherStats:
-    """Counters since the core was built (monotonic; read-only for callers)."""
+#: Upper bounds (ms, inclusive) of the attempt-duration histogram's buckets; one more
+#: bucket holds the slower attempts (``DispatcherStats.attempt_buckets``).
+ATTEMPT_BUCKETS_MS: Final = (
+    1,
+    2,
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10000,
+    30000,
+    60000,
+    300000,
+)
 
-    __slots__ = _STAT_COUNTERS
+
+class DispatcherStats:
+    """Counters since the core was built (monotonic; read-only for callers).
+
+    Besides the integer counters of :meth:`as_dict`, for metrics (read at scrape
+    time, ``blockx.observability``): final failures and retries by error kind, and a
+    histogram of attempt durations (bind confirmed to executor released, on the
+    clock the actor hands in: ``DispatcherCore.set_clock``).
+    """
+
+    __slots__ = (
+        *_STAT_COUNTERS,
+        "attempt_buckets",
+        "attempt_ms_total",
+        "failures_by_kind",
+        "retries_by_kind",
+    )
 
     def __init__(self) -> None:
         self.binds = 0
@@ -657,6 +699,32 @@ class DispatcherStats:
         self.suspects = 0
         #: Losses of an executor running a suspect alone (its attempt spent).
         self.calls_blamed = 0
+        #: The sub-calls among ``calls_completed`` / ``calls_failed`` / ``calls_cancelled``.
+        self.subcalls_completed = 0
+        self.subcalls_failed = 0
+        self.subcalls_cancelled = 0
+        #: Calls that ended FAILED, by their error's kind.
+        self.failures_by_kind: dict[str, int] = {}
+        #: Retries armed, by the kind of the error that failed the attempt.
+        self.retries_by_kind: dict[str, int] = {}
+        #: Attempts by duration: bucket i counts those <= ``ATTEMPT_BUCKETS_MS[i]`` (and
+        #: above the bound before); the last bucket the slower ones.
+        self.attempt_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
+        #: The attempts' durations added up (ms).
+        self.attempt_ms_total = 0
+
+    def record_attempt(self, elapsed_ms: int) -> None:
+        """An attempt ended after ``elapsed_ms`` (a negative one -- the wall clock
+        stepped back -- counts as 0)."""
+        if elapsed_ms < 0:
+            elapsed_ms = 0
+        index = 0
+        for bound in ATTEMPT_BUCKETS_MS:
+            if elapsed_ms <= bound:
+                break
+            index += 1
+        self.attempt_buckets[index] += 1
+        self.attempt_ms_total += elapsed_ms
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}
