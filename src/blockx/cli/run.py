@@ -204,6 +204,8 @@ async def _run_task(
     progress_total: int | None,
     show_progress: bool,
     worker: Worker | None = None,
+    *,
+    metrics_port: int | None = None,
 ) -> RunOutcome:
     from blockx.cli.output import OutputClosed
     from blockx.cli.report import RunOutcome
@@ -227,6 +229,7 @@ async def _run_task(
                 outcome,
                 interruption,
                 worker,
+                metrics_port=metrics_port,
             )
         except asyncio.CancelledError:  # a first signal that came while a handler settled
             if outcome.interrupted is None:
@@ -253,6 +256,8 @@ async def _run_on_worker(
     outcome: RunOutcome,
     interruption: _Interruption,
     started: Worker | None = None,
+    *,
+    metrics_port: int | None = None,
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
@@ -264,7 +269,8 @@ async def _run_on_worker(
     loop = asyncio.get_running_loop()
     t0 = time.monotonic()
     io = IOSubsystem(settings.io)
-    worker = started if started is not None else Worker(settings.worker)
+    worker = started if started is not None else Worker(settings.worker, metrics_port=metrics_port)
+    worker.observe_io(io)  # its task scopes' statistics, in the metrics
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
@@ -273,6 +279,8 @@ async def _run_on_worker(
     try:
         if started is None:
             await worker.start()
+        if metrics_port == 0 and worker.metrics_port is not None:
+            console.print(f"blockx: metrics at http://127.0.0.1:{worker.metrics_port}/metrics")
         task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
@@ -459,7 +467,7 @@ async def _start_then_check(
     did). ``checked`` receives step 1's result for the caller's ends."""
     from blockx.worker.app import Worker, tune_gc
 
-    worker = Worker(config)
+    worker = Worker(config, metrics_port=options.metrics_port)
     start_error: Exception | None = None
     try:
         try:
@@ -493,6 +501,7 @@ async def _start_then_check(
         result.total,
         _shows_progress(options, console),
         started,
+        metrics_port=options.metrics_port,
     )
 
 
@@ -521,7 +530,13 @@ def _run_command(options: RunOptions, console: Console) -> int:
             c = checked[0]
             ran = run(
                 _run_task(
-                    c.spec, c.settings, c.sink, console, c.total, _shows_progress(options, console)
+                    c.spec,
+                    c.settings,
+                    c.sink,
+                    console,
+                    c.total,
+                    _shows_progress(options, console),
+                    metrics_port=options.metrics_port,
                 )
             )
         else:

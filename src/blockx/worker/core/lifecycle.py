@@ -114,6 +114,7 @@ class CoreState:
     __slots__ = (
         "cache_limit",
         "calls",
+        "clock_ms",
         "config",
         "dirty",
         "executors",
@@ -121,7 +122,6 @@ class CoreState:
         "jitter",
         "output_limit",
         "scheduler",
-        "clock_ms",
         "stats",
         "subcall_ids",
         "tasks",
