@@ -487,7 +487,7 @@ def test_blockx_run_metrics_port_is_scraped_while_a_gated_task_runs(tmp_path: Pa
             "0",
             "-o",
             str(tmp_path / "out.jsonl"),
-        ],  # fmt: skip
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=clean_env(),
