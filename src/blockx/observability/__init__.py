@@ -1,4 +1,4 @@
-"""Observability of a running worker: metrics, traces, logs (docs/observability.md).
+"""Observability of a running worker: metrics, traces, logs (docs/observability-metrics.md).
 
 Nothing here is imported by the worker's per-call code. The counters live where
 things happen (the dispatcher core's ``DispatcherStats``, the actor's

@@ -196,7 +196,7 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
             return problem(503, "not-ready", "Not ready", "no executor attached yet")
         return _json({"status": "ready", "executors": attached})
 
-    # GET /metrics (docs/observability.md): the worker's series and blockx_tasks{state}
+    # GET /metrics (docs/observability-metrics.md): the worker's series and blockx_tasks{state}
     # from the store, read at each scrape; behind the token like the API.
     from blockx.observability.metrics import make_registry, metrics_response
 

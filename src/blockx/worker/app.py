@@ -251,7 +251,7 @@ class Worker:
 
     ``metrics_port``: serve Prometheus metrics at ``http://127.0.0.1:PORT/metrics``
     while the worker runs (0: a free port, see :attr:`metrics_port`); the series are
-    docs/observability.md's, read from the worker's counters at each scrape.
+    docs/observability-metrics.md's, read from the worker's counters at each scrape.
 
     Testing hooks: ``spawner`` replaces the process spawner; ``core_wrapper`` wraps the
     dispatcher core (an ownership-checking proxy); ``tick_interval_ms`` the tick.
