@@ -443,8 +443,8 @@ def test_gauges_rise_while_calls_sleep_and_fall_when_they_end(tmp_path: Path) ->
 
 
 def test_the_collector_reads_zeros_off_a_worker_that_is_not_running() -> None:
-    """Before start (and after close) a snapshot is zeros, and the collector still yields
-    every series -- a scrape never raises."""
+    """Before start a snapshot is zeros, and the collector still yields every series --
+    a scrape never raises."""
     from blockx.worker.app import Worker
 
     worker = Worker(e2e_config())

@@ -24,7 +24,7 @@ tasks                  ``Worker.task_counts``
 A snapshot is cheap (it walks the executors and the IO operations, never a
 call) and takes no await: take it on the worker's event loop thread, where the
 counters are written, so that it reads a consistent state. Before the worker
-has started, or after it closed, the parts that are gone read as zeros.
+has started its parts read as zeros; once it closed, as they were left.
 
 Who calls it: :mod:`blockx.observability.metrics` (the Prometheus collector, at each
 scrape) and the dashboard of ``blockx serve``. The keys are an interface: add,
@@ -72,9 +72,9 @@ ERROR_KINDS: Final = tuple(
 
 
 def _part(worker: Any, name: str) -> Any:
-    """``worker.<name>`` (orchestrator, pool, adapter), None when not running."""
-    if getattr(worker, "_closed", False):
-        return None
+    """``worker.<name>`` (orchestrator, pool, adapter), None before the worker started.
+    A closed worker's parts are still read: their counters never go back (a scrape
+    while the worker closes must not look like a counter reset)."""
     try:
         return getattr(worker, name)
     except RuntimeError:  # not started
