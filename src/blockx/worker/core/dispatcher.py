@@ -666,7 +666,7 @@ class DispatcherCore:
 
     def set_clock(self, now_ms: int) -> None:
         """Hand in the time (ms) attempt durations are measured on
-        (:meth:`DispatcherStats.record_attempt`): the actor calls it once per run.
+        (``DispatcherStats.attempt_buckets``): the actor calls it once per run.
         Statistics only -- no decision reads it (those take ``now_ms`` arguments)."""
         self._core.clock_ms = now_ms
 

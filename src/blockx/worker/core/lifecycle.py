@@ -58,6 +58,7 @@ from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
 from .selection import ExecutorTable
 from .state import (
+    ATTEMPT_BUCKETS_MS,
     DispatchCallContext,
     DispatcherStats,
     EndedRun,
@@ -106,6 +107,9 @@ _FAILED: Final = CallOutcome.FAILED
 _CANCELLED: Final = CallOutcome.CANCELLED
 
 Out = list[DispatchCommand]
+
+#: The attempt-duration bucket of the attempts slower than every bound.
+_SLOWEST_ATTEMPTS: Final = len(ATTEMPT_BUCKETS_MS)
 
 
 class CoreState:
@@ -210,8 +214,18 @@ def release_executor(
     ex = ctx.executor
     if ex is None:
         return None
-    if ctx.bound:  # an attempt that reached its executor ended
-        core.stats.record_attempt(core.clock_ms - ctx.attempt_started_ms)
+    if ctx.bound:  # an attempt that reached its executor ended: count its duration
+        stats = core.stats
+        elapsed_ms = core.clock_ms - ctx.attempt_started_ms
+        bucket = 0  # (<= 1 ms; and a wall clock that stepped back)
+        if elapsed_ms > 1:  # the buckets' bounds are powers of two: no search
+            stats.attempt_ms_total += elapsed_ms
+            bucket = (elapsed_ms - 1).bit_length()
+            if bucket > _SLOWEST_ATTEMPTS:
+                bucket = _SLOWEST_ATTEMPTS
+        elif elapsed_ms == 1:
+            stats.attempt_ms_total += 1
+        stats.attempt_buckets[bucket] += 1
     ctx.executor = None
     ctx.bound = False
     core.executors.release_slot(ex, ctx, completed)

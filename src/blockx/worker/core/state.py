@@ -639,26 +639,11 @@ _STAT_COUNTERS: Final = (
 )
 
 
-#: Upper bounds (ms, inclusive) of the attempt-duration histogram's buckets; one more
-#: bucket holds the slower attempts (``DispatcherStats.attempt_buckets``).
-ATTEMPT_BUCKETS_MS: Final = (
-    1,
-    2,
-    5,
-    10,
-    25,
-    50,
-    100,
-    250,
-    500,
-    1000,
-    2500,
-    5000,
-    10000,
-    30000,
-    60000,
-    300000,
-)
+#: Upper bounds (ms, inclusive) of the attempt-duration histogram's buckets: 1 ms, 2 ms,
+#: 4 ms ... 2^18 ms (~262 s), powers of two so that an attempt's bucket is a
+#: ``bit_length`` (``lifecycle.release_executor``), not a search; one more bucket holds
+#: the slower attempts (``DispatcherStats.attempt_buckets``).
+ATTEMPT_BUCKETS_MS: Final = tuple(1 << power for power in range(19))
 
 
 class DispatcherStats:
@@ -667,7 +652,8 @@ class DispatcherStats:
     Besides the integer counters of :meth:`as_dict`, for metrics (read at scrape
     time, ``blockx.observability``): final failures and retries by error kind, and a
     histogram of attempt durations (bind confirmed to executor released, on the
-    clock the actor hands in: ``DispatcherCore.set_clock``).
+    clock the actor hands in: ``DispatcherCore.set_clock``), counted by
+    ``lifecycle.release_executor``.
     """
 
     __slots__ = (
@@ -712,19 +698,6 @@ class DispatcherStats:
         self.attempt_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
         #: The attempts' durations added up (ms).
         self.attempt_ms_total = 0
-
-    def record_attempt(self, elapsed_ms: int) -> None:
-        """An attempt ended after ``elapsed_ms`` (a negative one -- the wall clock
-        stepped back -- counts as 0)."""
-        if elapsed_ms < 0:
-            elapsed_ms = 0
-        index = 0
-        for bound in ATTEMPT_BUCKETS_MS:
-            if elapsed_ms <= bound:
-                break
-            index += 1
-        self.attempt_buckets[index] += 1
-        self.attempt_ms_total += elapsed_ms
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}
