@@ -45,6 +45,7 @@ them. It is started with the worker and stopped with it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -227,7 +228,7 @@ class WorkerCollector(Collector):
             }
             for result in IO_RESULTS:
                 requests.add_metric([backend, operation, result], results[result])
-            buckets = [(_le(bound), count) for bound, count in op["buckets"]]
+            buckets = [(_le(bound), count) for bound, count in op["buckets"] if bound != math.inf]
             buckets.append(("+Inf", op["backend_calls"]))
             latency.add_metric([backend, operation], buckets, op["sum_s"])
         yield requests

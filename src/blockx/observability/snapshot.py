@@ -33,6 +33,7 @@ never rename.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final
 
 from blockx.wire import keys
@@ -204,7 +205,8 @@ def io_snapshot(io: Any) -> list[dict[str, Any]]:
     ``failed`` (backend errors and refusals), ``cache_hits``, ``joins``, ``abandoned``,
     ``local_hits`` (answered inside the executors), ``backend_calls``, ``p50_ms``,
     ``p99_ms``, ``sum_s`` (the backend calls' latencies added up) and ``buckets``
-    (``[(upper bound in seconds, cumulative count), ...]`` at each octave from 20 µs)."""
+    (``[(upper bound in seconds, cumulative count), ...]`` at each octave from 20 µs,
+    then ``(math.inf, backend_calls)``)."""
     stats = getattr(io, "stats", None)
     if stats is None:
         return []
@@ -223,7 +225,7 @@ def io_snapshot(io: Any) -> list[dict[str, Any]]:
             "p50_ms": op.percentile_ms(0.50),
             "p99_ms": op.percentile_ms(0.99),
             "sum_s": op.total_ms / 1000.0,
-            "buckets": op.octave_buckets(),
+            "buckets": [*op.octave_buckets(), (math.inf, op.backend_calls)],
         }
         for op in stats
     ]
