@@ -2,6 +2,7 @@
 # Install the system packages the test suite uses, when we can:
 #   postgresql  - initdb/pg_ctl for the blockdb PostgreSQL tests (tests/io start their own server)
 #   bubblewrap  - bwrap for the sandbox spawn mode (EXECUTOR_SPAWN_MODE=sandbox)
+#   chromium chromium-driver - headless browser + chromedriver for tests/serve/test_dashboard.py
 # Runs apt-get only as root on a machine that has it, and only for what is missing;
 # anywhere else it does nothing (the tests that need a package skip and say why).
 set -eu
@@ -17,6 +18,9 @@ have_initdb() {
 missing=""
 have_initdb || missing="$missing postgresql"
 command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+# (fonts-liberation: chromium only recommends a font; without one, text renders as boxes)
+{ command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; } || missing="$missing chromium fonts-liberation"
+{ command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ]; } || missing="$missing chromium-driver"
 
 if [ -z "$missing" ]; then
     exit 0

@@ -442,3 +442,37 @@ def test_calls_posted_past_the_window_are_held_until_calls_settle(tmp_path: Path
         assert answers and answers[0].json() == {"accepted": 40, "calls": 100}
         server.request("POST", f"/v1/tasks/{task_id}/close")
         assert server.rows(task_id) == [{"i": i} for i in range(100)]
+
+
+def test_a_cancel_survives_a_crash_before_the_run_ends(tmp_path: Path) -> None:
+    # The call spins without yielding, so the executor cannot act on the cancel: the run
+    # is still going when the server is killed. After the restart the task must end
+    # cancelled -- not run again and succeed (the gate is open by then).
+    gate = tmp_path / "gate"
+    source = (
+        "import os\n"
+        "def _(i):\n"
+        f"    while not os.path.exists({str(gate)!r}):\n"
+        "        pass\n"
+        "    return {'i': i}\n"
+    )
+    task = {
+        "functions": {"spin": {"source": source}},
+        "calls": [{"function": "spin", "args": 0}],
+        "policy": {"call_budget_ms": 0},
+    }
+    data = tmp_path / "data"
+    server = Server(data).start()
+    try:
+        task_id = server.submit(task)
+        wait_for(lambda: server.status(task_id)["state"] == "running", what="running")
+        assert server.request("DELETE", f"/v1/tasks/{task_id}").status == 202
+        assert server.status(task_id)["state"] == "running"  # the spinning call holds it
+    finally:
+        server.kill()
+    gate.touch()
+    with Server(data) as again:
+        status = again.wait_finished(task_id)
+        assert status["state"] == "cancelled", status
+        assert status["rows"] == 0
+        assert status["failure"]["message"] == "cancelled through the API"

@@ -670,3 +670,20 @@ def test_rows_after_n_is_every_row_from_n_on(batches: list[tuple[int, int]], max
             assert count == min(max_rows, max(first_row - after, 0))
             assert page == b"".join(every_row[after : after + count])
         store.close()
+
+
+def test_a_requested_cancel_is_kept_across_a_reopen_until_the_end(tmp_path: Path) -> None:
+    store = TaskStore(tmp_path / "data")
+    store.create_task(new_task())
+    assert store.get(ID1).cancel_reason is None  # type: ignore[union-attr]
+    assert store.request_cancel(ID1, "asked") is True
+    assert store.request_cancel(ID1, "again") is False  # the first reason stays
+    with pytest.raises(KeyError):
+        store.request_cancel("t-ffffffffffffffff", "x")
+    store.close()
+    reopened = TaskStore(tmp_path / "data")
+    (again,) = reopened.requeue_unfinished()
+    assert again.cancel_reason == "asked"
+    reopened.finish(ID1, "cancelled", 2000.0, None, {"kind": "CANCELLED", "message": "asked"})
+    assert reopened.request_cancel(ID1, "late") is False  # finished: nothing to cancel
+    reopened.close()

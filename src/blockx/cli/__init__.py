@@ -327,6 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the live progress line (default: when stderr is a terminal)",
     )
     out.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="stderr as text, or as JSON Lines: one object per line with ts, level, logger, "
+        "message and task_id / call_id / executor where known, no progress line "
+        "(default: $BLOCKX_LOG_FORMAT, else text; docs/observability.md)",
+    )
+    out.add_argument(
         "--errors",
         dest="errors_out",
         metavar="FILE",
@@ -481,6 +489,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 summary_json=args.summary_json,
                 progress=args.progress,
                 metrics_port=args.metrics_port,
+                log_format=args.log_format,
             )
         )
     if args.command in _REMOTE_HELP:

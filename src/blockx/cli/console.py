@@ -33,11 +33,21 @@ themselves and the loop is gone); :meth:`Console.detach` then waits for them
 to be written as long as the reader takes something every
 :data:`STDERR_GRACE_S`, and gives up otherwise (the command exits on time).
 
+``--log-format json`` (:attr:`Console.json`): every line written is one JSON
+object (:mod:`blockx.observability.logs`): log records through
+:class:`~blockx.observability.logs.JsonLogFormatter` (an executor's forwarded
+line keeps its ``executor``, ``call_id``, ``task_id``), the console's own texts
+as records whose level is read from their ``blockx: error:`` / ``blockx: warning:``
+prefix, whatever else reaches ``sys.stderr`` (a Python warning, a traceback) as
+a record of the logger ``stderr``, the drop notice as a record too; no progress
+line at all. The lines go through the same writer thread, in the same order.
+
 The number and text helpers (:func:`count_text`, :func:`plural`,
 :func:`indent`, :func:`print_problems`) are shared by the progress line,
 :mod:`blockx.cli.run`, :mod:`blockx.cli.validate` and :mod:`blockx.cli.report`,
 so every count and every problem reads the same way. This module
-imports nothing from BlockX but the writer thread (:mod:`blockx.cli.writer`).
+imports nothing from BlockX but the writer thread (:mod:`blockx.cli.writer`) and the
+JSON lines (:mod:`blockx.observability.logs`, standard library only).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from collections.abc import Sequence
 from typing import IO, Any, Final
 
 from blockx.cli.writer import WriterThread, open_std_stream
+from blockx.observability.logs import JsonLogFormatter, json_line
 
 __all__ = [
     "PROGRESS_INTERVAL_S",
@@ -91,7 +102,11 @@ class StderrWriter(WriterThread):
     """
 
     def __init__(
-        self, stream: Any = None, *, max_pending_bytes: int = STDERR_MAX_PENDING_BYTES
+        self,
+        stream: Any = None,
+        *,
+        max_pending_bytes: int = STDERR_MAX_PENDING_BYTES,
+        json_lines: bool = False,
     ) -> None:
         stream = stream or sys.stderr
         fd, nonblocking = open_std_stream(stream, "stderr")
@@ -102,6 +117,8 @@ class StderrWriter(WriterThread):
         self._dropping = False  # a line was dropped: drop all until the queue ran empty
         self._unreported = 0  # lines dropped and not yet said
         self._bounded = True
+        #: The drop notice as a JSON line (``--log-format json``).
+        self.json_lines = json_lines
         #: Lines dropped in all.
         self.lines_dropped = 0
         self._start()
@@ -187,8 +204,13 @@ class StderrWriter(WriterThread):
     def _report_dropped(self) -> None:
         if self._unreported:
             lines = f"{self._unreported:,} stderr line{'' if self._unreported == 1 else 's'}"
-            notice = f"blockx: warning: {lines} dropped: stderr was not read fast enough\n"
-            self._queue_line(notice.encode())
+            text = f"{lines} dropped: stderr was not read fast enough"
+            notice = (
+                json_line("warning", "blockx.cli", text, {"lines_dropped": self._unreported})
+                if self.json_lines
+                else f"blockx: warning: {text}"
+            )
+            self._queue_line((notice + "\n").encode())
             self._unreported = 0
 
     def _on_idle(self) -> None:
@@ -202,12 +224,14 @@ class _WriterStream(io.TextIOBase):
     """``sys.stderr`` while a :class:`StderrWriter` is attached: whole lines go to the
     writer, so code that writes to ``sys.stderr`` itself (a ``warnings`` message,
     ``logging.lastResort``, a thread's traceback) cannot block the event loop either.
-    Any thread may write; a partial line waits for its newline (or :meth:`flush`)."""
+    Any thread may write; a partial line waits for its newline (or :meth:`flush`). With
+    ``json_lines`` each write's whole lines become one JSON record (logger ``stderr``)."""
 
-    def __init__(self, writer: StderrWriter, original: Any) -> None:
+    def __init__(self, writer: StderrWriter, original: Any, *, json_lines: bool = False) -> None:
         super().__init__()
         self._writer = writer
         self._original = original
+        self._json_lines = json_lines
         self._partial = ""
         self._lock = threading.Lock()
 
@@ -229,37 +253,48 @@ class _WriterStream(io.TextIOBase):
             buffered = self._partial + text
             head, newline, self._partial = buffered.rpartition("\n")
         if newline:
-            self._writer.put_line(head)
+            self._put(head)
         return len(text)
 
     def flush(self) -> None:
         with self._lock:
             partial, self._partial = self._partial, ""
         if partial:
-            self._writer.put_line(partial)
+            self._put(partial)
+
+    def _put(self, text: str) -> None:
+        if self._json_lines:
+            text = json_line("warning", "stderr", text)
+        self._writer.put_line(text)
 
 
 class Console:
     """stderr: log records, the progress line (redrawn in place) and the final texts —
     written directly, or through a :class:`StderrWriter` once attached (``sys.stderr``
-    then writes through it too)."""
+    then writes through it too). ``log_format``: ``text`` or ``json`` (see the module
+    docstring)."""
 
-    def __init__(self, stream: IO[str], *, tty: bool) -> None:
+    def __init__(self, stream: IO[str], *, tty: bool, log_format: str = "text") -> None:
         self.stream = stream
         self.tty = tty
+        #: ``--log-format json``: every line is a JSON object, no progress line.
+        self.json = log_format == "json"
         self._line_shown = False
         self.writer: StderrWriter | None = None
         self._saved_stderr: Any = sys.stderr  # what sys.stderr was before attach()
 
     def __repr__(self) -> str:
-        return f"Console(tty={self.tty}, line_shown={self._line_shown}, writer={self.writer!r})"
+        return (
+            f"Console(tty={self.tty}, json={self.json}, line_shown={self._line_shown}, "
+            f"writer={self.writer!r})"
+        )
 
     def attach(self, writer: StderrWriter) -> None:
         """From now on write through ``writer``, and so does ``sys.stderr``."""
         self.clear_progress()
         self.writer = writer
         self._saved_stderr = sys.stderr
-        sys.stderr = _WriterStream(writer, sys.stderr)
+        sys.stderr = _WriterStream(writer, sys.stderr, json_lines=self.json)
 
     def detach(self, grace: float = STDERR_GRACE_S) -> bool:
         """Write directly again, once the writer has written what is queued (see
@@ -282,6 +317,8 @@ class Console:
             self._line_shown = False
 
     def show_progress(self, text: str) -> None:
+        if self.json:  # never mixed into JSON lines
+            return
         width = shutil.get_terminal_size((100, 24)).columns
         frame = "\r" + text[: max(width - 1, 20)] + "\x1b[K"
         if self.writer is not None:
@@ -292,6 +329,31 @@ class Console:
         self._line_shown = True
 
     def print(self, text: str = "") -> None:
+        """``text`` (one or more lines); in ``json`` one record, its level read from a
+        ``blockx: error:`` / ``blockx: warning:`` prefix (an empty text, layout, is left out)."""
+        if self.json:
+            if text:
+                level, message = _level_of(text)
+                self.write_line(json_line(level, "blockx.cli", message))
+            return
+        self.write_line(text)
+
+    def record(
+        self,
+        level: str,
+        message: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        logger: str = "blockx.cli",
+    ) -> None:
+        """In ``json`` one record with ``fields``; in ``text`` ``message`` as it is."""
+        if self.json:
+            self.write_line(json_line(level, logger, message, fields))
+        else:
+            self.write_line(message)
+
+    def write_line(self, text: str) -> None:
+        """``text`` and a newline, as they are."""
         if self.writer is not None:
             self.writer.put_line(text)
             return
@@ -301,6 +363,8 @@ class Console:
 
     def write_at_once(self, text: str) -> None:
         """``text`` now, whatever is queued or blocked (the second signal: see blockx.cli.run)."""
+        if self.json:
+            text = json_line("warning", "blockx.cli", text.strip()) + "\n"
         if self.writer is not None:
             self.writer.write_at_once(text)
         else:
@@ -313,6 +377,23 @@ def print_problems(console: Console, problems: Sequence[str]) -> None:
         console.print(f"blockx: error: {problem}")
 
 
+_LEVEL_PREFIXES: Final = (
+    ("blockx: error: ", "error"),
+    ("blockx: warning: ", "warning"),
+    ("blockx: info: ", "info"),
+    ("blockx: note: ", "info"),
+    ("blockx: ", "info"),
+)
+
+
+def _level_of(text: str) -> tuple[str, str]:
+    """(level, message) of a console text: its ``blockx: error:`` & co. prefix read off."""
+    for prefix, level in _LEVEL_PREFIXES:
+        if text.startswith(prefix):
+            return level, text[len(prefix) :]
+    return "info", text
+
+
 class _ConsoleHandler(logging.Handler):
     """Log records on stderr, keeping the progress line intact; see :func:`setup_logging`."""
 
@@ -321,6 +402,7 @@ class _ConsoleHandler(logging.Handler):
         self.console = console
         self.verbose = verbose
         self.quiet = quiet
+        self.json_formatter: JsonLogFormatter | None = JsonLogFormatter() if console.json else None
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
@@ -339,6 +421,9 @@ class _ConsoleHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if self.json_formatter is not None:
+                self.console.write_line(self.json_formatter.format(record))
+                return
             text = record.getMessage()
             if record.name == "blockx.worker.executor" and record.levelno < logging.WARNING:
                 line = text

@@ -11,6 +11,8 @@ the worker)::
 
     failure_report(spec, result)      every failed call (up to MAX_REPORTED): its
                                       call, kind, message and the stack of user code
+    failure_records(spec, result)     the same as log records, one per failed call
+                                      (--log-format json)
     summary_text(spec, outcome, ...)  the end-of-run summary on stderr
     summary_json(outcome, ...)        the same as data (--summary-json FILE)
     write_errors(path, spec, errors)  every failed call as JSON Lines (--errors FILE)
@@ -54,6 +56,7 @@ __all__ = [
     "MAX_REPORTED",
     "RunOutcome",
     "collapse_repeats",
+    "failure_records",
     "failure_report",
     "summary_json",
     "summary_text",
@@ -141,41 +144,103 @@ def failure_report(
     """The readable report of a task's failed calls (every one, up to ``limit``).
 
     ``calls_in_file``: a streamed task's line count, to say how many were not read."""
+    header, blocks, more = _failure_parts(spec, result, limit=limit, calls_in_file=calls_in_file)
+    lines = list(header)
+    for _error, block in blocks:
+        lines.append("")
+        lines.extend(block)
+    if more:
+        lines.append("")
+        lines.append(more)
+    return "\n".join(lines)
+
+
+def failure_records(
+    spec: TaskFile, result: Any, *, limit: int = MAX_REPORTED, calls_in_file: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The failure report as log records (``--log-format json``): (message, fields) — the
+    headline, then one per failed call (up to ``limit``: its ``call_id``, ``call_index``,
+    ``function``, ``error_kind``, ``attempts``, ``error``; the message is the call's part
+    of :func:`failure_report`), then how many more when there are."""
+    header, blocks, more = _failure_parts(spec, result, limit=limit, calls_in_file=calls_in_file)
+    task_id = result.task_id
+    failure = result.failure
+    records: list[tuple[str, dict[str, Any]]] = []
+    if header:
+        records.append(
+            (
+                "\n".join(header),
+                {
+                    "task_id": task_id,
+                    "failure": None if failure is None else failure.kind,
+                    "failed_calls": len(result.errors),
+                },
+            )
+        )
+    for error, block in blocks:
+        records.append(
+            (
+                "\n".join(
+                    line[3:] if line.startswith("   ") else line
+                    for line in "\n".join(block).split("\n")
+                ),
+                {
+                    "task_id": task_id,
+                    "call_id": error.call_id,
+                    "call_index": error.index,
+                    "function": error.function_id,
+                    "error_kind": error.kind,
+                    "attempts": error.attempts,
+                    "retryable": error.retryable,
+                    "error": collapse_repeats(spec.user_locations(error.message or "")),
+                },
+            )
+        )
+    if more:
+        records.append((more, {"task_id": task_id, "failed_calls": len(result.errors)}))
+    return records
+
+
+def _failure_parts(
+    spec: TaskFile, result: Any, *, limit: int, calls_in_file: int | None
+) -> tuple[list[str], list[tuple[Any, list[str]]], str | None]:
+    """The report's headline lines, each reported call's lines, the "… and N more" line."""
     errors = list(result.errors)
     stats = result.stats
     not_read = _calls_not_read(spec, result, calls_in_file)
     unread = f"; {plural(not_read, 'call')} of {spec.calls_label} not read" if not_read else ""
     policy = spec.policy.get("failure", "fast_fail")
-    lines: list[str] = []
+    header: list[str] = []
     failure = result.failure
     if failure is not None and failure.kind == "OUTPUT_BYTES_EXCEEDED":
-        lines.append(
+        header.append(
             "FAILED: the outputs grew past max_output_bytes; the task was stopped "
             f"({failure.message})"
         )
     elif failure is not None and failure.kind == "CANCELLED":
-        lines.append(f"FAILED: the task was cancelled ({failure.message})")
+        header.append(f"FAILED: the task was cancelled ({failure.message})")
     elif failure is not None and failure.kind == "CALL_FAILED":
         which = f"call #{failure.call_index}" if failure.call_index is not None else "a call"
-        lines.append(
+        header.append(
             f"FAILED: {which} failed and stopped the task (failure: fast_fail); "
             f"{count_text(stats.cancelled)} call(s) were cancelled{unread}"
         )
     elif errors:
-        lines.append(
+        header.append(
             f"FAILED: {count_text(len(errors))} of {count_text(stats.calls)} calls failed "
             f"(failure: {policy}; the other calls' outputs were written)"
         )
     elif failure is not None:
-        lines.append(f"FAILED: {failure.kind}: {failure.message}")
+        header.append(f"FAILED: {failure.kind}: {failure.message}")
+    blocks: list[tuple[Any, list[str]]] = []
     seen: dict[tuple[str, str, str], int] = {}
     for n, error in enumerate(errors[:limit], 1):
         attempts = f"{error.attempts} attempt{'s' if error.attempts != 1 else ''}"
-        lines.append("")
-        lines.append(
+        lines = [
             f"{n}) call #{error.index}: {error.function_id}({_args_text(error.args)}) — "
             f"{error.kind} after {attempts}"
-        )
+        ]
+        blocks.append((error, lines))
         message = collapse_repeats(spec.user_locations(error.message or ""))
         stack = (
             collapse_repeats(_user_frames(spec.user_locations(error.stack))) if error.stack else ""
@@ -195,12 +260,12 @@ def failure_report(
         if captured:
             lines.append("   output of the call (policy.debug):")
             lines.append(indent(captured, "   | "))
-    if len(errors) > limit:
-        lines.append("")
-        lines.append(
-            f"… and {count_text(len(errors) - limit)} more failed call(s) (--errors FILE lists all)"
-        )
-    return "\n".join(lines)
+    more = (
+        f"… and {count_text(len(errors) - limit)} more failed call(s) (--errors FILE lists all)"
+        if len(errors) > limit
+        else None
+    )
+    return header, blocks, more
 
 
 #: BlockX's own package directory (``blockx/``, the parent of this ``blockx/cli/``): its

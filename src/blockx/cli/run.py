@@ -437,11 +437,20 @@ def run_command(options: RunOptions) -> int:
     (when stderr is open): at the end it gets :data:`~blockx.cli.console.STDERR_GRACE_S`
     without a byte read before the command gives up on it and exits with its status.
     """
+    from blockx.observability.logs import LogFormatError, executors_write_json, resolve_log_format
+
     stderr = sys.stderr
     tty = stderr.isatty()
-    console = Console(stderr, tty=tty)
     try:
-        console.attach(StderrWriter(stderr))
+        log_format = resolve_log_format(options.log_format)
+    except LogFormatError as exc:
+        print(f"blockx: error: {exc}", file=stderr)
+        return EXIT_USAGE
+    if log_format == "json":
+        executors_write_json()  # the executors started from here on inherit it
+    console = Console(stderr, tty=tty, log_format=log_format)
+    try:
+        console.attach(StderrWriter(stderr, json_lines=console.json))
     except OSError:  # stderr is closed: nothing to wait for
         pass
     setup_logging(console, verbose=options.verbose, quiet=options.quiet)
@@ -507,7 +516,7 @@ async def _start_then_check(
 
 def _shows_progress(options: RunOptions, console: Console) -> bool:
     show = options.progress if options.progress is not None else console.tty
-    return show and not options.quiet
+    return show and not options.quiet and not console.json  # never mixed into JSON lines
 
 
 def _run_command(options: RunOptions, console: Console) -> int:
@@ -549,7 +558,8 @@ def _run_command(options: RunOptions, console: Console) -> int:
         if options.verbose:
             import traceback
 
-            console.print("".join(traceback.format_exception(exc)).rstrip())
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            console.print(f"blockx: error: {trace}" if console.json else trace)
         else:
             console.print("blockx: (run with -v for the traceback)")
         return EXIT_FAILED
@@ -572,7 +582,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
     executors = settings.worker.pool.executor_count
 
     # 3. The verdict.
-    from blockx.cli.report import failure_report, summary_text
+    from blockx.cli.report import failure_records, failure_report, summary_json, summary_text
 
     outcome.calls_in_file = total if spec.is_stream else None
     result = outcome.result
@@ -619,11 +629,29 @@ def _run_command(options: RunOptions, console: Console) -> int:
     if (code == EXIT_FAILED and (short_stream is None or result.errors)) or (
         outcome.interrupted and result.errors
     ):
-        console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
-        console.print()
+        if console.json:
+            for message, fields in failure_records(
+                spec, result, calls_in_file=outcome.calls_in_file
+            ):
+                console.record("error", message, fields, logger="blockx.cli.report")
+        else:
+            console.print(failure_report(spec, result, calls_in_file=outcome.calls_in_file))
+            console.print()
     if not options.quiet:
-        console.print(summary_text(spec, outcome, sink, executors))
+        text = summary_text(spec, outcome, sink, executors)
+        if console.json:  # one record: the headline, the figures as data under "summary"
+            data = summary_json(outcome, sink, code)
+            data["stderr_lines_dropped"] = _lines_dropped(console)
+            fields = {"task_id": result.task_id, "summary": data}
+            console.record("info", text.split("\n", 1)[0], fields, logger="blockx.cli.summary")
+        else:
+            console.print(text)
     return _write_files(options, console, spec, outcome, sink, code)
+
+
+def _lines_dropped(console: Console) -> int:
+    """Lines of log and print() output dropped so far because stderr was not read."""
+    return 0 if console.writer is None else console.writer.lines_dropped
 
 
 def _short_stream(spec: TaskFile, outcome: RunOutcome, total: int) -> str | None:
@@ -670,8 +698,7 @@ def _write_files(
             code = EXIT_FAILED if code == EXIT_OK else code
     if options.summary_json is not None:
         data = summary_json(outcome, sink, code)
-        # Lines of log and print() output dropped so far because stderr was not read.
-        data["stderr_lines_dropped"] = 0 if console.writer is None else console.writer.lines_dropped
+        data["stderr_lines_dropped"] = _lines_dropped(console)
         try:
             with open(options.summary_json, "w", encoding="utf-8") as f:
                 json.dump(data, f, indent=2)

@@ -50,6 +50,7 @@ class RunOptions:
     summary_json: str | None = None
     progress: bool | None = None  # None: when stderr is a terminal
     metrics_port: int | None = None  # serve /metrics on 127.0.0.1 while the task runs
+    log_format: str | None = None  # json | text; None: BLOCKX_LOG_FORMAT, else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +90,17 @@ def check_input(options: RunOptions, console: Console) -> Checked | int:
         print_problems(console, path_problems)
         return EXIT_USAGE
     for problem in spec.code_problems():
-        console.print(
+        warning = (
             f"blockx: warning: function {problem.function_id!r} cannot run — its calls will "
             f"fail: {problem.message}"
         )
-        if problem.excerpt and not options.quiet:
-            console.print(indent(problem.excerpt, "    "))
+        excerpt = indent(problem.excerpt, "    ") if problem.excerpt and not options.quiet else ""
+        if console.json:  # one record, the excerpt in it
+            console.print(f"{warning}\n{excerpt}" if excerpt else warning)
+            continue
+        console.print(warning)
+        if excerpt:
+            console.print(excerpt)
     if spec.audit and not audit_supported() and not options.quiet:
         console.print(
             "blockx: note: audit: true is accepted, but this worker has no audit gate yet: "

@@ -7,7 +7,10 @@ functions root, the configuration (``--config``, ``--set``, the environment,
 ``--executors``), the data dir's store. Then the worker and its executors start,
 the store's unfinished tasks are taken back, and the HTTP site listens; the
 line ``listening on http://HOST:PORT`` on stderr says so (``--port 0`` picks a
-free port: that line names it).
+free port: that line names it). ``--log-format json`` (or ``BLOCKX_LOG_FORMAT=json``):
+every stderr line is a JSON object instead (:mod:`blockx.observability.logs`) — the
+service's records, aiohttp's, the executors' forwarded lines — and that line's
+``message`` is the same ``listening on http://HOST:PORT``.
 
 SIGTERM or SIGINT drains: new tasks are refused (503), running tasks go on for
 ``--drain-timeout`` seconds, the rest are cut (their stored batches stay; the
@@ -123,6 +126,14 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         "(back-pressure; default 65,536)",
     )
     serve.add_argument("-v", "--verbose", action="store_true", help="log the worker's own messages")
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=None,
+        help="stderr as text, or as JSON Lines (one object per line: ts, level, logger, "
+        "message, task_id / call_id / executor where known; aiohttp's records too); "
+        "default: $BLOCKX_LOG_FORMAT, else text",
+    )
     add_config_options(serve)
 
 
@@ -130,7 +141,48 @@ class _Refused(Exception):
     """A reason not to start (exit 2)."""
 
 
-def _read_token(path: str) -> str:
+def _say(level: str, text: str, *, json_lines: bool) -> None:
+    """One line on stderr: ``blockx serve: LEVEL: text``, or a JSON record (``--log-format
+    json``; logger ``blockx.serve``)."""
+    if json_lines:
+        from blockx.observability.logs import json_line
+
+        print(json_line(level, "blockx.serve", text), file=sys.stderr, flush=True)
+    else:
+        print(f"blockx serve: {level}: {text}", file=sys.stderr)
+
+
+def _configure_logging(*, verbose: bool, json_lines: bool) -> None:
+    """The root logger on stderr: the worker's records, the forwarded executors' lines and
+    aiohttp's, through one formatter (JSON Lines with ``--log-format json``)."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if json_lines:
+        from blockx.observability.logs import JsonLogFormatter, executors_write_json
+
+        executors_write_json()  # the executors' own lines: JSON too, forwarded tagged
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLogFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+        logging.captureWarnings(True)  # a Python warning: a record, not a text line
+        sys.excepthook = _log_uncaught  # what ends the process (a port in use): a record too
+    else:
+        logging.basicConfig(
+            level=level,
+            format="blockx serve: %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+    if not verbose:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """``sys.excepthook`` under ``--log-format json``: the traceback as one record."""
+    logging.getLogger("blockx.serve").critical(
+        "%s: %s", kind.__name__, value, exc_info=(kind, value, tb)
+    )
+
+
+def _read_token(path: str, *, json_lines: bool = False) -> str:
     try:
         info = os.stat(path)
         text = Path(path).read_text(encoding="utf-8")
@@ -142,10 +194,10 @@ def _read_token(path: str) -> str:
     if not token:
         raise _Refused(f"--token-file {path}: the file is empty")
     if info.st_mode & (stat.S_IRGRP | stat.S_IROTH):
-        print(
-            f"blockx serve: warning: {path} can be read by other users "
-            f"(mode {stat.filemode(info.st_mode)}); chmod 600 it",
-            file=sys.stderr,
+        _say(
+            "warning",
+            f"{path} can be read by other users (mode {stat.filemode(info.st_mode)}); chmod 600 it",
+            json_lines=json_lines,
         )
     return token
 
@@ -178,9 +230,16 @@ def _lock_data_dir(data_dir: Path) -> int | None:
 def serve_command(args: argparse.Namespace) -> int:
     """``blockx serve`` (see the module docstring)."""
     from blockx.cli.settings import UsageError, build_settings
+    from blockx.observability.logs import LogFormatError, resolve_log_format
 
     try:
-        token = _read_token(args.token_file) if args.token_file else None
+        args.log_format = resolve_log_format(args.log_format)
+    except LogFormatError as exc:
+        _say("error", str(exc), json_lines=False)
+        return EXIT_USAGE
+    json_lines = args.log_format == "json"
+    try:
+        token = _read_token(args.token_file, json_lines=json_lines) if args.token_file else None
         if token is None and not _is_loopback(args.host):
             raise _Refused(
                 f"--host {args.host} is not a loopback address: anyone who can reach it could "
@@ -203,11 +262,8 @@ def serve_command(args: argparse.Namespace) -> int:
             if not root.is_dir():
                 raise _Refused(f"--functions-root {args.functions_root}: not a directory")
         settings = build_settings(config_file=args.config, sets=args.sets, executors=args.executors)
-    except _Refused as exc:
-        print(f"blockx serve: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except UsageError as exc:
-        print(f"blockx serve: error: {exc}", file=sys.stderr)
+    except (_Refused, UsageError) as exc:
+        _say("error", str(exc), json_lines=json_lines)
         return EXIT_USAGE
 
     from blockx.serve.store import StoreError, TaskStore
@@ -216,24 +272,19 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         store = TaskStore(data_dir, synchronous="FULL" if args.durability == "full" else "NORMAL")
     except StoreError as exc:
-        print(f"blockx serve: error: {exc}", file=sys.stderr)
+        _say("error", str(exc), json_lines=json_lines)
         return EXIT_USAGE
     lock = _lock_data_dir(Path(data_dir))
     if lock is None:
         store.close()
-        print(
-            f"blockx serve: error: another blockx serve is using {data_dir} (two servers on "
+        _say(
+            "error",
+            f"another blockx serve is using {data_dir} (two servers on "
             "one data dir would both run its tasks); stop it or give another --data-dir",
-            file=sys.stderr,
+            json_lines=json_lines,
         )
         return EXIT_USAGE
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="blockx serve: %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if not args.verbose:
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _configure_logging(verbose=args.verbose, json_lines=json_lines)
     from blockx.worker.app import run
 
     return run(_serve(args, settings, store, token, root))
@@ -291,7 +342,11 @@ async def _serve(
         if sockets:
             port = sockets[0].getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
-        print(f"listening on http://{shown}:{port}", file=sys.stderr, flush=True)
+        listening = f"listening on http://{shown}:{port}"
+        if args.log_format == "json":  # the message holds that text, unchanged
+            log.info("%s", listening, extra={"fields": {"host": host, "port": port}})
+        else:
+            print(listening, file=sys.stderr, flush=True)
         await stop.wait()
         log.info("draining: new tasks refused; running tasks get %g s", args.drain_timeout)
         cut = await manager.drain(args.drain_timeout)

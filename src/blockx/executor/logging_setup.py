@@ -17,14 +17,25 @@ runtime registers with :func:`set_call_fields_provider` (it returns the fields
 of the call whose greenlet is running, or None). Other ``extra`` keys are kept
 too; ``exc`` holds a formatted traceback when the record has one.
 
-stdout is left alone: it belongs to user code (and debug capture).
+stdout belongs to user code (and debug capture): left alone — unless
+``BLOCKX_LOG_FORMAT=json`` is set explicitly (as ``blockx run --log-format json``
+and ``blockx serve --log-format json`` do for their executors): then each line
+user code writes to ``sys.stdout`` (``print()``) becomes a JSON line too
+(:class:`JsonLinesStdout`: ``ts``, ``level`` ``info``, ``msg`` the line, and the
+running call's ``callId`` / ``taskId`` / ``attemptSeq`` / ``functionId`` from the
+call-fields provider), so the worker can tell which call printed it. It has no
+``logger`` key: the worker still tells it apart from the executor's own logs. A
+line begun by one call and ended by another is the second's; bytes written to
+``sys.stdout.buffer`` or to descriptor 1 stay raw lines (forwarded as text).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any, Final
@@ -32,6 +43,7 @@ from typing import IO, Any, Final
 __all__ = [
     "CALL_FIELDS",
     "JsonFormatter",
+    "JsonLinesStdout",
     "TextFormatter",
     "configure_logging",
     "parse_log_level",
@@ -182,6 +194,80 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+class JsonLinesStdout(io.TextIOBase):
+    """``sys.stdout`` whose whole lines go out as JSON lines naming the running call (see
+    the module docstring); a partial line waits for its newline (or :meth:`flush`)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        import orjson
+
+        self._dumps = orjson.dumps
+        self._stream = stream
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"JsonLinesStdout({self._stream!r}, partial={len(self._partial)} chars)"
+
+    @property
+    def wrapped(self) -> IO[str]:
+        return self._stream
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    @property
+    def buffer(self) -> Any:
+        return getattr(self._stream, "buffer", None)
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            head, newline, self._partial = (self._partial + text).rpartition("\n")
+            if newline:
+                self._emit(head.split("\n"))
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._partial:
+                partial, self._partial = self._partial, ""
+                self._emit([partial])
+            self._stream.flush()
+
+    def _emit(self, lines: list[str]) -> None:
+        provider = _call_fields_provider
+        fields: Mapping[str, Any] | None = None
+        if provider is not None:
+            try:
+                fields = provider()
+            except Exception:  # never break the caller's print()
+                fields = None
+        ts = _format_ts(time.time())
+        for line in lines:
+            record: dict[str, Any] = {"ts": ts, "level": "info", "msg": line.rstrip("\r")}
+            if fields:
+                for key in CALL_FIELDS:
+                    value = fields.get(key)
+                    if value is not None:
+                        record[key] = value
+            try:
+                data = self._dumps(record, default=repr).decode()
+            except TypeError:
+                data = self._dumps({key: str(value) for key, value in record.items()}).decode()
+            self._stream.write(data + "\n")
+
+
 def configure_logging(
     executor_id: str,
     *,
@@ -208,4 +294,13 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)
+    explicit = (env.get("BLOCKX_LOG_FORMAT") or "").strip().lower() == "json"
+    stdout = sys.stdout
+    if (
+        explicit
+        and stream is None
+        and stdout is not None
+        and not isinstance(stdout, JsonLinesStdout)
+    ):
+        sys.stdout = JsonLinesStdout(stdout)  # print() output named by its call
     return handler

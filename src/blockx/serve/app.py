@@ -6,8 +6,8 @@ is :mod:`blockx.serve.documents`'s, how it is kept is the store's. The API is
 described in ``docs/serve.md`` and, machine-readably, at ``GET /openapi.json``
 (:mod:`blockx.serve.openapi`).
 
-Order of checks on a request: authentication (every path but ``/healthz`` and
-``/readyz`` needs the bearer token when the server has one;
+Order of checks on a request: authentication (every path but ``/healthz``,
+``/readyz`` and the dashboard's static page needs the bearer token when the server has one;
 compared in constant time), then the id (``t-`` and 16 hex digits, else 404 before
 any lookup), then the body (capped at ``max_body`` bytes: 413; a content type the
 route does not take: 415), then the route. Any exception a route did not expect is
@@ -29,6 +29,8 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
+from blockx.serve.dashboard import PUBLIC_PATHS as _DASHBOARD_PATHS
+from blockx.serve.dashboard import add_dashboard_routes
 from blockx.serve.problems import problem
 from blockx.serve.runner import FINISHED_STATES, QueueFull, ServerDraining, TaskManager
 from blockx.serve.store import TaskClosed, TaskRecord
@@ -39,7 +41,9 @@ _log = logging.getLogger("blockx.serve")
 
 ID_RE: Final = re.compile(r"t-[0-9a-f]{16}")
 STATES: Final = ("queued", "running", "succeeded", "failed", "cancelled")
-_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
+#: No token needed: health, and the dashboard's static page and assets (they hold no data;
+#: the page reads ``/v1/dashboard`` with the token, ``docs/observability-dashboard.md``).
+_OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"}) | _DASHBOARD_PATHS
 _TASK_TYPES: Final = {
     "application/json": "json",
     "application/yaml": "yaml",
@@ -404,6 +408,7 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
     app.router.add_post("/v1/tasks/{id}/close", close_calls)
     app.router.add_get("/v1/tasks/{id}/rows", rows)
     app.router.add_get("/v1/tasks/{id}/failures", failures)
+    add_dashboard_routes(app, manager, options)
     return app
 
 

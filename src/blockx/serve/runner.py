@@ -198,7 +198,15 @@ class TaskManager:
         """Take back every unfinished task of the store (oldest first); returns how many."""
         records = await self.store.call(self.store.store.requeue_unfinished)
         for record in records:
-            self._enqueue(LiveTask(record))
+            live = LiveTask(record)
+            if record.cancel_reason is not None:  # cancelled before the restart: end it
+                self.live[record.id] = live
+                live.cancel_reason = record.cancel_reason
+                await self._finish(
+                    live, "cancelled", None, {"kind": "CANCELLED", "message": record.cancel_reason}
+                )
+                continue
+            self._enqueue(live)
         self._schedule()
         self._expiry = asyncio.get_running_loop().create_task(
             self._expire_forever(), name="blockx-serve-expiry"
@@ -307,6 +315,9 @@ class TaskManager:
         live = self.live.get(record_id)
         if live is None:
             return False
+        # Stored first: a server that dies before the run converges ends the task
+        # cancelled when it starts again, instead of running it.
+        await self.store.call(self.store.store.request_cancel, record_id, reason)
         live.cancel_reason = reason
         if live.runner is None:  # still waiting for a slot: it ends here
             self._unqueue(live)

@@ -106,7 +106,8 @@ _SCHEMA: Final = (
         started_at REAL,
         ended_at REAL,
         summary BLOB,                     -- JSON
-        failure BLOB                      -- JSON
+        failure BLOB,                     -- JSON
+        cancel_reason TEXT                -- a cancel asked for, kept across a restart
     )""",
     "CREATE INDEX tasks_by_state ON tasks (state, seq)",
     """CREATE TABLE calls (
@@ -126,7 +127,7 @@ _SCHEMA: Final = (
 #: The columns of ``tasks`` a :class:`TaskRecord` holds, in its fields' order.
 _TASK_FIELDS: Final = tuple(
     "id task_id instance state spec streamed closed calls done succeeded failed cancelled rows"
-    " created_at started_at ended_at summary failure".split()
+    " created_at started_at ended_at summary failure cancel_reason".split()
 )
 _TASK_COLUMNS: Final = ", ".join(_TASK_FIELDS)
 
@@ -233,6 +234,9 @@ class TaskRecord:
     ended_at: float | None
     summary: dict[str, Any] | None
     failure: dict[str, Any] | None
+    #: Why a cancel was asked for (``request_cancel``), until the task ends cancelled: a
+    #: server that restarts first ends the task instead of running it again.
+    cancel_reason: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -324,7 +328,7 @@ class TaskStore:
                 raise ValueError(f"task {rec.id} exists already")
             connection.execute(
                 f"INSERT INTO tasks ({_TASK_COLUMNS}) VALUES"
-                " (?, ?, ?, 'queued', ?, ?, ?, ?, 0, 0, 0, 0, 0, ?, NULL, NULL, NULL, NULL)",
+                " (?, ?, ?, 'queued', ?, ?, ?, ?, 0, 0, 0, 0, 0, ?, NULL, NULL, NULL, NULL, NULL)",
                 (
                     rec.id,
                     rec.task_id,
@@ -369,6 +373,18 @@ class TaskStore:
                 )
                 connection.execute("UPDATE tasks SET calls = ? WHERE id = ?", (calls + count, id))
             return int(calls) + count
+
+    def request_cancel(self, id: str, reason: str) -> bool:
+        """Record that the task is to be cancelled (kept across a restart); False when it
+        had finished already or a cancel was recorded before. KeyError for an unknown id."""
+        with self._write() as connection:
+            self._require(connection, id)
+            changed = connection.execute(
+                "UPDATE tasks SET cancel_reason = ? WHERE id = ? AND cancel_reason IS NULL"
+                " AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                (reason, id),
+            ).rowcount
+        return changed > 0
 
     def close_calls(self, id: str) -> None:
         """No more calls for this task (a no-op when it is closed already); KeyError if unknown."""
@@ -576,6 +592,17 @@ class TaskStore:
                 rows = connection.execute(
                     f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY seq", (state,)
                 )
+            return [_record(row) for row in rows]
+
+    def newest(self, state: str, limit: int) -> builtins.list[TaskRecord]:
+        """The ``limit`` newest tasks in ``state``, newest first (the dashboard's list)."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {list(STATES)}, got {state!r}")
+        with self._read() as connection:
+            rows = connection.execute(
+                f"SELECT {_TASK_COLUMNS} FROM tasks WHERE state = ? ORDER BY seq DESC LIMIT ?",
+                (state, limit),
+            )
             return [_record(row) for row in rows]
 
     # ---- internals --------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The pool hands each child pipe to an :class:`OutputReader`: a non-blocking fd read
 from the event loop (``add_reader``), split into lines, each logged on the
 ``blockx.worker.executor`` logger with the executor id. The executor writes JSON log
-lines; their level, message and call fields are kept.
+lines; their level, message and call fields are kept (as the record's ``executorText``,
+``callId``, ... : ``blockx.observability.logs`` writes them out under ``--log-format json``).
 """
 
 from __future__ import annotations
@@ -110,4 +111,5 @@ class OutputReader:
                 if "logger" in record:
                     extra["executorLogger"] = record["logger"]
         if _output_log.isEnabledFor(level):
+            extra["executorText"] = text  # without the prefix: a JSON log line's message
             _output_log.log(level, "[%s] %s", executor_id, text, extra=extra)
