@@ -442,6 +442,41 @@ def test_gauges_rise_while_calls_sleep_and_fall_when_they_end(tmp_path: Path) ->
     assert value(after, "blockx_call_duration_seconds_bucket", le="0.001") == 0
 
 
+def test_an_executor_killed_from_outside_is_counted_restarted() -> None:
+    """SIGKILL of exec-0's process: its restart counter moves by one (the other's not),
+    and it reports again (a new process, a fresh heartbeat)."""
+    import signal
+
+    with WorkerSession(e2e_config(), metrics_port=0) as session:
+        worker = session.worker
+        port = worker.metrics_port
+        assert port is not None
+
+        async def scenario() -> tuple[Samples, Samples]:
+            _, before = await scrape(port)
+            old_pid = worker.pool.pid("exec-0")
+            assert old_pid is not None
+            os.kill(old_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:
+                _, after = await scrape(port)
+                new_pid = worker.pool.pid("exec-0")
+                if (
+                    value(after, "blockx_executor_restarts_total", executor="exec-0") == 1
+                    and new_pid not in (None, old_pid)
+                    and worker.adapter.is_attached("exec-0")
+                    and value(after, "blockx_executors", state="running") == 2
+                ):
+                    return before, after
+                assert time.monotonic() < deadline, after
+                await asyncio.sleep(0.05)
+
+        before, after = session.run(scenario(), timeout=90)
+    assert value(before, "blockx_executor_restarts_total", executor="exec-0") == 0
+    assert value(after, "blockx_executor_restarts_total", executor="exec-1") == 0
+    assert value(after, "blockx_executor_wedge_kills_total") == 0  # not the backstop's kill
+
+
 def test_the_collector_reads_zeros_off_a_worker_that_is_not_running() -> None:
     """Before start a snapshot is zeros, and the collector still yields every series --
     a scrape never raises."""
