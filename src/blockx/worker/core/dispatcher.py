@@ -662,14 +662,6 @@ class DispatcherCore:
         finally:
             self._running = None
 
-    # === the clock of the statistics ========================================================
-
-    def set_clock(self, now_ms: int) -> None:
-        """Hand in the time (ms) attempt durations are measured on
-        (``DispatcherStats.attempt_buckets``): the actor calls it once per run.
-        Statistics only -- no decision reads it (those take ``now_ms`` arguments)."""
-        self._core.clock_ms = now_ms
-
     # === introspection (read-only) =========================================================
 
     @property

@@ -118,7 +118,6 @@ class CoreState:
     __slots__ = (
         "cache_limit",
         "calls",
-        "clock_ms",
         "config",
         "dirty",
         "executors",
@@ -151,9 +150,6 @@ class CoreState:
         #: Tasks to settle at the next ``flush_dirty_tasks``, in marking order.
         self.dirty: deque[TaskDispatchState] = deque()
         self.stats = DispatcherStats()
-        #: The latest ``now_ms`` the actor handed in (``DispatcherCore.set_clock``): what
-        #: attempt durations are measured on (statistics only; no decision reads it).
-        self.clock_ms = 0
         self.cache_limit = config.call_cache_max_entries
         #: ``max_collected_output_bytes`` (0: no limit), read once per completion.
         self.output_limit = config.max_collected_output_bytes
@@ -216,7 +212,7 @@ def release_executor(
         return None
     if ctx.bound:  # an attempt that reached its executor ended: count its duration
         stats = core.stats
-        elapsed_ms = core.clock_ms - ctx.attempt_started_ms
+        elapsed_ms = stats.clock_ms - ctx.attempt_started_ms
         bucket = 0  # (<= 1 ms; and a wall clock that stepped back)
         if elapsed_ms > 1:  # the buckets' bounds are powers of two: no search
             stats.attempt_ms_total += elapsed_ms

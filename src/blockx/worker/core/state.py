@@ -171,7 +171,7 @@ class DispatchCallContext:
         self.attempt_count = 0
         #: Increases with every bind; failures of older attempts are stale.
         self.attempt_seq = 0
-        #: The core's clock (``CoreState.clock_ms``) when the current attempt's bind
+        #: ``DispatcherStats.clock_ms`` when the current attempt's bind
         #: was confirmed: its duration is measured from here (metrics only).
         self.attempt_started_ms = 0
         self.max_attempts = max_attempts
@@ -651,15 +651,19 @@ class DispatcherStats:
 
     Besides the integer counters of :meth:`as_dict`, for metrics (read at scrape
     time, ``blockx.observability``): final failures and retries by error kind, and a
-    histogram of attempt durations (bind confirmed to executor released, on the
-    clock the actor hands in: ``DispatcherCore.set_clock``), counted by
-    ``lifecycle.release_executor``.
+    histogram of attempt durations (bind confirmed to executor released, on
+    :attr:`clock_ms`), counted by ``lifecycle.release_executor``.
+
+    :attr:`clock_ms` is the one field written from outside: the actor sets it once per
+    run (ms since it started: a small int). Statistics only -- no decision of the core
+    reads it (those take ``now_ms`` arguments), so the core stays clock-free.
     """
 
     __slots__ = (
         *_STAT_COUNTERS,
         "attempt_buckets",
         "attempt_ms_total",
+        "clock_ms",
         "failures_by_kind",
         "retries_by_kind",
     )
@@ -698,6 +702,8 @@ class DispatcherStats:
         self.attempt_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
         #: The attempts' durations added up (ms).
         self.attempt_ms_total = 0
+        #: What attempt durations are measured on (ms; set by the actor each run).
+        self.clock_ms = 0
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}
