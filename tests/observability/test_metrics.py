@@ -620,3 +620,26 @@ def test_blockx_serve_get_metrics(tmp_path: Path) -> None:
     assert value(after, "blockx_tasks", state="running") == 0
     assert value(after, "blockx_calls_total", kind="root", outcome="succeeded") == 3
     assert value(after, "blockx_rows_total") == 3
+
+
+def test_the_attempt_histogram_folds_its_per_millisecond_slots_into_the_buckets() -> None:
+    """Attempts under 1024 ms are counted one slot per ms, slower ones by bucket: read,
+    both fold into the power-of-two buckets (``le`` inclusive) with the exact sum."""
+    from blockx.worker.core.state import ATTEMPT_BUCKETS_MS, DispatcherStats
+
+    stats = DispatcherStats()
+    durations = [0, 1, 2, 3, 4, 5, 1023, 1024, 1025, 300_000, 10**9]
+    for ms in durations:
+        if 0 <= ms < 1024:
+            stats.attempt_ms_counts[ms] += 1
+        else:
+            stats.record_slow_attempt(ms)
+    stats.record_slow_attempt(-5)  # the wall clock stepped back: counted as 0 ms
+    counts, total = stats.attempt_histogram()
+    assert total == sum(durations)
+    expected = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
+    for ms in [*durations, 0]:
+        index = next((i for i, b in enumerate(ATTEMPT_BUCKETS_MS) if ms <= b), None)
+        expected[len(ATTEMPT_BUCKETS_MS) if index is None else index] += 1
+    assert counts == expected
+    assert counts[0] == 3 and counts[1] == 1 and counts[2] == 2 and counts[-1] == 2

@@ -125,7 +125,7 @@ def _executors(worker: Any) -> list[dict[str, Any]]:
 
 def _attempts(stats: Any) -> dict[str, Any]:
     """The attempt-duration histogram: cumulative buckets in seconds, sum, count."""
-    counts: list[int] = list(stats.attempt_buckets) if stats is not None else []
+    counts, total_ms = stats.attempt_histogram() if stats is not None else ([], 0)
     cumulative: list[tuple[float, int]] = []
     seen = 0
     for index, bound_ms in enumerate(ATTEMPT_BUCKETS_MS):
@@ -134,7 +134,7 @@ def _attempts(stats: Any) -> dict[str, Any]:
     return {
         "buckets": cumulative,
         "count": sum(counts),
-        "sum_s": (stats.attempt_ms_total / 1000.0) if stats is not None else 0.0,
+        "sum_s": total_ms / 1000.0,
     }
 
 

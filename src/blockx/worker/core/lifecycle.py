@@ -58,7 +58,7 @@ from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
 from .selection import ExecutorTable
 from .state import (
-    ATTEMPT_BUCKETS_MS,
+    ATTEMPT_DENSE_MS,
     DispatchCallContext,
     DispatcherStats,
     EndedRun,
@@ -108,8 +108,8 @@ _CANCELLED: Final = CallOutcome.CANCELLED
 
 Out = list[DispatchCommand]
 
-#: The attempt-duration bucket of the attempts slower than every bound.
-_SLOWEST_ATTEMPTS: Final = len(ATTEMPT_BUCKETS_MS)
+#: Attempts shorter than this (ms) are counted one slot per ms (``DispatcherStats``).
+_DENSE_ATTEMPT_MS: Final = ATTEMPT_DENSE_MS
 
 
 class CoreState:
@@ -213,15 +213,10 @@ def release_executor(
     if ctx.bound:  # an attempt that reached its executor ended: count its duration
         stats = core.stats
         elapsed_ms = stats.clock_ms - ctx.attempt_started_ms
-        bucket = 0  # (<= 1 ms; and a wall clock that stepped back)
-        if elapsed_ms > 1:  # the buckets' bounds are powers of two: no search
-            stats.attempt_ms_total += elapsed_ms
-            bucket = (elapsed_ms - 1).bit_length()
-            if bucket > _SLOWEST_ATTEMPTS:
-                bucket = _SLOWEST_ATTEMPTS
-        elif elapsed_ms == 1:
-            stats.attempt_ms_total += 1
-        stats.attempt_buckets[bucket] += 1
+        if 0 <= elapsed_ms < _DENSE_ATTEMPT_MS:  # one slot per ms: an index, an increment
+            stats.attempt_ms_counts[elapsed_ms] += 1
+        else:
+            stats.record_slow_attempt(elapsed_ms)
     ctx.executor = None
     ctx.bound = False
     core.executors.release_slot(ex, ctx, completed)

@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPT_BUCKETS_MS",
+    "ATTEMPT_DENSE_MS",
     "CALL_TRANSITIONS",
     "DispatchCallContext",
     "DispatcherStats",
@@ -644,6 +645,10 @@ _STAT_COUNTERS: Final = (
 #: ``bit_length`` (``lifecycle.release_executor``), not a search; one more bucket holds
 #: the slower attempts (``DispatcherStats.attempt_buckets``).
 ATTEMPT_BUCKETS_MS: Final = tuple(1 << power for power in range(19))
+#: Attempts shorter than this (ms) are counted in one list slot per millisecond: the
+#: common case costs one index and one increment per attempt (no arithmetic, no sum);
+#: the buckets and the sum are folded from the slots when read.
+ATTEMPT_DENSE_MS: Final = 1024
 
 
 class DispatcherStats:
@@ -661,8 +666,9 @@ class DispatcherStats:
 
     __slots__ = (
         *_STAT_COUNTERS,
-        "attempt_buckets",
-        "attempt_ms_total",
+        "attempt_ms_counts",
+        "attempt_slow_buckets",
+        "attempt_slow_ms_total",
         "clock_ms",
         "failures_by_kind",
         "retries_by_kind",
@@ -697,13 +703,38 @@ class DispatcherStats:
         self.failures_by_kind: dict[str, int] = {}
         #: Retries armed, by the kind of the error that failed the attempt.
         self.retries_by_kind: dict[str, int] = {}
-        #: Attempts by duration: bucket i counts those <= ``ATTEMPT_BUCKETS_MS[i]`` (and
-        #: above the bound before); the last bucket the slower ones.
-        self.attempt_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
-        #: The attempts' durations added up (ms).
-        self.attempt_ms_total = 0
+        #: Attempts by duration (:meth:`attempt_histogram` reads them): slot i counts
+        #: those of i ms (< ``ATTEMPT_DENSE_MS``; a negative one -- the wall clock stepped
+        #: back -- counts as 0 ms) ...
+        self.attempt_ms_counts: list[int] = [0] * ATTEMPT_DENSE_MS
+        #: ... and the slower ones by bucket (``ATTEMPT_BUCKETS_MS``, then slower), with
+        #: their durations added up (ms).
+        self.attempt_slow_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
+        self.attempt_slow_ms_total = 0
         #: What attempt durations are measured on (ms; set by the actor each run).
         self.clock_ms = 0
+
+    def record_slow_attempt(self, elapsed_ms: int) -> None:
+        """An attempt that took ``elapsed_ms`` outside ``0 .. ATTEMPT_DENSE_MS - 1``."""
+        if elapsed_ms < 0:
+            self.attempt_ms_counts[0] += 1
+            return
+        bucket = (elapsed_ms - 1).bit_length()  # the bounds are powers of two
+        last = len(ATTEMPT_BUCKETS_MS)
+        self.attempt_slow_buckets[bucket if bucket < last else last] += 1
+        self.attempt_slow_ms_total += elapsed_ms
+
+    def attempt_histogram(self) -> tuple[list[int], int]:
+        """``(counts, total ms)``: the attempts by bucket -- ``counts[i]`` those of at most
+        ``ATTEMPT_BUCKETS_MS[i]`` ms and more than the bound before, the last the slower
+        ones -- and their durations added up. For metrics, at read time."""
+        counts = list(self.attempt_slow_buckets)
+        total = self.attempt_slow_ms_total
+        for ms, count in enumerate(self.attempt_ms_counts):
+            if count:
+                counts[(ms - 1).bit_length() if ms > 1 else 0] += count
+                total += ms * count
+        return counts, total
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}
