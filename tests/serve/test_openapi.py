@@ -30,6 +30,7 @@ ENDPOINTS: dict[tuple[str, str], set[str]] = {
     ("/healthz", "get"): {"200"},
     ("/readyz", "get"): {"200", "503"},
     ("/openapi.json", "get"): {"200", "401"},
+    ("/metrics", "get"): {"200", "401"},
 }
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 

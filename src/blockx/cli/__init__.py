@@ -214,6 +214,16 @@ _REMOTE_HELP = {
 }
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text, 10)
@@ -346,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         "OTEL_EXPORTER_OTLP_ENDPOINT exports them too (blockx[otel])",
     )
     _add_config_options(run)
+    observe = run.add_argument_group("observability")
+    observe.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics while the task "
+        "runs (on 127.0.0.1 only: this machine; 0 picks a free port and prints it)",
+    )
 
     validate = commands.add_parser(
         "validate",
@@ -478,6 +496,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 errors_out=args.errors_out,
                 summary_json=args.summary_json,
                 progress=args.progress,
+                metrics_port=args.metrics_port,
                 log_format=args.log_format,
                 trace_file=args.trace_file,
             )

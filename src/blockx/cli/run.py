@@ -205,6 +205,8 @@ async def _run_task(
     show_progress: bool,
     worker: Worker | None = None,
     trace_file: str | None = None,
+    *,
+    metrics_port: int | None = None,
 ) -> RunOutcome:
     from blockx.cli.output import OutputClosed
     from blockx.cli.report import RunOutcome
@@ -229,6 +231,7 @@ async def _run_task(
                 interruption,
                 worker,
                 trace_file,
+                metrics_port=metrics_port,
             )
         except asyncio.CancelledError:  # a first signal that came while a handler settled
             if outcome.interrupted is None:
@@ -256,6 +259,8 @@ async def _run_on_worker(
     interruption: _Interruption,
     started: Worker | None = None,
     trace_file: str | None = None,
+    *,
+    metrics_port: int | None = None,
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
@@ -271,8 +276,13 @@ async def _run_on_worker(
     worker = (
         started
         if started is not None
-        else Worker(settings.worker, tracing=Tracing.from_env(trace_file))
+        else Worker(
+            settings.worker,
+            tracing=Tracing.from_env(trace_file),
+            metrics_port=metrics_port,
+        )
     )
+    worker.observe_io(io)  # its task scopes' statistics, in the metrics
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
@@ -281,6 +291,8 @@ async def _run_on_worker(
     try:
         if started is None:
             await worker.start()
+        if metrics_port == 0 and worker.metrics_port is not None:
+            console.print(f"blockx: metrics at http://127.0.0.1:{worker.metrics_port}/metrics")
         task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
@@ -477,7 +489,11 @@ async def _start_then_check(
     from blockx.observability.tracing import Tracing
     from blockx.worker.app import Worker, tune_gc
 
-    worker = Worker(config, tracing=Tracing.from_env(options.trace_file))
+    worker = Worker(
+        config,
+        tracing=Tracing.from_env(options.trace_file),
+        metrics_port=options.metrics_port,
+    )
     start_error: Exception | None = None
     try:
         try:
@@ -512,6 +528,7 @@ async def _start_then_check(
         _shows_progress(options, console),
         started,
         options.trace_file,
+        metrics_port=options.metrics_port,
     )
 
 
@@ -547,6 +564,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
                     c.total,
                     _shows_progress(options, console),
                     trace_file=options.trace_file,
+                    metrics_port=options.metrics_port,
                 )
             )
         else:

@@ -49,6 +49,7 @@ class RunOptions:
     errors_out: str | None = None
     summary_json: str | None = None
     progress: bool | None = None  # None: when stderr is a terminal
+    metrics_port: int | None = None  # serve /metrics on 127.0.0.1 while the task runs
     log_format: str | None = None  # json | text; None: BLOCKX_LOG_FORMAT, else text
     trace_file: str | None = None  # --trace-file (else $BLOCKX_TRACE_FILE; None: no file)
 

@@ -200,6 +200,20 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
             return problem(503, "not-ready", "Not ready", "no executor attached yet")
         return _json({"status": "ready", "executors": attached})
 
+    # GET /metrics (docs/observability-metrics.md): the worker's series and blockx_tasks{state}
+    # from the store, read at each scrape; behind the token like the API.
+    from blockx.observability.metrics import make_registry, metrics_response
+
+    options.worker.observe_io(manager.io)
+    task_counts: dict[str, int] = {}
+    registry = make_registry(options.worker, tasks=lambda: task_counts)
+
+    async def metrics(request: web.Request) -> web.Response:
+        counts = await manager.store.call(manager.store.store.counts_by_state)
+        task_counts.clear()
+        task_counts.update(counts)
+        return metrics_response(registry, request)
+
     async def openapi(_request: web.Request) -> web.Response:
         from blockx.serve.openapi import OPENAPI
 
@@ -385,6 +399,7 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/tasks", create_task)
     app.router.add_get("/v1/tasks", list_tasks)
     app.router.add_get("/v1/tasks/{id}", get_task)

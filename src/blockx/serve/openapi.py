@@ -620,6 +620,20 @@ _PATHS: Final[dict[str, Any]] = {
             },
         }
     },
+    "/metrics": {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics of the worker and the tasks",
+            "responses": {
+                "200": {
+                    "description": "The series of docs/observability-metrics.md, in the Prometheus "
+                    "text format (OpenMetrics when the Accept header asks for it).",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                "401": _response("Unauthorized"),
+            },
+        }
+    },
 }
 
 #: The OpenAPI 3.1.0 document (``GET /openapi.json``).

@@ -96,6 +96,8 @@ _SHUTDOWN_CONVERGE_S: Final = 5.0
 _CANCEL_CONVERGE_S: Final = 5.0
 
 _task_seq = itertools.count(1)
+#: The final states of a task (``Worker.task_counts``).
+_ENDED_STATES: Final = ("succeeded", "failed", "cancelled")
 
 
 def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHandler:
@@ -252,6 +254,9 @@ class Worker:
 
     ``tracing`` (a :class:`blockx.observability.tracing.Tracing`, e.g. from
     ``Tracing.from_env(trace_file)``) records spans; None (the default) is off.
+    ``metrics_port``: serve Prometheus metrics at ``http://127.0.0.1:PORT/metrics``
+    while the worker runs (0: a free port, see :attr:`metrics_port`); the series are
+    docs/observability-metrics.md's, read from the worker's counters at each scrape.
 
     Testing hooks: ``spawner`` replaces the process spawner; ``core_wrapper`` wraps the
     dispatcher core (an ownership-checking proxy); ``tick_interval_ms`` the tick.
@@ -267,6 +272,7 @@ class Worker:
         tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS,
         seed: int | None = None,
         tracing: Tracing | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.config = config if config is not None else load_config()
         self.tracing = tracing
@@ -275,6 +281,12 @@ class Worker:
             from blockx.observability.tracing import CallTracer
 
             self._tracer = CallTracer(tracing)
+        self._metrics_port = metrics_port
+        self._metrics_server: Any = None
+        #: IO subsystems whose statistics the metrics report (:meth:`observe_io`).
+        self._io_systems: list[Any] = []
+        #: Tasks ended, by final state (succeeded / failed / cancelled): for metrics.
+        self._tasks_ended: dict[str, int] = dict.fromkeys(_ENDED_STATES, 0)
         self._default_io = _io_handler(io_handlers)
         self._spawner = spawner
         self._core_wrapper = core_wrapper
@@ -288,6 +300,7 @@ class Worker:
         self._handles: set[TaskHandle] = set()
         self._started = False
         self._closed = False
+        self.observe_io(self._default_io)
 
     def __repr__(self) -> str:
         status = "closed" if self._closed else ("running" if self._started else "new")
@@ -338,6 +351,11 @@ class Worker:
             self._pool = pool
             self._admission = asyncio.Semaphore(cfg.admission.executor_task_slots)
             await pool.start()
+            if self._metrics_port is not None:
+                from blockx.observability.metrics import MetricsServer
+
+                self._metrics_server = MetricsServer.for_worker(self, port=self._metrics_port)
+                await self._metrics_server.start()
         except BaseException:
             await self.close()
             raise
@@ -387,6 +405,8 @@ class Worker:
             await self._adapter.close()
         if drivers:
             await asyncio.gather(*drivers, return_exceptions=True)
+        if self._metrics_server is not None:
+            await self._metrics_server.stop()
         _log.info("worker stopped")
 
     async def __aenter__(self) -> Worker:
@@ -419,6 +439,50 @@ class Worker:
     @property
     def socket_path(self) -> str:
         return self.adapter.socket_path
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the metrics server listens on (127.0.0.1), once started; None without."""
+        server = self._metrics_server
+        return None if server is None else server.port
+
+    @property
+    def io_subsystems(self) -> list[Any]:
+        """The IO subsystems whose statistics the metrics report (:meth:`observe_io`)."""
+        return list(self._io_systems)
+
+    def observe_io(self, io: Any) -> None:
+        """Report ``io``'s statistics (an :class:`~blockx.worker.io.registry.IOSubsystem`,
+        or anything with an ``IOStats`` ``stats`` whose scopes roll up into it) in the
+        worker's metrics. The worker's own IO handler, and a task's that is a subsystem,
+        are observed already; ``blockx run`` and ``blockx serve`` give the subsystem
+        whose task scopes they hand to tasks. Idempotent; anything without stats is
+        ignored."""
+        if getattr(io, "stats", None) is None or not hasattr(io, "task_scope"):
+            return
+        if all(known is not io for known in self._io_systems):
+            self._io_systems.append(io)
+
+    def task_counts(self) -> dict[str, int]:
+        """Tasks by state: ``queued`` (waiting for an admission slot or still being
+        checked), ``running``, and the ended ones by final state (since the start)."""
+        running = sum(1 for h in self._handles if h.registered and not h.done())
+        queued = sum(1 for h in self._handles if not h.registered and not h.done())
+        return {"queued": queued, "running": running, **self._tasks_ended}
+
+    def _task_ended(self, run: TaskRun, driver: asyncio.Task[None]) -> None:
+        converged = run.converged_with
+        if converged is not None and converged.success and not run.output_limit_hit:
+            state = "succeeded"
+        elif (converged is not None and converged.failure is not None) and (
+            converged.failure.kind == "CANCELLED"
+        ):
+            state = "cancelled"
+        elif converged is None and driver.cancelled():
+            state = "cancelled"
+        else:
+            state = "failed"
+        self._tasks_ended[state] += 1
 
     def _orchestrator_post(self, event: Any) -> None:
         if self._orchestrator is not None:
@@ -491,6 +555,7 @@ class Worker:
         # other's cached reads, even under one task id, and a finished run's cache is freed.
         new_scope = getattr(io_handler, "task_scope", None)
         if callable(new_scope):
+            self.observe_io(io_handler)
             io_handler = own_scope = new_scope(task.task_id)
         run = TaskRun(
             task_id=internal_id,
@@ -523,6 +588,7 @@ class Worker:
         # A driver that ends without the run converging (a bad call found after submit,
         # a cancel before admission) must wake a rows() iteration waiting for a change.
         driver.add_done_callback(lambda _d: run.changed.set())
+        driver.add_done_callback(functools.partial(self._task_ended, run))
         if own_scope is not None:
             # The run is over: its backend calls still running are nobody's.
             driver.add_done_callback(lambda _d: own_scope.close(cancel_running=True))

@@ -210,6 +210,8 @@ class Orchestrator:
         self.default_io_handler = default_io_handler
         self._tick_interval_s = tick_interval_ms / 1000.0
         self._clock_ms = clock_ms
+        self._clock_origin_ms = clock_ms()
+        self._core_stats = core.stats
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: deque[ActorEvent] = deque()
         # True while an actor run is scheduled or running: posting then only appends.
@@ -249,7 +251,7 @@ class Orchestrator:
             run=self._run,
             fail_attempt=self._fail_attempt,
         )
-        self.tasks = Tasks(core, code_view, self.runs, run=self._run)
+        self.tasks = Tasks(core, code_view, self.runs, run=self._run, stats=self.stats)
         self.tick = Tick(
             core,
             adapter,
@@ -448,7 +450,9 @@ class Orchestrator:
         self._in_actor = True
         self.stats.actor_runs += 1
         try:
-            self._now_ms = self._clock_ms()
+            self._now_ms = now_ms = self._clock_ms()
+            # The clock of the attempt durations (statistics): small ints, one store.
+            self._core_stats.clock_ms = now_ms - self._clock_origin_ms
             for _round in range(_MAX_ROUNDS):
                 while events:
                     event = events.popleft()

@@ -25,6 +25,7 @@ class OrchestratorStats:
         "io_waits",
         "io_waits_released",
         "resume_send_failures",
+        "rows",
         "send_failures",
         "stale_waits",
         "subcall_waits",
@@ -42,6 +43,8 @@ class OrchestratorStats:
         #: IO waits left unanswered whose future was cancelled (ReleaseWait).
         self.io_waits_released = 0
         self.resume_send_failures = 0
+        #: Rows (successful root calls' outputs) handed to the task runs.
+        self.rows = 0
         self.send_failures = 0
         self.stale_waits = 0
         self.subcall_waits = 0

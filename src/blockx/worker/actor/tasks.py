@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from blockx.worker.actor.stats import OrchestratorStats
 from blockx.worker.core import (
     BatchSettled,
     ConvergeTaskCalls,
@@ -79,6 +80,7 @@ class Tasks:
         runs: TaskRuns,
         *,
         run: Callable[[list[DispatchCommand]], None],
+        stats: OrchestratorStats | None = None,
     ) -> None:
         self._core = core
         self._code_view = code_view
@@ -86,6 +88,8 @@ class Tasks:
         self._run = run
         #: The span recorder (None: tracing off; set by ``Orchestrator.set_tracer``).
         self.tracer: CallTracer | None = None
+        #: The rows handed to the runs are counted here (``rows``).
+        self._stats = stats if stats is not None else OrchestratorStats()
 
     def __repr__(self) -> str:
         return f"Tasks({self._runs!r})"
@@ -98,11 +102,13 @@ class Tasks:
             run.production_stopped(cmd.failure)
 
     def execute_batch_settled(self, cmd: BatchSettled) -> None:
+        self._stats.rows += len(cmd.outputs)
         run = self._runs.by_id.get(cmd.task_id)
         if run is not None:
             run.batch_settled(cmd)
 
     def execute_converge(self, cmd: ConvergeTaskCalls) -> None:
+        self._stats.rows += len(cmd.outputs)
         run = self._runs.remove(cmd.task_id)
         tracer = self.tracer
         if tracer is not None:

@@ -102,6 +102,7 @@ def confirm_bind(
     if ctx is None:
         return
     ctx.bound = True
+    ctx.attempt_started_ms = core.stats.clock_ms
     parent = ctx.parent
     # Positional: one per call (see .records).
     out.append(

@@ -58,6 +58,7 @@ from .keys import SubcallIdSequence
 from .retry import compute_backoff, should_retry
 from .selection import ExecutorTable
 from .state import (
+    ATTEMPT_DENSE_MS,
     DispatchCallContext,
     DispatcherStats,
     EndedRun,
@@ -106,6 +107,9 @@ _FAILED: Final = CallOutcome.FAILED
 _CANCELLED: Final = CallOutcome.CANCELLED
 
 Out = list[DispatchCommand]
+
+#: Attempts shorter than this (ms) are counted one slot per ms (``DispatcherStats``).
+_DENSE_ATTEMPT_MS: Final = ATTEMPT_DENSE_MS
 
 
 class CoreState:
@@ -206,6 +210,13 @@ def release_executor(
     ex = ctx.executor
     if ex is None:
         return None
+    if ctx.bound:  # an attempt that reached its executor ended: count its duration
+        stats = core.stats
+        elapsed_ms = stats.clock_ms - ctx.attempt_started_ms
+        if 0 <= elapsed_ms < _DENSE_ATTEMPT_MS:  # one slot per ms: an index, an increment
+            stats.attempt_ms_counts[elapsed_ms] += 1
+        else:
+            stats.record_slow_attempt(elapsed_ms)
     ctx.executor = None
     ctx.bound = False
     core.executors.release_slot(ex, ctx, completed)
@@ -278,9 +289,19 @@ def set_call_terminal(
         stats.calls_completed += 1
     elif outcome is _FAILED:
         stats.calls_failed += 1
+        failed_with = ctx.error
+        kind = failed_with.kind if failed_with is not None else "unknown"
+        by_kind = stats.failures_by_kind
+        by_kind[kind] = by_kind.get(kind, 0) + 1
     else:
         stats.calls_cancelled += 1
     if ctx.is_subcall:
+        if outcome is _SUCCEEDED:
+            stats.subcalls_completed += 1
+        elif outcome is _FAILED:
+            stats.subcalls_failed += 1
+        else:
+            stats.subcalls_cancelled += 1
         if ctx.parked:
             ctx.parked = False
             del task.pending_bind_subcalls[ctx.call_id]
@@ -628,7 +649,10 @@ def fail_attempt(
         )
         ctx.retry_armed = True
         task.retries += 1
-        core.stats.retries += 1
+        stats = core.stats
+        stats.retries += 1
+        retried = stats.retries_by_kind
+        retried[error.kind] = retried.get(error.kind, 0) + 1
         out.append(
             ArmCallRetry(
                 call_id=ctx.call_id,

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
+    "ATTEMPT_BUCKETS_MS",
+    "ATTEMPT_DENSE_MS",
     "CALL_TRANSITIONS",
     "DispatchCallContext",
     "DispatcherStats",
@@ -100,6 +102,7 @@ class DispatchCallContext:
         "ancestry",
         "attempt_count",
         "attempt_seq",
+        "attempt_started_ms",
         "awaiting_isolation",
         "batch",
         "batch_idx",
@@ -169,6 +172,9 @@ class DispatchCallContext:
         self.attempt_count = 0
         #: Increases with every bind; failures of older attempts are stale.
         self.attempt_seq = 0
+        #: ``DispatcherStats.clock_ms`` when the current attempt's bind
+        #: was confirmed: its duration is measured from here (metrics only).
+        self.attempt_started_ms = 0
         self.max_attempts = max_attempts
         self.budget_ms = budget_ms
         self.budget_used_ms = 0
@@ -624,17 +630,49 @@ _STAT_COUNTERS: Final = (
     "retries",
     "singleflight_hits",
     "stale_events",
+    "subcalls_cancelled",
+    "subcalls_completed",
     "subcalls_created",
+    "subcalls_failed",
     "subcalls_rejected",
     "suspects",
     "tasks_converged",
 )
 
 
-class DispatcherStats:
-    """Counters since the core was built (monotonic; read-only for callers)."""
+#: Upper bounds (ms, inclusive) of the attempt-duration histogram's buckets: 1 ms, 2 ms,
+#: 4 ms ... 2^18 ms (~262 s), powers of two so that an attempt's bucket is a
+#: ``bit_length`` (``lifecycle.release_executor``), not a search; one more bucket holds
+#: the slower attempts (``DispatcherStats.attempt_buckets``).
+ATTEMPT_BUCKETS_MS: Final = tuple(1 << power for power in range(19))
+#: Attempts shorter than this (ms) are counted in one list slot per millisecond: the
+#: common case costs one index and one increment per attempt (no arithmetic, no sum);
+#: the buckets and the sum are folded from the slots when read.
+ATTEMPT_DENSE_MS: Final = 1024
 
-    __slots__ = _STAT_COUNTERS
+
+class DispatcherStats:
+    """Counters since the core was built (monotonic; read-only for callers).
+
+    Besides the integer counters of :meth:`as_dict`, for metrics (read at scrape
+    time, ``blockx.observability``): final failures and retries by error kind, and a
+    histogram of attempt durations (bind confirmed to executor released, on
+    :attr:`clock_ms`), counted by ``lifecycle.release_executor``.
+
+    :attr:`clock_ms` is the one field written from outside: the actor sets it once per
+    run (ms since it started: a small int). Statistics only -- no decision of the core
+    reads it (those take ``now_ms`` arguments), so the core stays clock-free.
+    """
+
+    __slots__ = (
+        *_STAT_COUNTERS,
+        "attempt_ms_counts",
+        "attempt_slow_buckets",
+        "attempt_slow_ms_total",
+        "clock_ms",
+        "failures_by_kind",
+        "retries_by_kind",
+    )
 
     def __init__(self) -> None:
         self.binds = 0
@@ -657,6 +695,46 @@ class DispatcherStats:
         self.suspects = 0
         #: Losses of an executor running a suspect alone (its attempt spent).
         self.calls_blamed = 0
+        #: The sub-calls among ``calls_completed`` / ``calls_failed`` / ``calls_cancelled``.
+        self.subcalls_completed = 0
+        self.subcalls_failed = 0
+        self.subcalls_cancelled = 0
+        #: Calls that ended FAILED, by their error's kind.
+        self.failures_by_kind: dict[str, int] = {}
+        #: Retries armed, by the kind of the error that failed the attempt.
+        self.retries_by_kind: dict[str, int] = {}
+        #: Attempts by duration (:meth:`attempt_histogram` reads them): slot i counts
+        #: those of i ms (< ``ATTEMPT_DENSE_MS``; a negative one -- the wall clock stepped
+        #: back -- counts as 0 ms) ...
+        self.attempt_ms_counts: list[int] = [0] * ATTEMPT_DENSE_MS
+        #: ... and the slower ones by bucket (``ATTEMPT_BUCKETS_MS``, then slower), with
+        #: their durations added up (ms).
+        self.attempt_slow_buckets: list[int] = [0] * (len(ATTEMPT_BUCKETS_MS) + 1)
+        self.attempt_slow_ms_total = 0
+        #: What attempt durations are measured on (ms; set by the actor each run).
+        self.clock_ms = 0
+
+    def record_slow_attempt(self, elapsed_ms: int) -> None:
+        """An attempt that took ``elapsed_ms`` outside ``0 .. ATTEMPT_DENSE_MS - 1``."""
+        if elapsed_ms < 0:
+            self.attempt_ms_counts[0] += 1
+            return
+        bucket = (elapsed_ms - 1).bit_length()  # the bounds are powers of two
+        last = len(ATTEMPT_BUCKETS_MS)
+        self.attempt_slow_buckets[bucket if bucket < last else last] += 1
+        self.attempt_slow_ms_total += elapsed_ms
+
+    def attempt_histogram(self) -> tuple[list[int], int]:
+        """``(counts, total ms)``: the attempts by bucket -- ``counts[i]`` those of at most
+        ``ATTEMPT_BUCKETS_MS[i]`` ms and more than the bound before, the last the slower
+        ones -- and their durations added up. For metrics, at read time."""
+        counts = list(self.attempt_slow_buckets)
+        total = self.attempt_slow_ms_total
+        for ms, count in enumerate(self.attempt_ms_counts):
+            if count:
+                counts[(ms - 1).bit_length() if ms > 1 else 0] += count
+                total += ms * count
+        return counts, total
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STAT_COUNTERS}

@@ -37,6 +37,8 @@ __all__ = ["IOStats", "OperationStats"]
 _BASE_S: Final = 1e-5
 _PER_OCTAVE: Final = 4
 _BUCKETS: Final = 96  # up to 10 µs * 2^24 ≈ 168 s; slower lands in the last bucket
+#: Octaves whose upper bound is exact (the last bucket also holds what is slower).
+_OCTAVES: Final = _BUCKETS // _PER_OCTAVE - 1
 
 
 def _bucket(seconds: float) -> int:
@@ -169,6 +171,24 @@ class OperationStats:
             if seen >= rank:
                 return min(_bucket_mid_ms(index), self.max_ms)
         return self.max_ms  # pragma: no cover - the counts add up to backend_calls
+
+    def octave_buckets(self) -> list[tuple[float, int]]:
+        """The backend calls' latencies as a cumulative histogram at each octave:
+        ``[(upper bound in seconds, calls at or below it), ...]`` for 20 µs, 40 µs, ...
+        ~84 s (10 µs * 2^k, k = 1..23: the bounds the log-scale buckets share; the
+        calls above the last are ``backend_calls`` minus its count). For metrics."""
+        histogram = self._histogram
+        out: list[tuple[float, int]] = []
+        seen = 0
+        index = 0
+        for octave in range(1, _OCTAVES + 1):
+            end = octave * _PER_OCTAVE
+            if histogram is not None:
+                while index < end:
+                    seen += histogram[index]
+                    index += 1
+            out.append((_BASE_S * 2.0**octave, seen))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -546,6 +546,17 @@ class ExecutorAdapter:
             return None
         return self._snapshot(state, self._clock())
 
+    def executor_states(self) -> Mapping[str, ExecutorState]:
+        """Every executor id ever attached (until forgotten) -> its state: connection,
+        reservations, latest heartbeat and when it came (``heartbeat_at``, on
+        :meth:`now`'s clock). Read-only, for metrics and status pages: read it on the
+        event loop thread, never write it."""
+        return self._executors
+
+    def now(self) -> float:
+        """The adapter's clock (monotonic seconds): ``heartbeat_at`` is on it."""
+        return self._clock()
+
     def is_attached(self, executor_id: str) -> bool:
         state = self._executors.get(executor_id)
         return state is not None and state.connection is not None
