@@ -31,7 +31,7 @@ the difference in calls:
   answered by the executor's own read cache (executor/local_reads.py). The
   socket and the reader/writer threads are not in it.
 
-Tracing (docs/observability-traces.md) is off, as by default; the worker shapes
+Tracing (docs/observability.md) is off, as by default; the worker shapes
 run with it as ``blockx run`` would with ``BLOCKX_TRACE_FILE`` (and
 ``OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0.01`` for 1%) in the
 environment: its cost when on. (The fake executors send no ``execute`` span back.)

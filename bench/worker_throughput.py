@@ -69,7 +69,7 @@ task's submission, executors' start included) is printed beside it.
 ``--tracing`` runs only this comparison: the trivial and the IO task on two
 workers alive side by side, one with tracing off (the default) and one tracing
 1% of the calls (``traceidratio`` 0.01, to a trace file in a temporary
-directory: docs/observability-traces.md), their tasks interleaved, medians of
+directory: docs/observability.md), their tasks interleaved, medians of
 ``--repeats``; it prints both rates, the worker's CPU per call and the cost.
 """
 

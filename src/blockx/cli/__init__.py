@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the run's statistics as JSON to FILE (calls, failures by kind, IO, "
         "timings, peak memory)",
     )
-    # Observability: traces (docs/observability-traces.md).
+    # Observability: traces (docs/observability.md).
     run.add_argument(
         "--trace-file",
         metavar="FILE",

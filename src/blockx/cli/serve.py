@@ -134,7 +134,7 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         "message, task_id / call_id / executor where known; aiohttp's records too); "
         "default: $BLOCKX_LOG_FORMAT, else text",
     )
-    # Observability: traces (docs/observability-traces.md).
+    # Observability: traces (docs/observability.md).
     serve.add_argument(
         "--trace-file",
         metavar="FILE",

@@ -9,8 +9,8 @@ slots, the IO subsystem's ``IOStats``); this package only reads them, when asked
   (for the dashboard and for the metrics collector);
 * :mod:`blockx.observability.metrics` -- the Prometheus collector built from them at
   scrape time, the ``/metrics`` text, and the ``--metrics-port`` server
-  (docs/observability-metrics.md);
-* :mod:`blockx.observability.logs` -- the JSON log formatter (docs/observability-logs.md).
+  (docs/observability.md);
+* :mod:`blockx.observability.logs` -- the JSON log formatter (docs/observability.md).
 
 This ``__init__`` imports nothing, so importing a submodule costs only that submodule.
 """

@@ -12,7 +12,7 @@ advance -- outcomes, call kinds, wait kinds, error kinds, cache kinds, executor 
 task states, the pool's executor ids -- is present from the start with 0; the IO
 series get a label set per (backend, operation) as each is first used.
 
-The series (docs/observability-metrics.md has them with their meaning):
+The series (docs/observability.md has them with their meaning):
 
 ===========================================  =================================================
 ``blockx_calls_total``                       counter; ``outcome``, ``kind`` (root, subcall)

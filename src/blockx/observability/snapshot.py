@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Nothing here counts anything: every number is read, when a snapshot is taken,
-from the counters kept where things happen (docs/observability-metrics.md, "Metrics"):
+from the counters kept where things happen (docs/observability.md, "Metrics"):
 
 =====================  ================================================================
 calls, retries,        the dispatcher core's ``DispatcherStats`` (``core.stats``): calls
@@ -139,7 +139,7 @@ def _attempts(stats: Any) -> dict[str, Any]:
 
 
 def worker_snapshot(worker: Any) -> dict[str, Any]:
-    """The worker's counters as a JSON-ready dict (docs/observability-metrics.md); no awaits.
+    """The worker's counters as a JSON-ready dict (docs/observability.md); no awaits.
 
     ``worker`` is a :class:`~blockx.worker.app.Worker`. Keys: ``calls``, ``cache``,
     ``executors``, ``pool``, ``rows`` (the shared design's), and ``tasks``,

@@ -21,7 +21,7 @@ is the root, so "parent based" changes nothing here). The ``task`` span of a run
 is written only if at least one of its calls was sampled: sampling at 0 writes
 nothing.
 
-**The spans** (names exactly these; attributes in docs/observability-traces.md):
+**The spans** (names exactly these; attributes in docs/observability.md):
 
 * ``task`` -- one per run, the root of the run's trace (one trace id per task);
 * ``call`` -- one per attempt, from the dispatch to the terminal frame; the

@@ -42,7 +42,7 @@ _log = logging.getLogger("blockx.serve")
 ID_RE: Final = re.compile(r"t-[0-9a-f]{16}")
 STATES: Final = ("queued", "running", "succeeded", "failed", "cancelled")
 #: No token needed: health, and the dashboard's static page and assets (they hold no data;
-#: the page reads ``/v1/dashboard`` with the token, ``docs/observability-dashboard.md``).
+#: the page reads ``/v1/dashboard`` with the token, ``docs/observability.md``).
 _OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"}) | _DASHBOARD_PATHS
 _TASK_TYPES: Final = {
     "application/json": "json",
@@ -200,7 +200,7 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
             return problem(503, "not-ready", "Not ready", "no executor attached yet")
         return _json({"status": "ready", "executors": attached})
 
-    # GET /metrics (docs/observability-metrics.md): the worker's series and blockx_tasks{state}
+    # GET /metrics (docs/observability.md): the worker's series and blockx_tasks{state}
     # from the store, read at each scrape; behind the token like the API.
     from blockx.observability.metrics import make_registry, metrics_response
 

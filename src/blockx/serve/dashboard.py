@@ -9,7 +9,7 @@ are served without the bearer token (:data:`PUBLIC_PATHS`); everything the page 
 comes from ``GET /v1/dashboard``, which needs the token like every other API route.
 The script takes the token from ``/?token=...`` once, keeps it in ``sessionStorage``
 (the address bar is cleaned) and sends it as ``Authorization: Bearer``; without one,
-a 401 makes the page ask for it (``docs/observability-dashboard.md``). The page is
+a 401 makes the page ask for it (``docs/observability.md``). The page is
 served with a strict Content-Security-Policy (:data:`CONTENT_SECURITY_POLICY`) and
 sets whatever a task carries as text, never as HTML.
 
@@ -36,7 +36,7 @@ an argument): the tests feed it made-up counters.
 The counters come from :mod:`blockx.observability.snapshot` (``worker_snapshot``,
 ``io_snapshot``) when it is present; until then a thin adapter here reads the same
 figures from the worker's parts (:func:`fallback_worker_snapshot`,
-:func:`fallback_io_snapshot`; same dict shapes, see ``docs/observability-dashboard.md``).
+:func:`fallback_io_snapshot`; same dict shapes, see ``docs/observability.md``).
 Calls settled are the snapshot's call outcomes (``succeeded + failed + cancelled``).
 """
 
@@ -518,7 +518,7 @@ async def _tasks_shown(manager: Any) -> tuple[list[Any], dict[str, int]]:
 
 
 async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dict[str, Any]:
-    """What ``GET /v1/dashboard`` answers (``docs/observability-dashboard.md``)."""
+    """What ``GET /v1/dashboard`` answers (``docs/observability.md``)."""
     now = time.time() if now is None else now
     manager = dashboard.manager
     shown, counts = await _tasks_shown(manager)

@@ -626,7 +626,7 @@ _PATHS: Final[dict[str, Any]] = {
             "summary": "Prometheus metrics of the worker and the tasks",
             "responses": {
                 "200": {
-                    "description": "The series of docs/observability-metrics.md, in the Prometheus "
+                    "description": "The series of docs/observability.md, in the Prometheus "
                     "text format (OpenMetrics when the Accept header asks for it).",
                     "content": {"text/plain": {"schema": {"type": "string"}}},
                 },

@@ -44,7 +44,7 @@ import functools
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.worker.actor.events import (
@@ -56,7 +56,7 @@ from blockx.worker.actor.events import (
 )
 from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args
 from blockx.worker.actor.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
-from blockx.worker.actor.task_run import SettledRows, TaskRun
+from blockx.worker.actor.task_run import TaskRun
 from blockx.worker.api import (
     FLUSH,
     Call,
@@ -71,12 +71,11 @@ from blockx.worker.code import MISSING_FUNCTION_DIGEST, FunctionCodeView, build_
 from blockx.worker.config import WorkerConfig, load_config
 from blockx.worker.core import (
     CallSpec,
-    ConvergeTaskCalls,
     DispatcherConfig,
     DispatcherCore,
-    TaskFailure,
     TaskMode,
 )
+from blockx.worker.handle import TaskHandle
 from blockx.worker.io import BackendRouter, IOHandler, no_io_handler
 from blockx.worker.link.adapter import ExecutorAdapter
 from blockx.worker.loop import GC_GEN0_THRESHOLD, run, tune_gc
@@ -108,143 +107,6 @@ def _io_handler(io_handlers: IOHandler | Mapping[str, IOHandler] | None) -> IOHa
     return io_handlers
 
 
-class TaskHandle:
-    """A submitted task: await :meth:`result`, iterate :meth:`rows`, or :meth:`cancel` it."""
-
-    def __init__(
-        self, worker: Worker, run: TaskRun, driver: asyncio.Task[None], *, calls: int = 0
-    ) -> None:
-        self._worker = worker
-        self._run = run
-        self._driver = driver
-        #: The task's calls as far as known before it runs (a one-shot list's length).
-        self._calls = calls
-        self.registered = False
-        self.producer_error: BaseException | None = None
-        #: Set by a cancel() that came before admission (the run ended there).
-        self.cancel_reason: str | None = None
-
-    def __repr__(self) -> str:
-        return f"TaskHandle({self._run!r})"
-
-    @property
-    def task_id(self) -> str:
-        return self._run.user_task_id
-
-    @property
-    def run_state(self) -> TaskRun:
-        """The runtime state (for tests and introspection)."""
-        return self._run
-
-    def done(self) -> bool:
-        return self._driver.done()
-
-    def cancel(self, reason: str = "cancelled by the caller") -> None:
-        """Cancel the task: in-flight calls are cancelled on their executors; the result
-        reports ``CANCELLED``. Idempotent."""
-        if self._driver.done():
-            return
-        if self.registered:
-            self._worker._orchestrator_post(
-                TaskCancelRequested(task_id=self._run.task_id, reason=reason)
-            )
-        elif self.cancel_reason is None:
-            # Not admitted yet (a long one-shot list's chunks still being checked, or no
-            # slot free): nothing of it reached the core, so the run ends here as the
-            # core ends a task cancelled before its calls ran -- CANCELLED, every call of
-            # the list counted cancelled (a stream's: none read) -- and the driver stops.
-            self.cancel_reason = reason
-            calls = self._calls
-            self._run.converged(
-                ConvergeTaskCalls(
-                    task_id=self._run.task_id,
-                    mode=self._run.mode,
-                    success=False,
-                    failure=TaskFailure(kind="CANCELLED", message=reason),
-                    outputs=(),
-                    failed_calls=(),
-                    total_count=calls,
-                    succeeded_count=0,
-                    failed_count=0,
-                    cancelled_count=calls,
-                    retry_count=0,
-                    cache_hit_count=0,
-                    singleflight_hit_count=0,
-                )
-            )
-            self._driver.cancel()
-
-    async def result(self) -> TaskResult:
-        """Wait for the task to end and return its result."""
-        try:
-            await asyncio.shield(self._driver)
-        except asyncio.CancelledError:
-            # The driver cancelled by cancel() before admission: the run ended CANCELLED
-            # there (reported as any cancelled task's); any other cancel -- the
-            # caller's own included -- propagates.
-            current = asyncio.current_task()
-            if (
-                self.cancel_reason is None
-                or not self._driver.cancelled()
-                or (current is not None and current.cancelling())
-            ):
-                raise
-        if self.producer_error is not None:
-            raise self.producer_error
-        await self._run.decode_outputs()
-        return self._worker._result(self._run)
-
-    def __await__(self) -> Any:
-        return self.result().__await__()
-
-    async def rows(self) -> AsyncIterator[Any]:
-        """The task's rows as they settle (submit with ``collect=False``).
-
-        A stream's producer waits while rows it produced are not taken, so
-        memory stays flat; iterate to the end before awaiting :meth:`result`.
-        An error :meth:`result` raises is raised here too, once every row that
-        came before it was yielded: a stream whose call source raised (the task
-        was cancelled), a long one-shot list with a bad call past its first chunk.
-        """
-        async for rows in self.row_batches():
-            for row in rows:
-                yield row
-
-    async def row_batches(self) -> AsyncIterator[list[Any]]:
-        """:meth:`rows`, a settled batch's rows at a time (a one-shot task's: all of them,
-        once it ends): a consumer that handles rows in bulk -- ``blockx run`` encodes a
-        batch with one call -- does nothing per row here. Never an empty list."""
-        async for settled in self.settled_batches():
-            if settled.rows:
-                yield settled.rows
-
-    async def settled_batches(self) -> AsyncIterator[SettledRows]:
-        """:meth:`row_batches` with each batch's call range, failures and counts
-        (:class:`~blockx.worker.actor.task_run.SettledRows`), batches without rows
-        included: what a consumer that records outcomes durably needs (``blockx serve``
-        persists one of these per transaction). A stream's come in call order."""
-        run = self._run
-        driver = self._driver
-        while True:
-            settled = run.take_settled()
-            if settled is not None:
-                yield settled
-                continue
-            if run.done.done():
-                if run.outputs_pending:  # a one-shot task's rows, decoded off the actor
-                    await run.decode_outputs()
-                    continue
-                if self.producer_error is not None:  # not a quiet end: the source broke
-                    raise self.producer_error
-                return
-            if driver.done():
-                error = None if driver.cancelled() else driver.exception()
-                if error is not None:
-                    raise error
-                return
-            await run.wait_changed()
-
-
 class Worker:
     """A BlockX worker: executor pool, dispatcher and the task API (see the module docstring).
 
@@ -256,7 +118,7 @@ class Worker:
     ``Tracing.from_env(trace_file)``) records spans; None (the default) is off.
     ``metrics_port``: serve Prometheus metrics at ``http://127.0.0.1:PORT/metrics``
     while the worker runs (0: a free port, see :attr:`metrics_port`); the series are
-    docs/observability-metrics.md's, read from the worker's counters at each scrape.
+    docs/observability.md's, read from the worker's counters at each scrape.
 
     Testing hooks: ``spawner`` replaces the process spawner; ``core_wrapper`` wraps the
     dispatcher core (an ownership-checking proxy); ``tick_interval_ms`` the tick.
