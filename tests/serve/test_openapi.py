@@ -31,6 +31,8 @@ ENDPOINTS: dict[tuple[str, str], set[str]] = {
     ("/readyz", "get"): {"200", "503"},
     ("/openapi.json", "get"): {"200", "401"},
     ("/metrics", "get"): {"200", "401"},
+    ("/", "get"): {"200"},
+    ("/v1/dashboard", "get"): {"200", "401"},
 }
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 

@@ -35,7 +35,7 @@ __all__ = ["OPENAPI", "PROBLEM_SCHEMA", "PUBLIC_PATHS", "TASK_ID_PATTERN", "TASK
 
 #: Paths answered without a token (the others need ``Authorization: Bearer <token>``
 #: when the server has one).
-PUBLIC_PATHS: Final = ("/healthz", "/readyz")
+PUBLIC_PATHS: Final = ("/healthz", "/readyz", "/")
 #: A task's id as the server makes it (checked before any lookup: anything else is a 404).
 TASK_ID_PATTERN: Final = "^t-[0-9a-f]{16}$"
 #: A task's states, in the order a task goes through them (the last three: finished).
@@ -614,6 +614,32 @@ _PATHS: Final[dict[str, Any]] = {
             "responses": {
                 "200": {
                     "description": "The OpenAPI 3.1 document.",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                "401": _response("Unauthorized"),
+            },
+        }
+    },
+    "/": {
+        "get": {
+            "operationId": "dashboard",
+            "summary": "The live dashboard (an HTML page; its data comes from GET /v1/dashboard)",
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "The page (static: it holds no data, so it needs no token).",
+                    "content": {"text/html": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    },
+    "/v1/dashboard": {
+        "get": {
+            "operationId": "dashboardState",
+            "summary": "The dashboard's state: tasks, counts by state, history, IO, executors",
+            "responses": {
+                "200": {
+                    "description": "docs/observability.md, 'GET /v1/dashboard'.",
                     "content": {"application/json": {"schema": {"type": "object"}}},
                 },
                 "401": _response("Unauthorized"),
