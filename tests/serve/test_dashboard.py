@@ -29,7 +29,6 @@ from blockx.serve.dashboard import (
     Counters,
     DashboardHistory,
     _backend_histograms,
-    fallback_io_snapshot,
     interval_quantile,
 )
 
@@ -147,7 +146,9 @@ def test_the_io_adapter_reads_the_subsystem_histograms() -> None:
         def __init__(self) -> None:
             self.stats = stats
 
-    [row] = fallback_io_snapshot(Subsystem())
+    from blockx.observability.snapshot import io_snapshot
+
+    [row] = io_snapshot(Subsystem())
     assert row["backend"] == "blockdb" and row["operation"] == "get_row"
     assert row["requests"] == 4 and row["cache_hits"] == 1 and row["failed"] == 0
     assert row["buckets"][-1] == (math.inf, 3)

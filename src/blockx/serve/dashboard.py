@@ -34,9 +34,7 @@ percentages. It keeps :data:`HISTORY_POINTS` seconds. ``observe`` is pure (the t
 an argument): the tests feed it made-up counters.
 
 The counters come from :mod:`blockx.observability.snapshot` (``worker_snapshot``,
-``io_snapshot``) when it is present; until then a thin adapter here reads the same
-figures from the worker's parts (:func:`fallback_worker_snapshot`,
-:func:`fallback_io_snapshot`; same dict shapes, see ``docs/observability.md``).
+``io_snapshot``: the same views the Prometheus collector reads).
 Calls settled are the snapshot's call outcomes (``succeeded + failed + cancelled``).
 """
 
@@ -45,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import importlib
 import logging
 import math
 import time
@@ -56,6 +53,8 @@ from typing import Any, Final
 
 import orjson
 from aiohttp import web
+
+from blockx.observability.snapshot import io_snapshot, worker_snapshot
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
@@ -69,8 +68,6 @@ __all__ = [
     "Sample",
     "add_dashboard_routes",
     "dashboard_state",
-    "fallback_io_snapshot",
-    "fallback_worker_snapshot",
 ]
 
 _log = logging.getLogger("blockx.serve.dashboard")
@@ -82,13 +79,6 @@ HISTORY_POINTS: Final = 300
 SAMPLE_INTERVAL_S: Final = 1.0
 #: Finished tasks shown (the newest, by creation) after the running and queued ones.
 FINISHED_SHOWN: Final = 8
-#: Suspended context states of an executor's ``Heartbeat.callStateCounts``.
-_SUSPENDED_STATES: Final = (
-    "WAITING_IO",
-    "WAITING_SUBCALL",
-    "WAITING_SLEEP",
-    "WAITING_FUNCTION_CODE",
-)
 
 _ASSETS: Final = Path(__file__).with_name("dashboard")
 #: URL path -> (file under ``dashboard/``, content type).
@@ -242,91 +232,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-# --- snapshots: blockx.observability.snapshot, or the adapter until it lands -------------------
-
-
-def fallback_worker_snapshot(worker: Any) -> dict[str, Any]:
-    """Part of ``worker_snapshot`` (same keys): ``executors`` and ``pool`` from the pool's
-    slots and the adapter's latest heartbeats; ``calls`` (outcomes of every call, root and
-    sub-calls together) from the dispatcher core's counters. No ``rows``."""
-    executors: list[dict[str, Any]] = []
-    pool = worker.pool
-    adapter = worker.adapter
-    states = getattr(adapter, "_executors", {})
-    restarts = 0
-    for slot in pool.slots():
-        state = states.get(slot.executor_id)
-        heartbeat = None if state is None else state.heartbeat
-        snap = adapter.snapshot(slot.executor_id)
-        contexts = dict(heartbeat.callStateCounts) if heartbeat is not None else {}
-        restarts += slot.restarts_total
-        executors.append(
-            {
-                "executor": slot.executor_id,
-                "pid": slot.pid,
-                "state": str(slot.state.value).lower(),
-                "rss_bytes": None if heartbeat is None else heartbeat.memoryBytes,
-                "cpu_seconds": None if heartbeat is None else heartbeat.executorCpuSecondsTotal,
-                "contexts": contexts,
-                "inflight": 0 if snap is None else snap.local_inflight,
-                "suspended": sum(contexts.get(s, 0) for s in _SUSPENDED_STATES),
-                "restarts": slot.restarts_total,
-                "heartbeat_age_s": None if snap is None else snap.heartbeat_age_ms / 1000.0,
-            }
-        )
-    snapshot: dict[str, Any] = {"executors": executors, "pool": {"restarts": restarts}}
-    core = getattr(worker, "_core", None)
-    if core is not None:
-        stats = core.stats
-        snapshot["calls"] = {
-            "succeeded": stats.calls_completed,
-            "failed": stats.calls_failed,
-            "cancelled": stats.calls_cancelled,
-        }
-    return snapshot
-
-
-def fallback_io_snapshot(io: Any) -> list[dict[str, Any]]:
-    """``io_snapshot``'s rows, read from the subsystem's :class:`IOStats`."""
-    from blockx.worker.io import stats as io_stats
-
-    rows: list[dict[str, Any]] = []
-    base = io_stats._BASE_S
-    per_octave = io_stats._PER_OCTAVE
-    for op in io.stats:
-        histogram: list[int] = getattr(op, "_histogram", None) or []
-        buckets: list[tuple[float, int]] = []
-        seen = 0
-        for index, count in enumerate(histogram):
-            seen += count
-            if count:
-                buckets.append((base * 2 ** ((index + 1) / per_octave), seen))
-        buckets.append((math.inf, seen))
-        rows.append(
-            {
-                "backend": op.backend,
-                "operation": op.operation,
-                "requests": op.requests,
-                "failed": op.errors,
-                "cache_hits": op.cache_hits,
-                "joins": op.singleflight_joins,
-                "p50_ms": round(op.percentile_ms(0.50), 3),
-                "p99_ms": round(op.percentile_ms(0.99), 3),
-                "buckets": buckets,
-            }
-        )
-    return rows
-
-
-def _snapshot_functions() -> tuple[Callable[[Any], dict[str, Any]], Callable[[Any], Any], str]:
-    """``(worker_snapshot, io_snapshot, source)``: the observability package's, else ours."""
-    try:
-        module = importlib.import_module("blockx.observability.snapshot")
-        return module.worker_snapshot, module.io_snapshot, "snapshot"
-    except ImportError:
-        return fallback_worker_snapshot, fallback_io_snapshot, "fallback"
-
-
 def _backend_histograms(
     rows: Iterable[Mapping[str, Any]],
 ) -> dict[str, tuple[tuple[float, int], ...]]:
@@ -379,7 +284,9 @@ class Dashboard:
         self.manager = manager
         self.options = options
         self.history = DashboardHistory()
-        self._worker_snapshot, self._io_snapshot, self.source = _snapshot_functions()
+        self._worker_snapshot, self._io_snapshot = worker_snapshot, io_snapshot
+        #: Where the counters come from (the state's ``source``).
+        self.source = "snapshot"
         self._sampler: asyncio.Task[None] | None = None
         #: task id -> (failed count, {error kind: n}) of a running task.
         self._failure_kinds: dict[str, tuple[int, dict[str, int]]] = {}
