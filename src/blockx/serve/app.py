@@ -32,7 +32,13 @@ from aiohttp import web
 from blockx.serve.dashboard import PUBLIC_PATHS as _DASHBOARD_PATHS
 from blockx.serve.dashboard import add_dashboard_routes
 from blockx.serve.problems import problem
-from blockx.serve.runner import FINISHED_STATES, QueueFull, ServerDraining, TaskManager
+from blockx.serve.runner import (
+    FINISHED_STATES,
+    QueueFull,
+    ServerDraining,
+    TaskManager,
+    public_fields,
+)
 from blockx.serve.store import TaskClosed, TaskRecord
 
 __all__ = ["ID_RE", "STATES", "ServeOptions", "make_app", "status_object"]
@@ -93,20 +99,9 @@ def _iso(t: float | None) -> str | None:
 
 
 def status_object(r: TaskRecord) -> dict[str, Any]:
-    """A task as ``GET /v1/tasks/{id}`` shows it."""
+    """A task as ``GET /v1/tasks/{id}`` shows it (times as ISO 8601 UTC)."""
     return {
-        "id": r.id,
-        "task_id": r.task_id,
-        "instance": r.instance,
-        "state": r.state,
-        "streamed": r.streamed,
-        "closed": r.closed or not r.streamed,
-        "calls": r.calls,
-        "done": r.done,
-        "succeeded": r.succeeded,
-        "failed": r.failed,
-        "cancelled": r.cancelled,
-        "rows": r.rows,
+        **public_fields(r),
         "created_at": _iso(r.created_at),
         "started_at": _iso(r.started_at),
         "ended_at": _iso(r.ended_at),

@@ -55,6 +55,7 @@ import orjson
 from aiohttp import web
 
 from blockx.observability.snapshot import io_snapshot, worker_snapshot
+from blockx.serve.runner import public_fields
 
 __all__ = [
     "CONTENT_SECURITY_POLICY",
@@ -436,21 +437,7 @@ async def dashboard_state(dashboard: Dashboard, now: float | None = None) -> dic
         unstored = dashboard.unstored(r)
         tasks.append(
             {
-                "id": r.id,
-                "task_id": r.task_id,
-                "instance": r.instance,
-                "state": r.state,
-                "streamed": r.streamed,
-                "closed": r.closed or not r.streamed,
-                "calls": r.calls,
-                "done": r.done,
-                "succeeded": r.succeeded,
-                "failed": r.failed,
-                "cancelled": r.cancelled,
-                "rows": r.rows,
-                "created_at": r.created_at,
-                "started_at": r.started_at,
-                "ended_at": r.ended_at,
+                **public_fields(r),
                 "unstored": unstored,
                 "calls_per_s": _task_rate(r, r.done + unstored, now),
                 "failures_by_kind": await dashboard.failure_kinds(r),

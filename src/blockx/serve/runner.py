@@ -62,6 +62,7 @@ __all__ = [
     "StoreThread",
     "TaskManager",
     "new_task_id",
+    "public_fields",
 ]
 
 _log = logging.getLogger("blockx.serve")
@@ -72,6 +73,28 @@ FINISHED_STATES: Final = frozenset({"succeeded", "failed", "cancelled"})
 STREAM_WINDOW_CALLS: Final = 65_536
 #: Rows read from the store per follower step.
 ROWS_PER_READ: Final = 65_536
+
+
+def public_fields(r: TaskRecord) -> dict[str, Any]:
+    """What a client sees of a task (``GET /v1/tasks/{id}``, the dashboard), times as Unix
+    seconds: its ids, state, shape and counters."""
+    return {
+        "id": r.id,
+        "task_id": r.task_id,
+        "instance": r.instance,
+        "state": r.state,
+        "streamed": r.streamed,
+        "closed": r.closed or not r.streamed,
+        "calls": r.calls,
+        "done": r.done,
+        "succeeded": r.succeeded,
+        "failed": r.failed,
+        "cancelled": r.cancelled,
+        "rows": r.rows,
+        "created_at": r.created_at,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+    }
 
 
 def new_task_id() -> str:
