@@ -235,7 +235,9 @@ class TestEnvironment:
         """Call ``function_id(*args, **kwargs)`` at the top level; its output off the wire."""
         args = _wire(list(args))
         kwargs = _wire(dict(kwargs))
-        call_key = f"{function_id}:{dumps_wire([args, kwargs]).decode()}"
+        # The call key of the ExecuteCall args these arguments are (the wire rule, reversed).
+        payload: Any = args[0] if len(args) == 1 and type(args[0]) is not list else args
+        call_key = f"{function_id}:{dumps_wire([payload, kwargs] if kwargs else payload).decode()}"
         entry = self.entry(function_id)
         with self.installed():
             self._stack.append(_Frame(function_id, call_key))
