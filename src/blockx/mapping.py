@@ -77,14 +77,14 @@ class MapError(RuntimeError):
 class MapCallError(MapError):
     """A call of the map failed; the map stopped there.
 
-    ``index`` / ``args``: the item; ``kind``, ``message``, ``stack``, ``attempts``,
+    ``index`` / ``call_args``: the item; ``kind``, ``message``, ``stack``, ``attempts``,
     ``retryable``: the failure, as ``CallFailure`` gives them.
     """
 
     def __init__(self, function_id: str, failure: CallFailure) -> None:
         self.function_id = function_id
         self.index = failure.index
-        self.args_ = failure.args
+        self.call_args = failure.args
         self.kind = failure.kind
         self.message = failure.message
         self.stack = failure.stack

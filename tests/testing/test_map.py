@@ -55,7 +55,7 @@ def test_a_failed_call_raises_a_clear_error_naming_the_call():
     with pytest.raises(MapCallError) as raised:
         next(results)
     error = raised.value
-    assert error.index == 2 and error.args_ == 0 and error.kind == "user_error"
+    assert error.index == 2 and error.call_args == 0 and error.kind == "user_error"
     assert "call #2 function(0) failed" in str(error)
     assert "ZeroDivisionError" in str(error)
     with pytest.raises(StopIteration):
