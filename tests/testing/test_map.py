@@ -6,9 +6,11 @@ Real worker, real executor processes (one), no mocks.
 from __future__ import annotations
 
 import itertools
+import pathlib
 import threading
 
 import pytest
+from tests.helpers.processes import process_is_gone
 
 import blockx
 from blockx.mapping import MapCallError, MapError
@@ -22,6 +24,15 @@ INVERSE = "def _(x):\n    return 1 / x\n"
 
 def _map_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "blockx-map"]
+
+
+def _live_children() -> set[int]:
+    """This process's children that are still running (Linux /proc)."""
+    children: set[int] = set()
+    for task in pathlib.Path("/proc/self/task").iterdir():
+        text = (task / "children").read_text()
+        children.update(int(pid) for pid in text.split())
+    return {pid for pid in children if not process_is_gone(pid)}
 
 
 def test_results_come_in_input_order_one_per_item_whatever_the_output(tmp_path):
@@ -76,17 +87,21 @@ def test_errors_return_yields_the_failure_in_its_place():
     assert "ZeroDivisionError" in failure.message
 
 
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_closing_early_stops_the_worker_and_the_endless_source():
+    before = _live_children()
     taken = []
     source = itertools.count()
     results = blockx.map(SQUARE, source, executors=1)
     for value in results:
         taken.append(value)
         if len(taken) == 3:
+            assert _live_children() - before  # the executor runs meanwhile
             break
     results.close()
     assert taken == [0, 1, 4]
     assert _map_threads() == []
+    assert _live_children() - before == set()  # the executor was terminated
 
 
 def test_bad_functions_and_options_fail_before_anything_starts(tmp_path):
