@@ -114,3 +114,13 @@ def test_bad_functions_and_options_fail_before_anything_starts(tmp_path):
     with pytest.raises(MapError, match="errors must be"):
         blockx.map(SQUARE, [1], errors="ignore")  # type: ignore[arg-type]
     assert _map_threads() == []
+
+
+def test_map_is_exported_but_never_shadows_the_builtin():
+    import blockx.mapping
+
+    assert blockx.map is blockx.mapping.map
+    assert "map" not in blockx.__all__
+    namespace: dict = {}
+    exec("from blockx import *", namespace)
+    assert "map" not in namespace
