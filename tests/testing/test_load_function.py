@@ -285,6 +285,8 @@ def test_load_errors_are_the_executors(tmp_path):
         load_function("def _(:\n    pass\n")
     with pytest.raises(NoEntryFunctionError):
         load_function("x = 1\n")
+    with pytest.raises(UserCodeSyntaxError):  # a sub-function too, at load
+        load_function("def _():\n    return 1\n", functions={"child": "def _(:\n"})
     with pytest.raises(TypeError, match="expected source text"):
         load_function(42)  # type: ignore[arg-type]
 

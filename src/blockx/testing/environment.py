@@ -283,6 +283,9 @@ class TestEnvironment:
             entry = self.entry(function_id)
         except UnansweredRequestError as exc:
             raise SubcallFailedError(keys.ERR_USER_ERROR, exc.message, False) from None
+        except Exception as exc:  # the child's module does not load: its call fails
+            message = f"{type(exc).__name__}: {exc}"
+            raise SubcallFailedError(keys.ERR_USER_ERROR, message, False) from exc
         self._stack.append(_Frame(function_id, call_key))
         try:
             output = entry(*args) if type(args) is list else entry(args)

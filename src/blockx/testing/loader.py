@@ -135,9 +135,10 @@ def load_function(
       (default: the current directory); ``clock``: a :class:`VirtualClock` to
       share; ``call_cache=False`` runs equal sub-calls every time.
 
-    Raises :class:`~blockx.function_files.FunctionFileError` for a missing
-    file, ``UserCodeSyntaxError`` / ``NoEntryFunctionError`` for a module that
-    cannot give an entry function, and whatever the module body raises.
+    Every module (this one and those of ``functions``) is compiled and executed
+    here, once: raises :class:`~blockx.function_files.FunctionFileError` for a
+    missing file, ``UserCodeSyntaxError`` / ``NoEntryFunctionError`` for a
+    module that cannot give an entry function, and whatever a module body raises.
     """
     source, path = _source_of(path_or_source, function_id or "", base_dir)
     main_id = function_id or (
@@ -163,7 +164,9 @@ def load_function(
     for child_id, value in (functions or {}).items():
         child_source, _ = _source_of(value, child_id, base_dir)
         env.add_function(child_id, child_source)
-    env.entry(main_id)  # compile and execute the module now: errors show at load
+    # Compile and execute every module now, so a broken one fails the load, not a call.
+    for loaded_id in env.sources:
+        env.entry(loaded_id)
     return LoadedFunction(env, main_id, source, path)
 
 
