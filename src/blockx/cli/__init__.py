@@ -492,6 +492,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command in ("run", "serve"):  # they start a worker and executors: not on Windows
+        from blockx.portability import platform_problem
+
+        problem = platform_problem()
+        if problem is not None:
+            print(f"blockx: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if args.command == "run":
         from blockx.cli.run import RunOptions, run_command
 
