@@ -112,12 +112,15 @@ def _psutil_reader() -> Callable[[], int] | None:
     psutil = load_psutil()
     if psutil is None:
         return None
-    process = psutil.Process()
+    try:
+        process = psutil.Process()
+    except (psutil.Error, OSError):  # psutil cannot see this process here
+        return None
 
     def read() -> int:
         try:
             return int(process.memory_info().rss)
-        except psutil.Error as exc:  # the process table refused: like a failed read
+        except (psutil.Error, OSError) as exc:  # the process table refused: a failed read
             raise OSError(f"psutil: {exc}") from exc
 
     return read

@@ -167,7 +167,7 @@ def _psutil_children(pid: int) -> list[int]:
         return []
     try:
         return [child.pid for child in psutil.Process(pid).children()]
-    except psutil.Error:
+    except (psutil.Error, OSError):
         return []
 
 
@@ -181,7 +181,7 @@ def _is_zombie(pid: int) -> bool:
             return True  # gone
         try:
             return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-        except psutil.Error:
+        except (psutil.Error, OSError):
             return True  # gone
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 

@@ -82,7 +82,7 @@ def process_start_time(pid: int) -> int | None:
             return None
         try:
             return int(psutil.Process(pid).create_time() * 1000)
-        except psutil.Error:
+        except (psutil.Error, OSError):
             return None
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
@@ -111,7 +111,7 @@ def descendants(pid: int) -> list[int]:
     if psutil is not None:
         try:
             return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
+        except (psutil.Error, OSError):
             return []
     found: list[int] = []
     seen = {pid}
@@ -185,8 +185,13 @@ def _marked_processes() -> Iterable[tuple[int, str]]:
 
 
 def _psutil_marked(psutil: Any, me: int) -> Iterable[tuple[int, str]]:
-    """:func:`_marked_processes` from psutil (no ``/proc``)."""
-    for process in psutil.process_iter():
+    """:func:`_marked_processes` from psutil (no ``/proc``); nothing when it cannot list
+    the processes (a scan that cannot read finds nothing, as with ``/proc``)."""
+    try:
+        processes = list(psutil.process_iter())
+    except Exception:  # psutil's own failures are not all psutil.Error (an empty table)
+        return
+    for process in processes:
         if process.pid == me:
             continue
         try:
@@ -260,7 +265,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
                 return False
             try:
                 pid = int(psutil.Process(pid).ppid())
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 return False
             if pid <= 1:
                 return False
