@@ -102,3 +102,12 @@ def test_audit_yes_is_refused_not_taken_for_true(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as caught:
         load_task_file(_task(tmp_path, "calls: []\naudit: yes\n"))
     assert any("audit: expected true or false, got 'yes'" in p for p in caught.value.problems)
+
+
+def test_pyyaml_itself_is_left_as_it_was() -> None:
+    """The 1.2 resolvers live on a loader class of their own: other users of PyYAML in the
+    same process (a library, a test) still get its 1.1 rules."""
+    import yaml
+
+    load("v: 010\n")
+    assert yaml.safe_load("a: 010\nb: NO\n") == {"a": 8, "b": False}
