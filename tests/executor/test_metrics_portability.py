@@ -122,3 +122,32 @@ def test_resident_bytes_has_a_value_everywhere() -> None:
     from blockx.executor.containment import resident_bytes
 
     assert resident_bytes() > 1 << 20
+
+
+def test_a_statm_hiccup_is_retried_not_abandoned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statm that is there but unreadable for a moment is tried again: the sampler does
+    not settle on a fallback for life. A statm still failing at the last attempt is left."""
+    import blockx.executor.process_metrics as pm
+
+    statm = tmp_path / "statm"
+    statm.write_text("garbage\n")  # there, but no second field: IndexError
+    sampler = ProcessMetricsSampler(statm_path=str(statm), page_size=4096)
+    pauses: list[float] = []
+
+    def fix_then_wait(delay: float) -> None:  # the retry's pause: the file is fixed meanwhile
+        pauses.append(delay)
+        statm.write_text("100 9 0 0 0 0 0\n")
+
+    monkeypatch.setattr(pm.time, "sleep", fix_then_wait)
+    sampler.probe_capabilities(attempts=3, retry_delay_s=0.01)
+    monkeypatch.undo()
+    assert pauses == [0.01]
+    assert sampler.memory_source.startswith("statm")
+    assert sampler.sample_memory_bytes() == 9 * 4096
+
+    statm.write_text("garbage\n")
+    stuck = ProcessMetricsSampler(statm_path=str(statm), memory_sources=("statm", "getrusage"))
+    stuck.probe_capabilities(attempts=2, retry_delay_s=0)
+    assert stuck.memory_source == "getrusage (peak RSS)"

@@ -104,7 +104,7 @@ class ProcessMetricsSampler:
         last_error: Exception | None = None
         for attempt in range(1, max(attempts, 1) + 1):
             try:
-                memory = self._probe_memory()
+                memory = self._probe_memory(final=attempt >= attempts)
                 cpu = float(self._cpu_clock())
                 wall = float(self._wall_clock())
             except (OSError, ValueError, IndexError) as exc:
@@ -127,14 +127,21 @@ class ProcessMetricsSampler:
             f"{attempts} attempts: {last_error}"
         )
 
-    def _probe_memory(self) -> int:
+    def _probe_memory(self, *, final: bool) -> int:
         """The RSS from the first source that gives a positive one; that source is kept
-        for every later sample. Raises the last source's error when none does."""
+        for every later sample. Raises the last source's error when none does.
+
+        A source that is missing (no such file: no ``/proc``) is passed over at once; one
+        that is there but fails is passed over only on the ``final`` attempt (before
+        that its error is raised, and the probe retries it): a hiccup at start-up must
+        not leave a Linux executor on ``getrusage``'s peak for life."""
         problems: list[str] = []
         for name, read in self._readers:
             try:
                 memory = read()
             except (OSError, ValueError, IndexError) as exc:
+                if not final and not isinstance(exc, FileNotFoundError):
+                    raise
                 problems.append(f"{name}: {exc}")
                 continue
             if memory <= 0:
