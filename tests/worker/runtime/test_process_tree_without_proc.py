@@ -45,11 +45,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def no_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process_tree, "PROC_ROOT", str(tmp_path / "no-proc"))
-
-
 Child = tuple["subprocess.Popen[str]", int, str]
 
 
@@ -73,8 +68,17 @@ def marked_child() -> Iterator[Child]:
         child.wait(60)
 
 
-def test_start_time_and_ancestry_from_psutil(no_proc: None, marked_child: Child) -> None:
-    child, grandchild, _mark = marked_child
+@pytest.fixture
+def no_proc(marked_child: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Child:
+    """``marked_child``, then ``/proc`` pointed away. In that order: the mark must carry
+    the real start time, or another pool on this machine (reading ``/proc``) would take
+    the child for an orphan and kill it."""
+    monkeypatch.setattr(process_tree, "PROC_ROOT", str(tmp_path / "no-proc"))
+    return marked_child
+
+
+def test_start_time_and_ancestry_from_psutil(no_proc: Child) -> None:
+    child, grandchild, _mark = no_proc
     me = os.getpid()
     start = process_tree.process_start_time(child.pid)
     assert start is not None and start == process_tree.process_start_time(child.pid)
@@ -86,8 +90,8 @@ def test_start_time_and_ancestry_from_psutil(no_proc: None, marked_child: Child)
     assert process_tree.process_start_time(2**22 + 12345) is None
 
 
-def test_descendants_and_marks_from_psutil(no_proc: None, marked_child: Child) -> None:
-    child, grandchild, mark = marked_child
+def test_descendants_and_marks_from_psutil(no_proc: Child) -> None:
+    child, grandchild, mark = no_proc
     found = process_tree.descendants(os.getpid())
     assert child.pid in found and grandchild in found
     killed = process_tree.kill_marked(mark)
@@ -97,10 +101,10 @@ def test_descendants_and_marks_from_psutil(no_proc: None, marked_child: Child) -
 
 
 def test_without_proc_or_psutil_the_scans_find_nothing(
-    no_proc: None, marked_child: Child, monkeypatch: pytest.MonkeyPatch
+    no_proc: Child, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(process_tree, "load_psutil", lambda: None)
-    child, _grandchild, mark = marked_child
+    child, _grandchild, mark = no_proc
     assert process_tree.descendants(os.getpid()) == []
     assert process_tree.kill_marked(mark) == []
     assert process_tree.process_start_time(child.pid) is None
