@@ -10,7 +10,8 @@ C file compiled on one core: most of the install's ~2-3 extra minutes.
 The build never fails for want of a compiler: if mypyc cannot be imported, its
 type check or the C compiler fails, or ``BLOCKX_PURE_PYTHON`` is set to anything
 but ``0``, the package is built pure and says so. Either way it writes the stamp
-``blockx/_native_build.json`` that ``blockx.native`` reads at import time: the
+``blockx/_native_build.json`` (into the wheel too: ``BuildPy`` for a pure build,
+``BuildExt`` for a compiled one) that ``blockx.native`` reads at import time: the
 modules and the SHA-256 of each source compiled (``null`` for a pure build), so
 a source edited after the build runs as source, never as the stale ``.so``.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SRC = ROOT / "src"
@@ -189,6 +191,26 @@ class BuildExt(build_ext):
         return [*super().get_outputs(), str(Path(self.build_lib) / STAMP)]
 
 
+class BuildPy(build_py):
+    """A pure build stamps the wheel too: with no extensions ``build_ext`` never runs,
+    so without this the wheel had no ``_native_build.json`` and ``blockx --version``
+    could not say why nothing is compiled. A compiled build's stamp is ``BuildExt``'s
+    (it runs after this and overwrites nothing here)."""
+
+    def run(self) -> None:
+        super().run()
+        if not EXTENSIONS:
+            target = Path(self.build_lib) / STAMP
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_stamp(False, NOTE), encoding="utf-8")
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = super().get_outputs(include_bytecode)
+        if not EXTENSIONS:
+            outputs.append(str(Path(self.build_lib) / STAMP))
+        return outputs
+
+
 def _native_extensions() -> tuple[list, str]:
     if os.environ.get("BLOCKX_PURE_PYTHON", "") not in ("", "0"):
         return [], "BLOCKX_PURE_PYTHON was set when it was installed"
@@ -234,4 +256,4 @@ if NOTE:
     # not shadow the sources).
     (SRC / STAMP).write_text(_stamp(False, NOTE), encoding="utf-8")
 
-setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": BuildExt})
+setup(ext_modules=EXTENSIONS, cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

@@ -166,7 +166,9 @@ def test_a_missing_calls_file_and_a_non_json_args_value(tmp_path: Path) -> None:
     _expect_usage_error(tmp_path, task, "task.yaml: calls_file: file not found: nope.jsonl")
     task = write(
         tmp_path / "task2.yaml",
-        ("functions: {f: {path: f.py}}\ncalls:\n  - {function: f, args: {day: 2024-06-01}}\n"),
+        (
+            "functions: {f: {path: f.py}}\ncalls:\n  - {function: f, args: {day: !!timestamp 2024-06-01}}\n"
+        ),
     )
     _expect_usage_error(
         tmp_path, task, "task2.yaml: calls[0].args.day: a date is not a JSON value (quote it"

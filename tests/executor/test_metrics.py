@@ -163,7 +163,8 @@ def test_probe_retries_then_succeeds(tmp_path: Path) -> None:
 
 
 def test_probe_failure_is_a_clear_start_up_error(tmp_path: Path) -> None:
-    sampler = ProcessMetricsSampler(statm_path=str(tmp_path / "nope"))
+    """With no source that answers (here: only a missing statm file), start-up fails."""
+    sampler = ProcessMetricsSampler(statm_path=str(tmp_path / "nope"), memory_sources=("statm",))
     with pytest.raises(
         MetricsProbeError, match=r"cannot sample process metrics .*nope.* after 3 attempts"
     ):
@@ -171,7 +172,7 @@ def test_probe_failure_is_a_clear_start_up_error(tmp_path: Path) -> None:
 
 
 def test_probe_refuses_a_zero_rss(tmp_path: Path) -> None:
-    sampler = ProcessMetricsSampler(statm_path=str(_statm(tmp_path, 0)))
+    sampler = ProcessMetricsSampler(statm_path=str(_statm(tmp_path, 0)), memory_sources=("statm",))
     with pytest.raises(MetricsProbeError, match="RSS of 0"):
         sampler.probe_capabilities(attempts=2, retry_delay_s=0)
 

@@ -230,14 +230,15 @@ def test_a_document_that_is_not_a_mapping(body: str, content_type: str, what: st
     ]
 
 
-def test_yaml_no_is_false() -> None:
-    """YAML 1.1 reads ``NO`` as false (docs/taskspec.md): an instance named NO must be quoted."""
+def test_yaml_no_stays_a_string() -> None:
+    """Task YAML is read by the 1.2 core schema (docs/taskspec.md): ``NO`` is the string NO,
+    ``false`` the boolean."""
     body = f"functions: {{adder: {{source: {json.dumps(ADDER)}}}}}\ncalls: []\n"
-    assert problems(body + "instance: NO\n", YAML_CT) == [
-        ("$.instance", "expected a non-empty string, got false")
+    assert submit(body + "instance: NO\n", YAML_CT).task_file.instance == "NO"
+    assert problems(body + "audit: NO\n", YAML_CT) == [
+        ("$.audit", "expected true or false, got 'NO'")
     ]
-    assert submit(body + 'instance: "NO"\n', YAML_CT).task_file.instance == "NO"
-    assert orjson.loads(submit(body + "audit: NO\n", YAML_CT).spec_json)["audit"] is False
+    assert orjson.loads(submit(body + "audit: false\n", YAML_CT).spec_json)["audit"] is False
 
 
 def test_deeply_nested_documents_are_refused_not_crashed() -> None:
@@ -600,17 +601,15 @@ def test_arguments_nested_too_deeply_read_as_in_blockx_validate(tmp_path: Path) 
     assert _as_validate(found) == _validate_messages(tmp_path / "task.json")
 
 
-def test_a_yaml_date_gets_validates_hint(tmp_path: Path) -> None:
+def test_a_yaml_date_is_a_string(tmp_path: Path) -> None:
+    """YAML 1.2's core schema has no dates: an unquoted ``2024-06-01`` is the string."""
     text = (
         f"functions: {{adder: {{source: {json.dumps(ADDER)}}}}}\n"
         "calls:\n  - {function: adder, args: {day: 2024-06-01}}\n"
     )
     (tmp_path / "task.yaml").write_text(text)
-    found = problems(text, YAML_CT)
-    assert found == [
-        ("$.calls[0].args.day", "a date is not a JSON value (quote it to pass a string)")
-    ]
-    assert _as_validate(found) == _validate_messages(tmp_path / "task.yaml")
+    assert submit(text, YAML_CT).task_file.calls == [("adder", {"day": "2024-06-01"})]
+    assert load_task_file(tmp_path / "task.yaml").calls == [("adder", {"day": "2024-06-01"})]
 
 
 def test_a_syntax_error_reads_as_in_blockx_validate(tmp_path: Path) -> None:

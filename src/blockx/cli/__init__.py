@@ -4,6 +4,7 @@
 
     blockx run TASK [-o FILE] [--executors N] [--config FILE] [--set KNOB=VALUE ...] [--quiet]
     blockx validate TASK
+    blockx schema [-o FILE]
     blockx config [--task TASK] [--json]
     blockx submit TASK [--follow] [--server URL] [--token-file FILE]
     blockx status ID | rows ID [--after N] | cancel ID | tasks [--state S]
@@ -391,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_options(config)
 
+    schema = commands.add_parser(
+        "schema",
+        help="print the JSON Schema of a task file (for editors: docs/taskspec.md)",
+        description="Print the JSON Schema (draft 2020-12) of a task file, generated from "
+        "the checks' task model. Editors with the YAML language server use it through a "
+        "`# yaml-language-server: $schema=...` comment (docs/taskspec.md).",
+        formatter_class=_Formatter,
+    )
+    schema.add_argument("-o", "--output", metavar="FILE", help="write it to FILE, not stdout")
+
     from blockx.cli.serve import add_serve_parser
 
     add_serve_parser(commands, _Formatter, _add_config_options)
@@ -481,6 +492,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command in ("run", "serve"):  # they start a worker and executors: not on Windows
+        from blockx.portability import platform_problem
+
+        problem = platform_problem()
+        if problem is not None:
+            print(f"blockx: error: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if args.command == "run":
         from blockx.cli.run import RunOptions, run_command
 
@@ -509,6 +527,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from blockx.cli.validate import validate_command
 
         return validate_command(args.task, config=args.config, sets=args.sets, quiet=args.quiet)
+    if args.command == "schema":
+        from blockx.cli.schema import main as schema_command
+
+        return schema_command(args)
     if args.command == "serve":
         from blockx.cli.serve import serve_command
 

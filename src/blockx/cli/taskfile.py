@@ -100,6 +100,9 @@ TOP_FIELDS: Final = (
     "io",
 )
 
+#: The fields of one function of ``functions`` (exactly one of them).
+FUNCTION_FIELDS: Final = ("path", "source")
+
 #: Task ids: what the worker, the logs and the IO scopes can carry verbatim.
 _TASK_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _FUNCTION_ID_RE: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
@@ -444,7 +447,7 @@ def _check_functions(
                 f"expected {{path: FILE}} or {{source: CODE}}, got {describe(spec)}",
             )
             continue
-        check.unknown_fields(spec, ("functions", fid), ("path", "source"))
+        check.unknown_fields(spec, ("functions", fid), FUNCTION_FIELDS)
         has_path, has_source = "path" in spec, "source" in spec
         if has_path == has_source:
             check.add(

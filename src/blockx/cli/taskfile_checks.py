@@ -3,10 +3,11 @@
 Theory of operation
 -------------------
 :func:`parse_document` turns a task file's text into data: YAML (PyYAML's
-``CSafeLoader`` when built, else ``SafeLoader``) keeps its node tree, so a
+parser, the C one when built) keeps its node tree, so a
 problem can name the line of the field it is about; JSON has no line
-numbers here. A mapping that names a key twice is refused in both (YAML and
-JSON would silently keep the last one).
+numbers here. YAML is read by the 1.2 core schema (:mod:`blockx.cli.yaml12`:
+``NO`` and ``1:30`` stay strings, ``010`` is 10). A mapping that names a key
+twice is refused in both (YAML and JSON would silently keep the last one).
 
 A :class:`Checker` collects the problems of one file — each names the file,
 the field path (``calls[3].function``) and, for YAML, the line — and raises
@@ -196,8 +197,9 @@ def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
             ) from None
     import yaml  # type: ignore[import-untyped,unused-ignore]
 
-    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_cls(text)
+    from blockx.cli.yaml12 import Yaml12Loader  # YAML 1.2's core schema: NO stays a string
+
+    loader = Yaml12Loader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None

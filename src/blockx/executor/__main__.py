@@ -164,6 +164,12 @@ class _ShutdownSignals:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the executor; return the process exit status."""
+    from blockx.portability import platform_problem
+
+    problem = platform_problem()  # Windows: refused before anything POSIX-only runs
+    if problem is not None:
+        sys.stderr.write(f"blockx executor: start-up refused: {problem}\n")
+        return EXIT_STARTUP_FAILED
     args = parse_args(argv)
     configure_logging(args.executor_id)
     try:

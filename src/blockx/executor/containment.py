@@ -42,7 +42,11 @@ what the *process* may become, and makes its end say why (docs/security.md
   (:meth:`PauseClock.stale`), so the ``SIGALRM`` that comes due during the stop
   — delivered just before ``SIGCONT``'s handler runs — does not end the call first.
 
-Linux only where it says so (prctl, ``/proc``); elsewhere those parts do nothing.
+Linux only where it says so (prctl, ``/proc``). Elsewhere (macOS: README, "Supported
+platforms") the subreaper and ``RLIMIT_AS`` parts do nothing, the
+descendants are walked with psutil when installed, and the watchdog reads the
+resident set from psutil, else the peak from ``getrusage``
+(:mod:`blockx.portability`).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from blockx.portability import load_psutil, memory_readers, proc_available
 from blockx.wire.blackbox import (
     CAUSE_MEMORY_EXCEEDED,
     EXIT_MEMORY_EXCEEDED,
@@ -115,7 +120,7 @@ def _children(pid: int) -> list[int]:
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return found
+        return _psutil_children(pid) if not proc_available() else found
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
@@ -155,12 +160,29 @@ def kill_descendants(rounds: int = 20) -> int:
     return killed
 
 
+def _psutil_children(pid: int) -> list[int]:
+    """``pid``'s children from psutil (no ``/proc``: macOS); none without psutil."""
+    psutil = load_psutil()
+    if psutil is None:
+        return []
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except (psutil.Error, OSError):
+        return []
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return True  # gone
+        psutil = None if proc_available() else load_psutil()
+        if psutil is None:
+            return True  # gone
+        try:
+            return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+        except (psutil.Error, OSError):
+            return True  # gone
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
@@ -223,17 +245,28 @@ def is_memory_exhaustion(error: BaseException | None) -> bool:
 # --- memory --------------------------------------------------------------------------
 
 
+#: Where ``/proc/self/statm`` is missing: the RSS readers tried, in order.
+_FALLBACK_MEMORY_SOURCES: Final = ("psutil", "getrusage")
+
+
 def _statm_fields() -> list[bytes]:
     with open("/proc/self/statm", "rb") as f:
         return f.read().split()
 
 
 def resident_bytes() -> int:
-    """This process's resident set size (0 where ``/proc`` is missing)."""
+    """This process's resident set size; where ``/proc`` is missing, psutil's, else the
+    peak from ``getrusage`` (:func:`blockx.portability.memory_readers`); 0 if none."""
     try:
         return int(_statm_fields()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        return 0
+        pass
+    for _name, read in memory_readers(sources=_FALLBACK_MEMORY_SOURCES):
+        try:
+            return read()
+        except (OSError, ValueError, IndexError):
+            continue
+    return 0
 
 
 def limit_address_space(limit_bytes: int) -> int:
@@ -345,8 +378,12 @@ class ProcessWatchdog:
         on_memory_exceeded: Callable[[int], None],
         pause_clock: PauseClock = PAUSE_CLOCK,
         interval_s: float = WATCHDOG_INTERVAL_S,
+        statm_path: str = "/proc/self/statm",
     ) -> None:
         self.memory_limit_bytes = memory_limit_bytes
+        #: Where the resident set is read (Linux); when it cannot be opened, psutil or
+        #: getrusage (``_FALLBACK_MEMORY_SOURCES``) instead.
+        self.statm_path = statm_path
         self._on_memory_exceeded = on_memory_exceeded
         self._pause_clock = pause_clock
         self._interval_s = interval_s
@@ -373,11 +410,19 @@ class ProcessWatchdog:
         limit = self.memory_limit_bytes
         page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         fd = -1
+        fallback: Callable[[], int] | None = None
         if limit:
             try:
-                fd = os.open("/proc/self/statm", os.O_RDONLY)
+                fd = os.open(self.statm_path, os.O_RDONLY)
             except OSError:
-                _log.error("memory limit not enforced by RSS: /proc/self/statm unreadable")
+                # No /proc (macOS): psutil's RSS, else getrusage's peak (never falls: a
+                # process that once passed the limit is ended, which errs on the safe side).
+                readers = memory_readers(sources=_FALLBACK_MEMORY_SOURCES)
+                if readers:
+                    name, fallback = readers[0]
+                    _log.info("memory limit enforced from %s (no %s)", name, self.statm_path)
+                else:
+                    _log.error("memory limit not enforced by RSS: no way to read it here")
         clock = self._pause_clock
         monotonic = time.monotonic
         wait = self._stop.wait
@@ -388,6 +433,13 @@ class ProcessWatchdog:
                 if fd >= 0:
                     try:
                         resident = int(os.pread(fd, 128, 0).split()[1]) * page
+                    except (OSError, ValueError, IndexError):
+                        continue
+                    if resident > limit:
+                        self._on_memory_exceeded(resident)
+                elif fallback is not None:
+                    try:
+                        resident = fallback()
                     except (OSError, ValueError, IndexError):
                         continue
                     if resident > limit:

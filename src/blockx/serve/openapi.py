@@ -12,9 +12,9 @@ JSON path (:mod:`blockx.serve.documents`).
 
 The task document's schema (``TaskDocument``) is the task-file schema of
 docs/taskspec.md as a submitted task may use it (``calls`` or ``calls_stream``;
-no ``calls_file``, no ``io``); the policy's bounds come from
-:data:`blockx.worker.api.POLICY_INTEGERS` and the id patterns from
-:mod:`blockx.cli.taskfile`, so the description cannot drift from the checks.
+no ``calls_file``, no ``io``), generated from the task model by
+:mod:`blockx.cli.schema` (the generator of ``blockx schema``'s task-file schema), so the
+description cannot drift from the checks.
 The checks remain the server's (``blockx validate``'s): the schema says what is
 accepted, a 400's messages say what is wrong.
 
@@ -27,9 +27,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 from blockx import __version__
-from blockx.cli.taskfile import FUNCTION_ID_RE, TASK_ID_RE
-from blockx.serve.documents import CALLS_CONTENT_TYPES, TASK_CONTENT_TYPES
-from blockx.worker.api import FAILURE_POLICIES, POLICY_INTEGERS
+from blockx.cli.schema import task_definitions, task_document
+from blockx.serve.documents import CALLS_CONTENT_TYPES, SUBMITTED_FIELDS, TASK_CONTENT_TYPES
 
 __all__ = ["OPENAPI", "PROBLEM_SCHEMA", "PUBLIC_PATHS", "TASK_ID_PATTERN", "TASK_STATES"]
 
@@ -54,81 +53,12 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"oneOf": [{"type": "null"}, schema]}
 
 
-def _policy_schema() -> dict[str, Any]:
-    properties: dict[str, Any] = {}
-    for name, (least, greatest, expected) in POLICY_INTEGERS.items():
-        schema: dict[str, Any] = {
-            "type": ["integer", "null"],
-            "minimum": least,
-            "description": f"{expected}; null: the worker's configuration",
-        }
-        if greatest is not None:
-            schema["maximum"] = greatest
-        properties[name] = schema
-    properties["failure"] = {
-        "enum": list(FAILURE_POLICIES),
-        "default": "fast_fail",
-        "description": "fast_fail: the first call that finally fails stops the task; "
-        "continue: failures are listed and the others run",
-    }
-    properties["debug"] = {
-        "type": "boolean",
-        "default": False,
-        "description": "capture each call's stdout and stderr",
-    }
-    return {
-        "type": "object",
-        "description": "How the task's calls run (docs/taskspec.md#policy).",
-        "additionalProperties": False,
-        "properties": properties,
-    }
-
-
-_TASK_DOCUMENT: Final[dict[str, Any]] = {
-    "type": "object",
-    "description": "A task in the task-file schema (docs/taskspec.md), as a submitted task "
-    "may use it: functions by source (a path only on a server with --functions-root, "
-    "relative to it), calls inline or calls_stream: true; no calls_file, no io.",
-    "additionalProperties": False,
-    "required": ["functions"],
-    "properties": {
-        "task_id": {
-            "type": "string",
-            "pattern": f"^{TASK_ID_RE.pattern}$",
-            "description": "names the task in logs and the summary (default: task-<12 hex>)",
-        },
-        "instance": {
-            "type": "string",
-            "minLength": 1,
-            "pattern": "\\S",
-            "description": "fairness key (tenant): instances share capacity max-min fairly",
-        },
-        "functions": {
-            "type": "object",
-            "minProperties": 1,
-            "propertyNames": {"pattern": f"^{FUNCTION_ID_RE.pattern}$"},
-            "additionalProperties": _ref("FunctionSource"),
-            "description": "{function_id: {source: CODE}} (or {path: FILE} under the "
-            "server's --functions-root)",
-        },
-        "calls": {"type": "array", "items": _ref("Call"), "description": "inline calls"},
-        "calls_stream": {
-            "type": "boolean",
-            "description": "true: the calls are sent later (POST /v1/tasks/{id}/calls) "
-            "until POST /v1/tasks/{id}/close",
-        },
-        "policy": _ref("Policy"),
-        "audit": {
-            "type": "boolean",
-            "description": "audit every function before it runs (docs/security.md); a "
-            "server started with --require-audit refuses false",
-        },
-    },
-    "oneOf": [
-        {"required": ["calls"]},
-        {"required": ["calls_stream"], "properties": {"calls_stream": {"const": True}}},
-    ],
-}
+#: The task document and its parts: generated from the task model (blockx.cli.schema, the
+#: schema ``blockx schema`` prints for task files), in the variant a submitted task may use.
+_TASK_DOCUMENT: Final[dict[str, Any]] = task_document(
+    "submitted", ref=_REF, fields=tuple(SUBMITTED_FIELDS)
+)
+_TASK_PARTS: Final[dict[str, Any]] = task_definitions("submitted")
 
 #: RFC 9457 problem details, with ``problems`` for an invalid task or body of calls.
 PROBLEM_SCHEMA: Final[dict[str, Any]] = {
@@ -271,47 +201,7 @@ _FAILURE_RECORD: Final[dict[str, Any]] = {
 
 _SCHEMAS: Final[dict[str, Any]] = {
     "TaskDocument": _TASK_DOCUMENT,
-    "FunctionSource": {
-        "oneOf": [
-            {
-                "type": "object",
-                "required": ["source"],
-                "additionalProperties": False,
-                "properties": {
-                    "source": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "the function's Python code (a module with an entry def)",
-                    }
-                },
-            },
-            {
-                "type": "object",
-                "required": ["path"],
-                "additionalProperties": False,
-                "properties": {
-                    "path": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "a .py file inside the server's --functions-root",
-                    }
-                },
-            },
-        ]
-    },
-    "Call": {
-        "type": "object",
-        "required": ["function"],
-        "additionalProperties": False,
-        "properties": {
-            "function": {"type": "string", "description": "one of the task's function ids"},
-            "args": {
-                "description": "any JSON value: a list is spread as positional arguments, "
-                "anything else is the one argument; absent: no argument"
-            },
-        },
-    },
-    "Policy": _policy_schema(),
+    **_TASK_PARTS,
     "Created": {
         "type": "object",
         "required": ["id", "task_id", "state"],

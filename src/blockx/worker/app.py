@@ -47,6 +47,7 @@ import random
 from collections.abc import AsyncIterable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from blockx.portability import check_platform
 from blockx.worker.actor.events import (
     StreamBatchProduced,
     StreamFinished,
@@ -175,6 +176,7 @@ class Worker:
         executor process exists (see :meth:`wait_ready` for attached)."""
         if self._started:
             raise RuntimeError("Worker.start() called twice")
+        check_platform()  # Windows: UnsupportedPlatformError, a clear message (README)
         self._started = True
         cfg = self.config
         adapter = ExecutorAdapter(

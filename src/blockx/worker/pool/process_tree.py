@@ -23,6 +23,13 @@ A process that clears its own environment and leaves the tree escapes the
 second net; docs/security.md says so. Only processes of the worker's own user
 are readable, so only those are ever killed. Blocking (``/proc`` reads): run
 the scans off the event loop.
+
+Where there is no ``/proc`` (macOS; :data:`PROC_ROOT` names it) every reading
+here comes from psutil when it is installed (a dependency on non-Linux
+platforms): a process's children, parent, start time (milliseconds since the
+epoch instead of clock ticks since boot: only compared with itself) and
+environment (the mark). Without either, the scans find nothing and only the
+process-group kill remains (README, "Supported platforms").
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import secrets
 import signal
 import subprocess
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
+
+from blockx.portability import load_psutil, proc_available
 
 __all__ = [
     "MARK_ENV",
@@ -48,18 +57,33 @@ __all__ = [
     "worker_mark_prefix",
 ]
 
+#: The Linux process table read here; where it is missing, psutil (the module docstring).
+PROC_ROOT = "/proc"
+
 #: The environment variable carrying an executor's mark.
 MARK_ENV: Final = "BLOCKX_EXECUTOR_OF"
 _MARK_BYTES: Final = MARK_ENV.encode() + b"="
 
 
+def _psutil() -> Any:
+    """psutil, when there is no ``/proc`` to read and it is installed; else None."""
+    return None if proc_available(PROC_ROOT) else load_psutil()
+
+
 def process_start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot), None if gone."""
+    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot), None if gone; without
+    ``/proc``, psutil's creation time in milliseconds."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"{PROC_ROOT}/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return None
+        psutil = _psutil()
+        if psutil is None:
+            return None
+        try:
+            return int(psutil.Process(pid).create_time() * 1000)
+        except (psutil.Error, OSError):
+            return None
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return int(fields[19])
@@ -83,18 +107,24 @@ def mark_of(prefix: str, executor_id: str, generation: int) -> str:
 
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (children first, breadth-first)."""
+    psutil = _psutil()
+    if psutil is not None:
+        try:
+            return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        except (psutil.Error, OSError):
+            return []
     found: list[int] = []
     seen = {pid}
     queue = [pid]
     while queue:
         parent = queue.pop(0)
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            tasks = os.listdir(f"{PROC_ROOT}/{parent}/task")
         except OSError:
             continue
         for tid in tasks:
             try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as f:
+                with open(f"{PROC_ROOT}/{parent}/task/{tid}/children", "rb") as f:
                     children = f.read().split()
             except OSError:
                 continue
@@ -127,8 +157,12 @@ def kill_pids(pids: Iterable[int], signum: int = signal.SIGKILL) -> int:
 def _marked_processes() -> Iterable[tuple[int, str]]:
     """``(pid, mark)`` of every readable process carrying a mark."""
     me = os.getpid()
+    psutil = _psutil()
+    if psutil is not None:
+        yield from _psutil_marked(psutil, me)
+        return
     try:
-        entries = os.listdir("/proc")
+        entries = os.listdir(PROC_ROOT)
     except OSError:
         return
     for entry in entries:
@@ -138,7 +172,7 @@ def _marked_processes() -> Iterable[tuple[int, str]]:
         if pid == me:
             continue
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
+            with open(f"{PROC_ROOT}/{pid}/environ", "rb") as f:
                 environ = f.read()
         except OSError:
             continue
@@ -148,6 +182,24 @@ def _marked_processes() -> Iterable[tuple[int, str]]:
         end = environ.find(b"\0", at)
         value = environ[at + len(_MARK_BYTES) : end if end >= 0 else len(environ)]
         yield pid, value.decode("utf-8", "replace")
+
+
+def _psutil_marked(psutil: Any, me: int) -> Iterable[tuple[int, str]]:
+    """:func:`_marked_processes` from psutil (no ``/proc``); nothing when it cannot list
+    the processes (a scan that cannot read finds nothing, as with ``/proc``)."""
+    try:
+        processes = list(psutil.process_iter())
+    except Exception:  # psutil's own failures are not all psutil.Error (an empty table)
+        return
+    for process in processes:
+        if process.pid == me:
+            continue
+        try:
+            value = process.environ().get(MARK_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if value is not None:
+            yield process.pid, value
 
 
 def kill_marked(mark: str, *, exact: bool = True) -> list[int]:
@@ -205,10 +257,19 @@ def descends_from(pid: int, ancestor: int) -> bool:
         if pid == ancestor:
             return True
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
+            with open(f"{PROC_ROOT}/{pid}/stat", "rb") as f:
                 stat = f.read()
         except OSError:
-            return False
+            psutil = _psutil()
+            if psutil is None:
+                return False
+            try:
+                pid = int(psutil.Process(pid).ppid())
+            except (psutil.Error, OSError):
+                return False
+            if pid <= 1:
+                return False
+            continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses
         fields = stat[stat.rfind(b")") + 2 :].split()
         try:
