@@ -38,6 +38,22 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: The worker's warning when its event loop ran late (a busy machine can cause it anywhere).
+_STALL = re.compile(r"event loop stalled (\d+) ms")
+
+
+def stalls_ms(err: str) -> list[int]:
+    """How long each "event loop stalled" warning in ``err`` says the loop was late."""
+    return [int(m.group(1)) for m in _STALL.finditer(err)]
+
+
+def without_stalls(err: str) -> str:
+    """``err`` without its "event loop stalled" warnings: a loaded machine (CI, two cores
+    shared with other test processes) can delay any process's loop, so a test comparing
+    messages must not count them."""
+    return "".join(line for line in err.splitlines(keepends=True) if not _STALL.search(line))
+
+
 def blockx(
     *args: str | os.PathLike[str],
     cwd: str | os.PathLike[str] | None = None,

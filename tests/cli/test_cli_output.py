@@ -19,6 +19,7 @@ from cli_support import (
     clean_env,
     executor_pids,
     kill_if_running,
+    stalls_ms,
     streamed_task,
     wait_for_exit,
     wait_until_pipe_is_full,
@@ -138,5 +139,6 @@ def test_a_slow_reader_gets_every_row_in_order_and_the_run_does_not_stall(
     assert len(rows) == count
     assert rows == [{"i": i, "pad": "x" * pad} for i in range(count)]
     assert f"outputs   {count:,} rows → stdout" in err
-    # the event loop never waited for the reader (it would have, writing rows itself)
-    assert "event loop stalled" not in err, err
+    # the event loop never waited for the reader (it would have, writing rows itself, for
+    # about the 3 s nobody read); shorter stalls are the machine's load, not the writer's
+    assert all(ms < 2000 for ms in stalls_ms(err)), err

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import EXAMPLES, blockx, copy_example, jsonl, write
+from cli_support import EXAMPLES, blockx, copy_example, jsonl, without_stalls, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -91,7 +91,7 @@ def test_quiet_prints_no_summary(tmp_path: Path) -> None:
     task = copy_example("quickstart", tmp_path)
     proc = blockx("run", task, "-n", "1", "--quiet", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
+    assert without_stalls(proc.stderr) == ""
     assert len(jsonl(proc.stdout)) == 5
 
 
