@@ -52,7 +52,6 @@ from typing import Any, Final
 
 import orjson
 
-from blockx import chain_abi as _abi
 from blockx.sdk import rpc as _rpc
 
 __all__ = [
@@ -94,6 +93,8 @@ class ContractRevertError(ChainStateError):
 def encode_call(signature: str, args: Sequence[Any] = ()) -> str:
     """``eth_call`` data for ``signature`` (``"transfer(address,uint256)"``) and ``args``:
     the 4-byte selector and the ABI-encoded arguments, as ``0x`` hex."""
+    from blockx import chain_abi as _abi
+
     try:
         return _abi.encode_call(signature, args)
     except _abi.AbiError as exc:
@@ -103,6 +104,8 @@ def encode_call(signature: str, args: Sequence[Any] = ()) -> str:
 def decode_result(types: str | Sequence[str], data: str | bytes) -> Any:
     """Decode return data: ``"(uint256)"`` → the value, ``"(uint112,uint112)"`` → a tuple,
     ``["uint256"]`` → a 1-tuple, ``"uint256"`` → the value (``blockx.chain_abi``)."""
+    from blockx import chain_abi as _abi
+
     try:
         return _abi.decode_result(types, data)
     except _abi.AbiError as exc:
@@ -112,6 +115,8 @@ def decode_result(types: str | Sequence[str], data: str | bytes) -> Any:
 def decode_log(event_signature: str, log: Mapping[str, Any]) -> dict[str, Any]:
     """Decode a ``get_logs`` entry: ``{"event": name, "args": {name: value}}``, for
     ``"Transfer(address indexed from,address indexed to,uint256 value)"``."""
+    from blockx import chain_abi as _abi
+
     try:
         return _abi.decode_log(event_signature, log)
     except _abi.AbiError as exc:
@@ -120,6 +125,8 @@ def decode_log(event_signature: str, log: Mapping[str, Any]) -> dict[str, Any]:
 
 def _revert_error(where: str, exc: BaseException) -> ContractRevertError | None:
     """The revert an ``eth_call`` failure reports, or None if it is another failure."""
+    from blockx import chain_abi as _abi
+
     message = str(exc)
     if getattr(exc, "kind", None) != "io_error" or "revert" not in message.lower():
         return None
@@ -298,6 +305,8 @@ class ChainState:
         A bad signature or arguments raise :class:`ChainStateError` before any request;
         a revert raises :class:`ContractRevertError` with the decoded reason.
         """
+        from blockx import chain_abi as _abi
+
         try:
             parsed = _abi.parse_signature(signature)
             data = _abi.encode_call(signature, args)
