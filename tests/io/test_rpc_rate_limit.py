@@ -305,3 +305,37 @@ def test_max_requests_per_s_is_an_upper_bound_on_what_the_node_sees(node: FakeNo
     # any one second: rate + burst, and one more batch for the network's jitter
     assert max_in_window(arrivals, 1.0) <= rate + 2 * burst
     assert rpc.stats.held > 0 and all(r.throttled for r in replies[burst:])
+
+
+def test_held_for_tells_a_waiting_batch_about_a_later_hold() -> None:
+    bucket = TokenBucket(10.0, now=T0)
+    assert bucket.held_for(T0) == 0.0
+    bucket.hold_until(T0 + 1.0, T0 + 0.05)
+    assert bucket.held_for(T0 + 0.1) == pytest.approx(0.9)
+    assert bucket.held_for(T0 + 2.0) == 0.0
+
+
+def test_batches_already_waiting_for_their_turn_also_wait_out_a_retry_after(
+    node: FakeNode,
+) -> None:
+    # At 10/s each request is its own batch, 0.1 s apart: the second and third have their
+    # turn before the first one's 429 comes back, and must still wait for its Retry-After.
+    node.faults = ["429:1"]
+    rpc = backend_for(node.url, max_requests_per_s=10)
+
+    async def main() -> Any:
+        try:
+            return await asyncio.gather(
+                *(
+                    call_backend(rpc, R, "eth_getBalance", params(ALICE, hex(100 + i)))
+                    for i in range(3)
+                )
+            )
+        finally:
+            await rpc.close()
+
+    replies = run(main())
+    assert [int(r.result, 16) for r in replies] == [balance(ALICE, 100 + i) for i in range(3)]
+    first = node.arrivals[0][0]
+    assert all(t - first >= 1.0 - 0.005 for t, _ in node.arrivals[1:]), node.arrivals
+    assert all(r.throttled for r in replies)

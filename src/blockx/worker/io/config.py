@@ -313,8 +313,8 @@ class RpcConfig:
         4,
         kind=POSITIVE_INT,
         env="RPC_MAX_ATTEMPTS",
-        doc="Tries of a request on transient errors (connection, timeout, HTTP 5xx/429), "
-        "rotating endpoints.",
+        doc="Tries of a request on transient errors (connection, timeout, HTTP 5xx/429, "
+        "JSON-RPC rate-limit errors), rotating endpoints.",
     )
     backoff_base_ms: int = knob(
         50,

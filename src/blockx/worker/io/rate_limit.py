@@ -17,7 +17,9 @@ cancelled while waiting keeps its tokens spent (the error is on the safe side).
 
 :meth:`TokenBucket.hold_until` is the node's ``Retry-After``: nothing leaves
 before that time, and the bucket restarts empty then (no burst right after a
-429). A bucket without a rate (``rate=None``) only does that.
+429). A batch that reserved its tokens before the hold and is still waiting
+asks :meth:`TokenBucket.held_for` before it sends, and waits out the rest. A
+bucket without a rate (``rate=None``) only does that.
 
 :func:`retry_after_s` reads a ``Retry-After`` value (seconds, or an HTTP date
 against the wall clock the caller passes). :func:`is_rate_limit_error` tells a
@@ -62,7 +64,7 @@ class TokenBucket:
     ``rate``: tokens per second, or None for no limit (``hold_until`` still applies).
     """
 
-    __slots__ = ("_tokens", "_updated", "burst", "rate")
+    __slots__ = ("_held_until", "_tokens", "_updated", "burst", "rate")
 
     def __init__(self, rate: float | None, *, now: float = 0.0) -> None:
         if rate is not None and not rate > 0:
@@ -73,6 +75,8 @@ class TokenBucket:
         self._tokens = float(self.burst)
         #: When ``_tokens`` was right (may lie in the future, after ``hold_until``).
         self._updated = now
+        #: Nothing is sent before this (the node's latest ``Retry-After``).
+        self._held_until = now
 
     def __repr__(self) -> str:
         if self.rate is None:
@@ -100,12 +104,17 @@ class TokenBucket:
 
     def hold_until(self, until: float, now: float) -> None:
         """Send nothing before ``until`` (the node's ``Retry-After``); restart empty then."""
+        self._held_until = max(self._held_until, until)
         if self.rate is not None and now > self._updated:
             self._tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.rate)
             self._updated = now
         if until > self._updated:
             self._tokens = min(self._tokens, 0.0)
             self._updated = until
+
+    def held_for(self, now: float) -> float:
+        """Seconds left of the latest :meth:`hold_until` (0: none)."""
+        return max(0.0, self._held_until - now)
 
 
 def retry_after_s(value: str | None, wall_now: float) -> float | None:

@@ -362,9 +362,15 @@ class _ChainClient:
                     for request in requests:
                         request.throttled = True
                     await asyncio.sleep(delay)
-                    requests = [r for r in requests if not r.future.done()]
-                    if not requests:
-                        return
+                held = bucket.held_for(loop.time())
+                while held > 0:  # a Retry-After came while this batch waited for its turn
+                    for request in requests:
+                        request.throttled = True
+                    await asyncio.sleep(held)
+                    held = bucket.held_for(loop.time())
+                requests = [r for r in requests if not r.future.done()]
+                if not requests:
+                    return
                 attempt += 1
                 url = self.endpoints[self._current % len(self.endpoints)]
                 reason, retry_after = await self._post(url, requests)
