@@ -104,9 +104,9 @@ def _(p):
     except ChainStateError as e:
         reason = str(e)
     return {
-        "wei": str(wei),
-        "reserves": [str(r0), str(r1), ts],
-        "raw": str(decode_result("(uint256)", raw)),
+        "wei": wei,
+        "reserves": [r0, r1, ts],
+        "raw": decode_result("(uint256)", raw),
         "reason": reason,
     }
 """
@@ -158,9 +158,9 @@ def test_call_function_in_an_audited_task_on_real_executors(tmp_path: Any, node:
     outputs = [o for o in result.outputs if o is not None]
     assert outputs == [
         {
-            "wei": str(balance(ALICE, 100 + i)),
-            "reserves": [str(RESERVES[0]), str(RESERVES[1]), RESERVES[2]],
-            "raw": str(balance(ALICE, 100 + i)),
+            "wei": balance(ALICE, 100 + i),  # beyond 64 bits: exact through the wire
+            "reserves": list(RESERVES),
+            "raw": balance(ALICE, 100 + i),
             "reason": f"ChainState('eth'): withdraw(uint256) at {CONTRACT} reverted: "
             f"not enough: {i}",
         }

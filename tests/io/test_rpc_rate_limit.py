@@ -339,3 +339,19 @@ def test_batches_already_waiting_for_their_turn_also_wait_out_a_retry_after(
     first = node.arrivals[0][0]
     assert all(t - first >= 1.0 - 0.005 for t, _ in node.arrivals[1:]), node.arrivals
     assert all(r.throttled for r in replies)
+
+
+def test_the_response_parser_keeps_retry_after_fed_whole_or_byte_by_byte() -> None:
+    from blockx.worker.io.http_response import ResponseParser
+
+    raw = b"HTTP/1.1 429 Too Many Requests\r\nretry-after:  7 \r\nContent-Length: 2\r\n\r\nno"
+    whole = ResponseParser()
+    assert whole.feed(raw)
+    bytewise = ResponseParser()
+    done = [bytewise.feed(raw[i : i + 1]) for i in range(len(raw))]
+    assert done[-1] and not any(done[:-1])
+    for parser in (whole, bytewise):
+        assert (parser.status, parser.retry_after, parser.body) == (429, "7", b"no")
+    plain = ResponseParser()
+    plain.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert plain.retry_after == ""
