@@ -7,12 +7,15 @@ a slow machine only lowers it), throttled requests counted."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 import random
 import time
 from email.utils import formatdate
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from io_support import answer, call_backend, payload, run
 from jsonrpc_node import ALICE, BOB, FakeNode, balance
 
@@ -355,3 +358,59 @@ def test_the_response_parser_keeps_retry_after_fed_whole_or_byte_by_byte() -> No
     plain = ResponseParser()
     plain.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
     assert plain.retry_after == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rate=st.floats(min_value=0.5, max_value=2000.0),
+    steps=st.lists(
+        st.tuples(
+            st.floats(min_value=0.0, max_value=0.5),  # time until the next batch asks
+            st.integers(min_value=1, max_value=500),  # the batch wanted
+            st.floats(min_value=0.0, max_value=2.0),  # a Retry-After coming then (0: none)
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_no_window_ever_sees_more_than_rate_times_its_length_plus_the_burst(
+    rate: float, steps: list[tuple[float, int, float]]
+) -> None:
+    """An event simulation of rpc._ChainClient._wait_for_turn: batches reserve, wake, wait
+    out holds that came meanwhile and reserve again; Retry-Afters arrive at any time."""
+    bucket = TokenBucket(rate, now=T0)
+    events: list[tuple[float, int, str, int]] = []  # (time, order, what, size or hold)
+    order = 0
+    now = T0
+    for gap, wanted, retry_after in steps:
+        now += gap
+        events.append((now, order, "ask", bucket.max_batch(wanted)))
+        order += 1
+        if retry_after:
+            events.append((now, order, "hold", round(retry_after * 1e6)))
+            order += 1
+    heapq.heapify(events)
+    sends: list[tuple[float, int]] = []
+    while events:
+        at, _, what, value = heapq.heappop(events)
+        if what == "hold":
+            bucket.hold_until(at + value / 1e6, at)
+            continue
+        if what == "ask":
+            assert value <= bucket.burst
+            wake = at + bucket.reserve(value, at)
+            heapq.heappush(events, (wake, order, "wake", value))
+        elif what == "wake":
+            held = bucket.held_for(at)
+            if held <= 0:
+                sends.append((at, value))
+                continue
+            heapq.heappush(events, (at + held, order, "ask", value))  # reserve again
+        order += 1
+    assert len(sends) == len(steps)
+    sends.sort()
+    for i, (start, _) in enumerate(sends):
+        seen = 0
+        for end, size in sends[i:]:
+            seen += size
+            assert seen <= rate * (end - start) + bucket.burst + 1e-6

@@ -18,8 +18,9 @@ cancelled while waiting keeps its tokens spent (the error is on the safe side).
 :meth:`TokenBucket.hold_until` is the node's ``Retry-After``: nothing leaves
 before that time, and the bucket restarts empty then (no burst right after a
 429). A batch that reserved its tokens before the hold and is still waiting
-asks :meth:`TokenBucket.held_for` before it sends, and waits out the rest. A
-bucket without a rate (``rate=None``) only does that.
+asks :meth:`TokenBucket.held_for` before it sends, waits out the rest and then
+reserves again (its first tokens are lost: batches held together must not leave
+together). A bucket without a rate (``rate=None``) only does that.
 
 :func:`retry_after_s` reads a ``Retry-After`` value (seconds, or an HTTP date
 against the wall clock the caller passes). :func:`is_rate_limit_error` tells a

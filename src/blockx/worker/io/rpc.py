@@ -355,19 +355,7 @@ class _ChainClient:
                 requests = [r for r in requests if not r.future.done()]
                 if not requests:
                     return
-                delay = bucket.reserve(len(requests), loop.time())
-                if delay > 0:
-                    stats.held += len(requests)
-                    stats.held_s += delay
-                    for request in requests:
-                        request.throttled = True
-                    await asyncio.sleep(delay)
-                held = bucket.held_for(loop.time())
-                while held > 0:  # a Retry-After came while this batch waited for its turn
-                    for request in requests:
-                        request.throttled = True
-                    await asyncio.sleep(held)
-                    held = bucket.held_for(loop.time())
+                await self._wait_for_turn(requests)
                 requests = [r for r in requests if not r.future.done()]
                 if not requests:
                     return
@@ -404,6 +392,29 @@ class _ChainClient:
             for request in requests:
                 request.answer(cancelled)
             raise
+
+    async def _wait_for_turn(self, requests: list[_Request]) -> None:
+        """Wait until the chain's bucket lets ``requests`` go (``max_requests_per_s``, and
+        the node's latest ``Retry-After``). A hold that came while waiting is waited out
+        and the tokens are taken again after it, so batches held together do not leave
+        together (the tokens taken before are lost: the error is on the safe side)."""
+        bucket = self.bucket
+        stats = self.backend.stats
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = bucket.reserve(len(requests), loop.time())
+            if delay > 0:
+                stats.held += len(requests)
+                stats.held_s += delay
+                for request in requests:
+                    request.throttled = True
+                await asyncio.sleep(delay)
+            held = bucket.held_for(loop.time())
+            if held <= 0:
+                return
+            for request in requests:  # a Retry-After came while this batch waited
+                request.throttled = True
+            await asyncio.sleep(held)
 
     async def _post(self, url: str, requests: list[_Request]) -> tuple[str, float | None]:
         """Send ``requests`` once; answer what can be answered.
