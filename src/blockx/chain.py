@@ -9,6 +9,15 @@
         out = state.call(p["token"], "0x70a08231" + p["addr"][2:].rjust(64, "0"))
         return {"wei": wei, "balance_of": int(out, 16)}
 
+Contract calls with the ABI done for you (``blockx.chain_abi``; eth-abi, imported on
+first use)::
+
+    state = ChainState("eth", 19_000_000)
+    wei = state.call_function(token, "balanceOf(address)(uint256)", [holder])      # int
+    r0, r1, ts = state.call_function(pair, "getReserves()(uint112,uint112,uint32)")
+    data = encode_call("transfer(address,uint256)", [to, 5])                       # "0xa9059cbb..."
+    event = decode_log("Transfer(address indexed from,address indexed to,uint256 value)", log)
+
 ``ChainState`` is predefined in every function module (no import needed). Each
 method is one Ethereum JSON-RPC request through the worker's ``rpc`` backend
 to the endpoints configured for the chain (``io.rpc.endpoints``); the worker
@@ -23,7 +32,12 @@ string; blocks and logs are returned as the node sends them (dicts of hex
 strings).
 
 Errors: a bad address, slot, block or argument raises :class:`ChainStateError`
-here, before any request (uncaught: ``user_error``, not retried). A JSON-RPC
+here, before any request (uncaught: ``user_error``, not retried); so do a bad
+ABI signature, arguments that do not fit it and answers that do not decode.
+A contract that reverts under ``call_function`` raises
+:class:`ContractRevertError` (a ``ChainStateError``) whose message and ``reason``
+carry the decoded reason (``Error(string)``'s text, a ``Panic`` code, or a
+custom error's selector) and ``data`` the raw revert data. A JSON-RPC
 error (a revert, an unknown block) or a node that cannot be reached raises
 ``RemoteIOError`` (kind ``io_error``; retryable only for transient failures).
 Outside a call run by the BlockX executor, every method raises
@@ -40,7 +54,16 @@ import orjson
 
 from blockx.sdk import rpc as _rpc
 
-__all__ = ["BLOCK_TAGS", "ChainState", "ChainStateError", "hex_quantity"]
+__all__ = [
+    "BLOCK_TAGS",
+    "ChainState",
+    "ChainStateError",
+    "ContractRevertError",
+    "decode_log",
+    "decode_result",
+    "encode_call",
+    "hex_quantity",
+]
 
 #: Block tags a ChainState accepts besides a number or a block hash.
 BLOCK_TAGS: Final = frozenset({"latest", "earliest", "pending", "safe", "finalized"})
@@ -50,11 +73,77 @@ _QUANTITY_RE: Final = re.compile(r"0x[0-9a-fA-F]+\Z")
 _HASH_RE: Final = re.compile(r"0x[0-9a-fA-F]{64}\Z")
 _CHAIN_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 _SORTED: Final = orjson.OPT_SORT_KEYS
+#: Where the worker's rpc error message carries a revert's data (``worker/io/rpc.py``).
+_REVERT_DATA_RE: Final = re.compile(r"\(data: (0x[0-9a-fA-F]*)\)")
 
 
 class ChainStateError(ValueError):
     """A ChainState was used wrongly (bad chain, block, address, slot or argument);
     nothing was sent."""
+
+
+class ContractRevertError(ChainStateError):
+    """The contract reverted (``call_function``). ``reason``: the decoded reason;
+    ``data``: the revert data as ``0x`` hex (``"0x"`` when the node sent none)."""
+
+    reason: str
+    data: str
+
+
+def encode_call(signature: str, args: Sequence[Any] = ()) -> str:
+    """``eth_call`` data for ``signature`` (``"transfer(address,uint256)"``) and ``args``:
+    the 4-byte selector and the ABI-encoded arguments, as ``0x`` hex."""
+    from blockx import chain_abi as _abi
+
+    try:
+        return _abi.encode_call(signature, args)
+    except _abi.AbiError as exc:
+        raise ChainStateError(str(exc)) from None
+
+
+def decode_result(types: str | Sequence[str], data: str | bytes) -> Any:
+    """Decode return data: ``"(uint256)"`` → the value, ``"(uint112,uint112)"`` → a tuple,
+    ``["uint256"]`` → a 1-tuple, ``"uint256"`` → the value (``blockx.chain_abi``)."""
+    from blockx import chain_abi as _abi
+
+    try:
+        return _abi.decode_result(types, data)
+    except _abi.AbiError as exc:
+        raise ChainStateError(str(exc)) from None
+
+
+def decode_log(event_signature: str, log: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode a ``get_logs`` entry: ``{"event": name, "args": {name: value}}``, for
+    ``"Transfer(address indexed from,address indexed to,uint256 value)"``."""
+    from blockx import chain_abi as _abi
+
+    try:
+        return _abi.decode_log(event_signature, log)
+    except _abi.AbiError as exc:
+        raise ChainStateError(str(exc)) from None
+
+
+def _revert_error(where: str, exc: BaseException) -> ContractRevertError | None:
+    """The revert an ``eth_call`` failure reports, or None if it is another failure."""
+    from blockx import chain_abi as _abi
+
+    message = str(exc)
+    if getattr(exc, "kind", None) != "io_error" or "revert" not in message.lower():
+        return None
+    found = _REVERT_DATA_RE.search(message)
+    data = found.group(1) if found else "0x"
+    try:
+        reason = _abi.decode_revert(data)
+    except _abi.AbiError:
+        reason = f"undecodable revert data {data}"
+    if not found:
+        # the node said why in its message ("execution reverted: ..."), or nothing
+        said = message.lower().rpartition("execution reverted")[2].strip(" :")
+        reason = message[len(message) - len(said) :] if said else "no reason given"
+    error = ContractRevertError(f"{where} reverted: {reason}")
+    error.reason = reason
+    error.data = data
+    return error
 
 
 def hex_quantity(value: Any) -> int:
@@ -196,6 +285,56 @@ class ChainState:
         if gas is not None:
             tx["gas"] = self._quantity(gas, "gas")
         return self.request("eth_call", [tx, self._block_param])  # type: ignore[no-any-return]
+
+    def call_function(
+        self,
+        to: str,
+        signature: str,
+        args: Sequence[Any] = (),
+        *,
+        from_address: str | None = None,
+        value: int | None = None,
+        gas: int | None = None,
+    ) -> Any:
+        """Call a contract's function by its signature and decode the answer.
+
+        ``signature`` is ``"name(input types)(return types)"``
+        (``"balanceOf(address)(uint256)"``); ``args`` the inputs (hex strings accepted
+        for ``bytes``). Returns the decoded value: one return value unwrapped, several
+        as a tuple, none (or no return types given) as ``None``.
+        A bad signature or arguments raise :class:`ChainStateError` before any request;
+        a revert raises :class:`ContractRevertError` with the decoded reason.
+        """
+        from blockx import chain_abi as _abi
+
+        try:
+            parsed = _abi.parse_signature(signature)
+            data = _abi.encode_call(signature, args)
+        except _abi.AbiError as exc:
+            raise self._error(str(exc)) from None
+        where = f"{parsed.text} at {to}"
+        try:
+            out = self.call(to, data, from_address=from_address, value=value, gas=gas)
+        except ChainStateError:
+            raise
+        except Exception as exc:
+            revert = _revert_error(f"ChainState({self.chain!r}): {where}", exc)
+            if revert is None:
+                raise
+            raise revert from None
+        if parsed.outputs is None:
+            return None
+        if type(out) is not str:
+            raise self._error(f"{where}: eth_call answered {out!r}, not hex data")
+        if parsed.outputs and out in ("0x", ""):
+            raise self._error(
+                f"{where}: the call returned no data (no contract at {to}, or no such function)"
+            )
+        try:
+            values = _abi.decode_result("(" + ",".join(parsed.outputs) + ")", out)
+        except _abi.AbiError as exc:
+            raise self._error(f"{where}: {exc}") from None
+        return values
 
     def get_block(self, full_txs: bool = False) -> dict[str, Any] | None:
         """The block (``eth_getBlockByNumber``; by hash when the block is a hash), or None.

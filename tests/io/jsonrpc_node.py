@@ -8,8 +8,14 @@ size of each; 1 for a plain object). Knobs, set from the test thread:
 * ``faults`` — a list consumed one per HTTP request: ``"500"``, ``"503"``,
   ``"429"``, ``"400"``, ``"drop"`` (close the connection, no answer),
   ``"hang"`` (answer after ``hang_s``), ``"bad_json"``, ``"drop_ids"`` (answer
-  a batch without its odd ids), ``"batch_error"`` (one error object, id null);
+  a batch without its odd ids), ``"batch_error"`` (one error object, id null),
+  ``"429:<Retry-After>"`` (HTTP 429 with that ``Retry-After`` header),
+  ``"limit_error"`` (every request answered JSON-RPC error -32005 "limit exceeded"),
+  ``"limit_batch_error"`` (one error object, id null: code 429 "Too Many Requests");
   ``None`` entries mean "serve normally".
+
+``node.arrivals`` records ``(time.monotonic(), requests in it)`` per HTTP request as it
+arrives (before any delay or fault).
 
 State model (so tests can compute what to expect):
 
@@ -18,7 +24,12 @@ State model (so tests can compute what to expect):
 * ``code``: ``CONTRACT`` has ``CONTRACT_CODE``, every other address ``"0x"``
 * ``storage(addr, slot, block) = slot + block`` as a 32-byte word
 * ``eth_call`` to ``CONTRACT``: data ``0x70a08231 + address word`` returns the
-  balance as a 32-byte word; data ``REVERT_DATA`` reverts (JSON-RPC error 3)
+  balance as a 32-byte word; data ``REVERT_DATA`` reverts (JSON-RPC error 3);
+  ``getReserves()`` answers ``(RESERVES)`` as ``(uint112,uint112,uint32)``;
+  ``name()`` answers ``"Fake Token"`` (``string``); ``withdraw(uint256 n)``
+  reverts with ``Error("not enough: n")`` in the error's ``data`` (message
+  ``execution reverted``, as Geth since 1.13 when the reason is in the data);
+  ``divide(uint256)`` reverts with ``Panic(0x12)``.
 * block n: ``{"number": hex(n), "hash": block_hash(n), "parentHash": ...,
   "transactions": [...]}``; each block has two logs, from ``CONTRACT`` and from
   ``OTHER``.
@@ -29,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
@@ -41,6 +53,19 @@ CONTRACT_CODE = "0x6080604052348015600f57600080fd5b50"
 REVERT_DATA = "0xdeadbeef"
 FIRST_BLOCK = 100
 LATEST_BLOCK = 110
+RESERVES = (1_000 * 10**18, 2_500_000 * 10**6, 1_700_000_123)
+_SELECTORS = {
+    "0902f1ac": "getReserves",  # getReserves()
+    "06fdde03": "name",  # name()
+    "2e1a7d4d": "withdraw",  # withdraw(uint256)
+    "3e823f79": "divide",  # divide(uint256)
+}
+
+
+def abi_encode(types: list[str], values: list[Any]) -> str:
+    from eth_abi import encode
+
+    return "0x" + encode(types, values).hex()
 
 
 def balance(address: str, block: int) -> int:
@@ -56,9 +81,10 @@ def block_hash(number: int) -> str:
 
 
 class RpcFault(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, data: str | None = None) -> None:
         self.code = code
         self.message = message
+        self.data = data
 
 
 class FakeNode:
@@ -70,6 +96,7 @@ class FakeNode:
         self.faults: list[str | None] = []
         self.bodies: list[int] = []
         self.methods: list[str] = []
+        self.arrivals: list[tuple[float, int]] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -122,6 +149,7 @@ class FakeNode:
             self.faults = []
             self.bodies = []
             self.methods = []
+            self.arrivals = []
 
     def __enter__(self) -> FakeNode:
         return self.start()
@@ -133,6 +161,7 @@ class FakeNode:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        arrived = time.monotonic()
         with self._lock:
             fault = self.faults.pop(0) if self.faults else None
             delay = self.delay_s
@@ -141,11 +170,34 @@ class FakeNode:
         items = body if batch else [body]
         with self._lock:
             self.bodies.append(len(items) if batch else 1)
+            self.arrivals.append((arrived, len(items)))
             self.methods.extend(str(i.get("method")) for i in items)
         if delay:
             await asyncio.sleep(delay)
         if fault in ("500", "503", "429", "400"):
             return web.Response(status=int(fault), text=f"injected {fault}")
+        if fault is not None and fault.startswith("429:"):
+            return web.Response(
+                status=429, text="slow down", headers={"Retry-After": fault[len("429:") :]}
+            )
+        if fault == "limit_batch_error":
+            return web.json_response(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": 429, "message": "Too Many Requests"},
+                }
+            )
+        if fault == "limit_error":
+            limited = [
+                {
+                    "jsonrpc": "2.0",
+                    "id": item.get("id"),
+                    "error": {"code": -32005, "message": "daily request count limit exceeded"},
+                }
+                for item in items
+            ]
+            return web.json_response(limited if batch else limited[0])
         if fault == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -175,11 +227,10 @@ class FakeNode:
         try:
             result = self._dispatch(item.get("method"), item.get("params") or [])
         except RpcFault as fault:
-            return {
-                "jsonrpc": "2.0",
-                "id": rid,
-                "error": {"code": fault.code, "message": fault.message},
-            }
+            error: dict[str, Any] = {"code": fault.code, "message": fault.message}
+            if fault.data is not None:
+                error["data"] = fault.data
+            return {"jsonrpc": "2.0", "id": rid, "error": error}
         return {"jsonrpc": "2.0", "id": rid, "result": result}
 
     # --- the chain ---------------------------------------------------------------------------
@@ -228,6 +279,17 @@ class FakeNode:
             if data.startswith("0x70a08231") and len(data) == 10 + 64:
                 holder = "0x" + data[-40:]
                 return word(balance(holder, self._block(ref)))
+            function = _SELECTORS.get(data[2:10])
+            if function == "getReserves":
+                return abi_encode(["uint112", "uint112", "uint32"], list(RESERVES))
+            if function == "name":
+                return abi_encode(["string"], ["Fake Token"])
+            if function == "withdraw":
+                amount = int(data[10:74], 16)
+                reason = abi_encode(["string"], [f"not enough: {amount}"])
+                raise RpcFault(3, "execution reverted", "0x08c379a0" + reason[2:])
+            if function == "divide":
+                raise RpcFault(3, "execution reverted", "0x4e487b71" + word(0x12)[2:])
             raise RpcFault(-32000, "unknown selector")
         if method in ("eth_getBlockByNumber", "eth_getBlockByHash"):
             ref = params[0]

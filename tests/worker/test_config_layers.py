@@ -33,7 +33,7 @@ from blockx.worker.io.config import (
 def test_every_knob_worker_and_io_is_declared_once_with_knob() -> None:
     specs = knobs()
     io_specs = [s for s in specs.values() if s.part == "io"]
-    assert len(specs) == 43 + 19 and len(io_specs) == 19
+    assert len(specs) == 43 + 21 and len(io_specs) == 21
     for cls in (IOConfig, BlockDBConfig, RpcConfig):
         for f in dataclasses.fields(cls):
             if f.name in ("blockdb", "rpc"):

@@ -412,7 +412,16 @@ MODULES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
             }
         ),
         "blockx": frozenset({"chain", "db", "function"}),
-        "blockx.chain": frozenset({"ChainState"}),
+        "blockx.chain": frozenset(
+            {
+                "ChainState",
+                "ChainStateError",
+                "ContractRevertError",
+                "decode_log",
+                "decode_result",
+                "encode_call",
+            }
+        ),
         "blockx.db": frozenset({"Table"}),
         "blockx.function": frozenset({"call"}),
         "collections": frozenset({"OrderedDict", "defaultdict", "deque"}),
@@ -579,6 +588,7 @@ OBJECT_FACADES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "blockx.chain.ChainState": frozenset(
             {
                 "call",
+                "call_function",
                 "get_address_balance",
                 "get_address_code",
                 "get_address_nonce",

@@ -360,11 +360,14 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         # there were some; they never reached the worker, so they are not among the requests.
         local = totals["local_hits"]
         kept = f"; {count_text(local)} more answered in the executors" if local else ""
+        # Reads a rate limit slowed down (the node's 429s or io.rpc.max_requests_per_s).
+        throttled = totals.get("throttled", 0)
+        slowed = f", {count_text(throttled)} throttled" if throttled else ""
         lines.append(
             f"  io        {count_text(totals['requests'])} requests: "
             f"{count_text(calls)} backend calls, {count_text(totals['cache_hits'])} cached, "
             f"{count_text(totals['singleflight_joins'])} joined{gone}, "
-            f"{count_text(totals['errors'])} errors; backend calls mean {mean:,.2f} ms, "
+            f"{count_text(totals['errors'])} errors{slowed}; backend calls mean {mean:,.2f} ms, "
             f"max {totals['max_ms']:,.2f} ms{kept}"
         )
         lines.append(indent(io_stats.format_table(), "            "))

@@ -139,15 +139,17 @@ class Reply:
     """A backend's answer: a JSON ``result`` (and optional raw ``sidecar``) or an ``error``.
 
     ``nbytes`` estimates the answer's size (the cache's byte bound uses it); 0
-    lets the cache estimate it from ``result``.
+    lets the cache estimate it from ``result``. ``throttled``: a rate limit slowed
+    the request down (the ``rpc`` backend's; the task's statistics count it).
     """
 
-    __slots__ = ("error", "nbytes", "result", "sidecar")
+    __slots__ = ("error", "nbytes", "result", "sidecar", "throttled")
 
     result: Any
     sidecar: bytes | None
     error: RemoteError | None
     nbytes: int
+    throttled: bool
 
     def __init__(
         self,
@@ -156,11 +158,19 @@ class Reply:
         sidecar: bytes | None = None,
         error: RemoteError | None = None,
         nbytes: int = 0,
+        throttled: bool = False,
     ) -> None:
         self.result = result
         self.sidecar = sidecar
         self.error = error
         self.nbytes = nbytes
+        self.throttled = throttled
+
+    def marked_throttled(self) -> Reply:
+        """This answer, for a request a rate limit slowed down (a copy: replies are shared)."""
+        return Reply(
+            self.result, sidecar=self.sidecar, error=self.error, nbytes=self.nbytes, throttled=True
+        )
 
     @classmethod
     def failure(cls, message: str, *, retryable: bool, kind: str = _ERR_IO_ERROR) -> Reply:

@@ -41,6 +41,7 @@ __all__ = [
     "RpcConfig",
     "load_io_config",
     "parse_endpoints",
+    "parse_rates",
 ]
 
 ENGINES: Final = ("auto", "sqlite", "postgres")
@@ -131,6 +132,48 @@ def parse_endpoints(value: Any) -> dict[str, tuple[str, ...]]:
                 raise ValueError(f"chain {chain!r}: {url!r} is not an http(s) URL")
         endpoints[chain] = tuple(chain_urls)
     return endpoints
+
+
+def parse_rates(value: Any) -> dict[str, float]:
+    """``max_requests_per_s``: ``{"eth": 50, "base": 10}``, JSON text, ``eth=50;base=10``,
+    or one number for every chain (key ``"*"``); 0 or empty: no limit."""
+    expected = 'a number, or a mapping {"chain": requests per second} (JSON or eth=50;base=10)'
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return {}
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError(expected) from None
+        elif "=" in text:
+            pairs: dict[str, str] = {}
+            for part in text.split(";"):
+                chain, _sep, rate_text = part.partition("=")
+                if not chain.strip():
+                    raise ValueError(expected)
+                pairs[chain.strip()] = rate_text.strip()
+            value = pairs
+        else:
+            value = {"*": text}
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = {"*": value}
+    if not isinstance(value, Mapping):
+        raise ValueError(expected)
+    rates: dict[str, float] = {}
+    for chain, given in value.items():
+        if not isinstance(chain, str) or not chain:
+            raise ValueError(f"chain names must be non-empty strings, not {chain!r}")
+        try:
+            rate = _float(given, allow_zero=True, maximum=1e9)
+        except ValueError:
+            raise ValueError(
+                f'chain {chain!r} ("*": every chain): a non-negative number of requests per second'
+            ) from None
+        if rate > 0:
+            rates[chain] = rate
+    return rates
 
 
 def _choice(value: Any) -> str:
@@ -270,8 +313,8 @@ class RpcConfig:
         4,
         kind=POSITIVE_INT,
         env="RPC_MAX_ATTEMPTS",
-        doc="Tries of a request on transient errors (connection, timeout, HTTP 5xx/429), "
-        "rotating endpoints.",
+        doc="Tries of a request on transient errors (connection, timeout, HTTP 5xx/429, "
+        "JSON-RPC rate-limit errors), rotating endpoints.",
     )
     backoff_base_ms: int = knob(
         50,
@@ -304,9 +347,31 @@ class RpcConfig:
         env="RPC_MAX_CONNECTIONS",
         doc="Keep-alive HTTP connections per endpoint host (concurrent batches beyond this queue).",
     )
+    max_requests_per_s: Mapping[str, float] = knob(
+        kind=Checked(parse_rates),
+        env="RPC_MAX_REQUESTS_PER_S",
+        default_text="{}",
+        default_factory=dict,
+        doc="JSON-RPC requests per second per chain, tries included (a token bucket shared by "
+        'all batches): ``{"eth": 50}``, or one number for every chain; env ``eth=50;base=10``. '
+        "Empty or 0: no limit.",
+    )
+    retry_after_max_s: float = knob(
+        60.0,
+        kind=TIME_S,
+        env="RPC_RETRY_AFTER_MAX_S",
+        default_text="60",
+        doc="The longest ``Retry-After`` (HTTP 429/503) waited for; a node asking for longer "
+        "fails the requests at once (retryable).",
+    )
 
     def __post_init__(self) -> None:
         check_section(self, "io.rpc", error=IOConfigError)
+
+    def rate_of(self, chain: str) -> float | None:
+        """``max_requests_per_s`` of ``chain`` (its own, else ``"*"``); None: no limit."""
+        rates = self.max_requests_per_s
+        return rates.get(chain, rates.get("*"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

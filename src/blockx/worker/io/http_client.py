@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 :class:`HttpClient` answers one question: ``await client.post(url, body, headers)``
-→ ``(status, body_bytes)``. It exists because aiohttp's client costs the worker
-~0.1–0.2 s of import at the first rpc read (most of it building SSL contexts)
-and a few hundred µs of CPU per request; this one imports nothing heavy and
+→ ``(status, body_bytes)`` (:meth:`HttpClient.post_answer` adds the ``Retry-After``
+header's text, for the ``rpc`` backend's rate limits). It exists because aiohttp's
+client costs the worker ~0.1–0.2 s of import at the first rpc read (most of it
+building SSL contexts) and a few hundred µs of CPU per request; this one imports nothing heavy and
 parses a response with a handful of ``bytes.find`` calls.
 
 **Requests.** HTTP/1.1 only. The request is one write: the request line
@@ -402,6 +403,12 @@ class HttpClient:
         :class:`HttpClientError` for the rest. A failure leaves no connection
         half-used: the one in use is closed.
         """
+        status, data, _retry_after = await self.post_answer(url, body)
+        return status, data
+
+    async def post_answer(self, url: str, body: bytes) -> tuple[int, bytes, str]:
+        """As :meth:`post`, answering ``(status, body, retry_after)``: the ``Retry-After``
+        header's text, ``""`` when the response has none."""
         if self._closed:
             raise ClientClosedError("the HTTP client was closed")
         target = self._targets.get(url)
@@ -411,7 +418,7 @@ class HttpClient:
         async with asyncio.timeout(self.timeout_s):
             return await self._exchange(target, request)
 
-    async def _exchange(self, target: _Target, request: bytes) -> tuple[int, bytes]:
+    async def _exchange(self, target: _Target, request: bytes) -> tuple[int, bytes, str]:
         pool = self._pools.get(target.key)
         if pool is None:
             pool = self._pools[target.key] = _HostPool(target.key, self.limit)
@@ -446,7 +453,7 @@ class HttpClient:
         body = parser.body
         if parser.content_encoding:
             body = decode_body(body, parser.content_encoding)
-        return parser.status, body
+        return parser.status, body, parser.retry_after
 
     async def _connect(self, pool: _HostPool, target: _Target) -> _Connection:
         if self._closed:

@@ -6,8 +6,9 @@ Theory of operation
 :class:`ResponseParser` takes bytes as they arrive (``feed``) and the end of the
 stream (``feed_eof``); it never reads a socket or a clock. The head ends at the
 first ``\\r\\n\\r\\n`` (at most :data:`MAX_HEAD_BYTES`, checked before parsing);
-header names are compared case-insensitively and only the four it needs are read
-(``Content-Length``, ``Transfer-Encoding``, ``Connection``, ``Content-Encoding``).
+header names are compared case-insensitively and only the five it needs are read
+(``Content-Length``, ``Transfer-Encoding``, ``Connection``, ``Content-Encoding``, and
+``Retry-After``, kept as text for the ``rpc`` backend's rate limits).
 The body is delimited by ``Transfer-Encoding: chunked``, else ``Content-Length``,
 else the end of the stream (then ``keep_alive`` is false). 1xx responses are
 skipped; 204 and 304 have no body. A malformed response raises
@@ -105,6 +106,7 @@ class ResponseParser:
         "extra",
         "keep_alive",
         "received_any",
+        "retry_after",
         "status",
     )
 
@@ -118,6 +120,8 @@ class ResponseParser:
         self.body = b""
         self.keep_alive = False
         self.content_encoding = ""
+        #: The ``Retry-After`` header's value ("" when absent).
+        self.retry_after = ""
         #: Whether any byte arrived (a failure before the first one may be retried).
         self.received_any = False
         #: Whether bytes arrived after the response ended (the connection is not reused).
@@ -257,6 +261,7 @@ class ResponseParser:
         other_coding = False
         close = version == b"HTTP/1.0"
         encoding = ""
+        retry_after = ""
         name = b""
         for line in lines[1:]:
             if line[:1] in (b" ", b"\t"):  # obsolete line folding continues the header before
@@ -284,10 +289,13 @@ class ResponseParser:
                     close = False
             elif name == b"content-encoding":
                 encoding = raw_value.strip().lower().decode("latin-1")
+            elif name == b"retry-after":
+                retry_after = raw_value.strip().decode("latin-1")
         if 100 <= status < 200:
             return  # an interim response: the real one follows (state stays _HEAD)
         self.status = status
         self.content_encoding = "" if encoding == "identity" else encoding
+        self.retry_after = retry_after
         self.keep_alive = not close
         if status in (204, 304):
             self._finish()

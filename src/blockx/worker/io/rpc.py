@@ -25,10 +25,29 @@ requests fail with a retryable ``io_error`` (the call may be retried by the
 worker's policy). Other HTTP statuses (400, 401, 404, ...) fail the batch's
 requests at once, not retryable.
 
+**Rate limits** (``rate_limit.py``). A chain with ``max_requests_per_s`` has
+one token bucket shared by all its batches: each try of a batch of ``n``
+requests takes ``n`` tokens and waits until the bucket allows it, and batches
+are cut to the bucket's burst (a tenth of a second's worth). The node's own
+"slow down" is a transient failure like the others, retried with backoff on
+the next endpoint: HTTP 429 or 503 — waiting at least its ``Retry-After``
+(seconds or an HTTP date; the whole chain holds its requests until then; one
+longer than ``retry_after_max_s`` fails the requests at once, retryable) —
+and JSON-RPC errors that mean "too many requests" (codes ``-32005``,
+``-32029``, ``-32007``, ``-32090``, ``429``, or a message such as "limit
+exceeded", "rate limit", "too many requests"), which leave their requests
+unanswered for the next try. :class:`RpcStats` counts ``throttled`` (requests
+the node refused so), ``held`` (requests the bucket delayed) and ``held_s``;
+each request's :class:`Reply` says whether it was throttled or held
+(``Reply.throttled``), which the task's statistics count.
+
 **Errors.** A JSON-RPC error object answers its own request with a
 non-retryable ``io_error`` whose message carries the code and message
-(``rpc eth eth_call: JSON-RPC error 3: execution reverted``); an error object
-with a null id answering a whole batch fails every request of it that way.
+(``rpc eth eth_call: JSON-RPC error 3: execution reverted``) and its ``data``;
+revert data (``0x`` hex) is kept whole up to 4 KiB (``ChainState.call_function``
+decodes it) and an ``Error(string)`` reason the node's message lacks is added
+(``execution reverted: not enough``). An error object with a null id answering a
+whole batch fails every request of it that way.
 
 **Caching.** Answers are cacheable per task except for methods whose answer
 moves while a task runs (``eth_blockNumber``, ``eth_gasPrice``, filters, ...)
@@ -60,6 +79,7 @@ import asyncio
 import logging
 import random
 import re
+import time
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Final
@@ -71,6 +91,7 @@ from blockx.wire import dumps_wire, loads_wire
 from .backend import IORequestError, PreparedRequest, Reply
 from .config import RpcConfig
 from .http_client import HttpClient, HttpClientError
+from .rate_limit import TokenBucket, is_rate_limit_error, retry_after_s
 
 __all__ = ["IMMUTABLE_AT_BLOCK", "VOLATILE_METHODS", "RpcBackend", "RpcStats", "immutable_read"]
 
@@ -107,12 +128,44 @@ _JSON_HEADERS: Final = {
 }
 #: How much of an unexpected HTTP body an error message quotes.
 _BODY_QUOTE: Final = 200
+#: How much revert data (hex characters) an error message keeps whole.
+_REVERT_DATA_MAX: Final = 4096
+_HEX_DATA_RE: Final = re.compile(r"0x[0-9a-fA-F]*\Z")
+#: Statuses whose ``Retry-After`` is honoured.
+_RETRY_AFTER_STATUSES: Final = (429, 503)
+
+
+def revert_reason(data: str) -> str | None:
+    """The text of an ``Error(string)`` revert (``0x08c379a0`` + ABI string), else None.
+    Decoded by hand: the worker does not import eth-abi."""
+    if not data.startswith("0x08c379a0") or len(data) < 10 + 128:
+        return None
+    try:
+        raw = bytes.fromhex(data[10:])
+        offset = int.from_bytes(raw[:32], "big")
+        length = int.from_bytes(raw[offset : offset + 32], "big")
+        text = raw[offset + 32 : offset + 32 + length]
+    except ValueError:
+        return None
+    if offset + 32 + length > len(raw):
+        return None
+    return text.decode("utf-8", "replace")
 
 
 class RpcStats:
-    """What the client sent: HTTP requests, batches, JSON-RPC requests, retries."""
+    """What the client sent: HTTP requests, batches, JSON-RPC requests, retries, and the
+    rate limits met: ``throttled`` (requests the node refused as too many), ``held``
+    (requests ``max_requests_per_s`` delayed) and ``held_s`` (the delays, summed per batch)."""
 
-    __slots__ = ("batches", "http_requests", "retries", "rpc_requests")
+    __slots__ = (
+        "batches",
+        "held",
+        "held_s",
+        "http_requests",
+        "retries",
+        "rpc_requests",
+        "throttled",
+    )
 
     def __init__(self) -> None:
         self.http_requests = 0
@@ -120,21 +173,35 @@ class RpcStats:
         self.batches = 0
         self.rpc_requests = 0
         self.retries = 0
+        self.throttled = 0
+        self.held = 0
+        self.held_s = 0.0
 
     def __repr__(self) -> str:
         return (
             f"RpcStats(http={self.http_requests}, batches={self.batches}, "
-            f"rpc={self.rpc_requests}, retries={self.retries})"
+            f"rpc={self.rpc_requests}, retries={self.retries}, throttled={self.throttled}, "
+            f"held={self.held})"
         )
 
 
 class _Request:
-    __slots__ = ("future", "method", "params")
+    __slots__ = ("future", "method", "params", "throttled")
 
     def __init__(self, method: str, params: list[Any], future: asyncio.Future[Reply]) -> None:
         self.method = method
         self.params = params
         self.future = future
+        #: Whether a rate limit (the node's or ours) slowed this request down.
+        self.throttled = False
+
+    def answer(self, reply: Reply) -> None:
+        """Resolve the request (once); a throttled one's reply says so."""
+        if self.future.done():
+            return
+        if self.throttled:
+            reply = reply.marked_throttled()
+        self.future.set_result(reply)
 
 
 #: Methods whose answer at a fixed block never changes: the index of their block parameter.
@@ -195,6 +262,7 @@ class _ChainClient:
         "_pending",
         "_tasks",
         "backend",
+        "bucket",
         "chain",
         "endpoints",
     )
@@ -203,6 +271,10 @@ class _ChainClient:
         self.backend = backend
         self.chain = chain
         self.endpoints = endpoints
+        #: ``max_requests_per_s`` and the node's ``Retry-After``, for every batch of the chain.
+        self.bucket = TokenBucket(
+            backend.config.rate_of(chain), now=asyncio.get_running_loop().time()
+        )
         self._current = 0
         self._pending: list[_Request] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -219,7 +291,7 @@ class _ChainClient:
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending.append(_Request(method, params, future))
         config = self.backend.config
-        if len(self._pending) >= config.max_batch:
+        if len(self._pending) >= self.bucket.max_batch(config.max_batch):
             self._flush()
         elif self._flush_handle is None:
             if config.batch_window_ms > 0:
@@ -233,7 +305,7 @@ class _ChainClient:
             self._flush_handle.cancel()
             self._flush_handle = None
         pending, self._pending = self._pending, []
-        size = self.backend.config.max_batch
+        size = self.bucket.max_batch(self.backend.config.max_batch)
         loop = asyncio.get_running_loop()
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
@@ -260,8 +332,7 @@ class _ChainClient:
             self._flush_handle = None
         closed = Reply.failure(f"rpc {self.chain}: the client was closed", retryable=True)
         for request in self._pending:
-            if not request.future.done():
-                request.future.set_result(closed)
+            request.answer(closed)
         self._pending = []
         tasks = list(self._tasks)
         for task in tasks:
@@ -275,6 +346,8 @@ class _ChainClient:
         backend = self.backend
         config = backend.config
         stats = backend.stats
+        loop = asyncio.get_running_loop()
+        bucket = self.bucket
         attempt = 0
         reason = ""
         try:
@@ -282,17 +355,30 @@ class _ChainClient:
                 requests = [r for r in requests if not r.future.done()]
                 if not requests:
                     return
+                await self._wait_for_turn(requests)
+                requests = [r for r in requests if not r.future.done()]
+                if not requests:
+                    return
                 attempt += 1
                 url = self.endpoints[self._current % len(self.endpoints)]
-                reason = await self._post(url, requests)
+                reason, retry_after = await self._post(url, requests)
                 if not reason:
                     return
                 if reason.startswith("!"):  # permanent: already answered
                     return
+                if retry_after is not None and retry_after > config.retry_after_max_s:
+                    reason += (
+                        f" asking to retry after {retry_after:g}s (more than "
+                        f"io.rpc.retry_after_max_s={config.retry_after_max_s:g})"
+                    )
+                    break
                 if attempt >= config.max_attempts:
                     break
                 stats.retries += 1
                 self._current = (self._current + 1) % len(self.endpoints)
+                if retry_after is not None:  # the whole chain waits: see rate_limit.py
+                    now = loop.time()
+                    bucket.hold_until(now + retry_after, now)
                 await asyncio.sleep(backend.backoff_s(attempt))
             failed = Reply.failure(
                 f"rpc {self.chain}: {reason} (gave up after {attempt} "
@@ -300,20 +386,42 @@ class _ChainClient:
                 retryable=True,
             )
             for request in requests:
-                if not request.future.done():
-                    request.future.set_result(failed)
+                request.answer(failed)
         except asyncio.CancelledError:
             cancelled = Reply.failure(f"rpc {self.chain}: the client was closed", retryable=True)
             for request in requests:
-                if not request.future.done():
-                    request.future.set_result(cancelled)
+                request.answer(cancelled)
             raise
 
-    async def _post(self, url: str, requests: list[_Request]) -> str:
+    async def _wait_for_turn(self, requests: list[_Request]) -> None:
+        """Wait until the chain's bucket lets ``requests`` go (``max_requests_per_s``, and
+        the node's latest ``Retry-After``). A hold that came while waiting is waited out
+        and the tokens are taken again after it, so batches held together do not leave
+        together (the tokens taken before are lost: the error is on the safe side)."""
+        bucket = self.bucket
+        stats = self.backend.stats
+        loop = asyncio.get_running_loop()
+        while True:
+            delay = bucket.reserve(len(requests), loop.time())
+            if delay > 0:
+                stats.held += len(requests)
+                stats.held_s += delay
+                for request in requests:
+                    request.throttled = True
+                await asyncio.sleep(delay)
+            held = bucket.held_for(loop.time())
+            if held <= 0:
+                return
+            for request in requests:  # a Retry-After came while this batch waited
+                request.throttled = True
+            await asyncio.sleep(held)
+
+    async def _post(self, url: str, requests: list[_Request]) -> tuple[str, float | None]:
         """Send ``requests`` once; answer what can be answered.
 
         Returns ``""`` when every request got an answer, ``"!..."`` when they were
-        failed for good, else the transient reason (the unanswered ones are retried).
+        failed for good, else the transient reason (the unanswered ones are retried);
+        and the node's ``Retry-After`` in seconds (None when it gave none).
         """
         backend = self.backend
         stats = backend.stats
@@ -333,41 +441,51 @@ class _ChainClient:
         stats.rpc_requests += len(requests)
         session = backend.session()
         try:
-            status, data = await session.post(url, body)
+            status, data, retry_after_text = await session.post_answer(url, body)
         except TimeoutError:
-            return f"{url}: no answer within {backend.config.timeout_s:g}s"
+            return f"{url}: no answer within {backend.config.timeout_s:g}s", None
         except (HttpClientError, OSError) as exc:
-            return f"{url}: {type(exc).__name__}: {exc}"
+            return f"{url}: {type(exc).__name__}: {exc}", None
         if status == 429 or status >= 500:
-            return f"{url}: HTTP {status}"
+            retry_after = None
+            if status in _RETRY_AFTER_STATUSES:
+                retry_after = retry_after_s(retry_after_text, time.time())
+            if status == 429:
+                self._throttled(requests)
+            said = f" (Retry-After: {retry_after_text})" if retry_after is not None else ""
+            return f"{url}: HTTP {status}{said}", retry_after
         if status != 200:
             snippet = data[:_BODY_QUOTE].decode("utf-8", "replace")
             failed = Reply.failure(
                 f"rpc {self.chain}: {url}: HTTP {status}: {snippet}", retryable=False
             )
             for request in requests:
-                if not request.future.done():
-                    request.future.set_result(failed)
-            return "!http"
+                request.answer(failed)
+            return "!http", None
         try:
             decoded = loads_wire(data)
         except (msgspec.DecodeError, ValueError):
-            return f"{url}: the response is not JSON"
+            return f"{url}: the response is not JSON", None
         items: Any
         if type(decoded) is dict:
-            if not single and decoded.get("id") is None and "error" in decoded:
-                reply = self._error_reply(None, decoded["error"])
-                for request in requests:
-                    if not request.future.done():
-                        request.future.set_result(reply)
-                return "!batch-error"
+            if decoded.get("id") is None and "error" in decoded:
+                error = decoded["error"]
+                if is_rate_limit_error(error):
+                    self._throttled(requests)
+                    return f"{url}: rate limited: {_error_text(error)}", None
+                if not single:
+                    reply = self._error_reply(None, error)
+                    for request in requests:
+                        request.answer(reply)
+                    return "!batch-error", None
             items = [decoded]
         elif type(decoded) is list:
             items = decoded
         else:
-            return f"{url}: the response is not a JSON-RPC object or batch"
+            return f"{url}: the response is not a JSON-RPC object or batch", None
         share = max(1, len(data) // max(1, len(items)))
         answered = 0
+        limited: Any = None
         for item in items:
             if type(item) is not dict:
                 continue
@@ -380,29 +498,58 @@ class _ChainClient:
             if request.future.done():
                 continue
             if "error" in item and item["error"] is not None:
-                reply = self._error_reply(request.method, item["error"])
+                error = item["error"]
+                if is_rate_limit_error(error):
+                    self._throttled([request])
+                    limited = error
+                    continue  # unanswered: tried again
+                reply = self._error_reply(request.method, error)
             elif "result" in item:
                 reply = Reply(item["result"], nbytes=share)
             else:
                 continue
-            request.future.set_result(reply)
+            request.answer(reply)
             answered += 1
         missing = sum(1 for r in requests if not r.future.done())
         if not missing:
-            return ""
-        return f"{url}: {missing} of {len(requests)} responses missing from the answer"
+            return "", None
+        if limited is not None:
+            return f"{url}: rate limited: {_error_text(limited)}", None
+        return f"{url}: {missing} of {len(requests)} responses missing from the answer", None
+
+    def _throttled(self, requests: list[_Request]) -> None:
+        """The node refused ``requests`` as too many: count them, mark their replies."""
+        self.backend.stats.throttled += len(requests)
+        for request in requests:
+            request.throttled = True
 
     def _error_reply(self, method: str | None, error: Any) -> Reply:
         where = f"rpc {self.chain} {method}" if method else f"rpc {self.chain}"
         if type(error) is dict:
             code = error.get("code")
             message = error.get("message")
+            data = error.get("data")
+            if type(data) is dict and type(data.get("data")) is str:  # some nodes nest it
+                data = data["data"]
+            if type(data) is str and _HEX_DATA_RE.match(data):
+                reason = revert_reason(data)
+                if reason is not None and type(message) is str and reason not in message:
+                    message = f"{message}: {reason}"
+                quoted = data if len(data) <= _REVERT_DATA_MAX else data[:_REVERT_DATA_MAX] + "..."
+            elif data is not None:
+                quoted = str(data)[:_BODY_QUOTE]
             text = f"{where}: JSON-RPC error {code}: {message}"
-            if error.get("data") is not None:
-                text += f" (data: {str(error['data'])[:_BODY_QUOTE]})"
+            if data is not None:
+                text += f" (data: {quoted})"
         else:
             text = f"{where}: JSON-RPC error: {str(error)[:_BODY_QUOTE]}"
         return Reply.failure(text, retryable=False)
+
+
+def _error_text(error: Any) -> str:
+    if type(error) is dict:
+        return f"JSON-RPC error {error.get('code')}: {str(error.get('message'))[:_BODY_QUOTE]}"
+    return str(error)[:_BODY_QUOTE]
 
 
 class RpcBackend:

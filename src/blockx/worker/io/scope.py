@@ -252,7 +252,7 @@ class _Flight:
             self.pending = None
             scope._running.discard(self)
         elapsed = time.perf_counter() - self.started
-        self.stats.record_call(elapsed, reply.error is not None)
+        self.stats.record_call(elapsed, reply.error is not None, reply.throttled)
         result = reply.to_io_result()
         if (
             self.immutable

@@ -13,7 +13,9 @@ Reads the executors answered from their own immutable-read caches never reach
 the scope: they are counted apart, in ``local_hits`` (reported with each
 call's end, :meth:`OperationStats.record_local_hits`), not in ``requests``.
 ``errors`` counts backend calls that answered an error (refusals are counted in
-``rejected`` and ``errors`` both). Latency is measured for backend calls only,
+``rejected`` and ``errors`` both). ``throttled`` counts backend calls a rate limit
+slowed down (the ``rpc`` backend: the node answered "too many requests", or
+``io.rpc.max_requests_per_s`` held the request back). Latency is measured for backend calls only,
 on ``time.perf_counter`` (not the event loop's clock: uvloop's counts whole
 milliseconds, and a table read often takes less than one), from the moment the
 request was handed to the backend to the moment its answer arrived: total, max,
@@ -70,6 +72,7 @@ class OperationStats:
         "rejected",
         "requests",
         "singleflight_joins",
+        "throttled",
         "total_ms",
     )
 
@@ -85,6 +88,7 @@ class OperationStats:
         self.singleflight_joins = 0
         self.abandoned = 0
         self.local_hits = 0
+        self.throttled = 0
         self.total_ms = 0.0
         self.max_ms = 0.0
         self._histogram: list[int] | None = None
@@ -130,7 +134,7 @@ class OperationStats:
         if self._parent is not None:
             self._parent.record_rejected()
 
-    def record_call(self, seconds: float, failed: bool) -> None:
+    def record_call(self, seconds: float, failed: bool, throttled: bool = False) -> None:
         """One backend call that took ``seconds`` (and failed or not).
 
         Once per backend call, for this node and each parent: a loop with the bucket
@@ -144,6 +148,8 @@ class OperationStats:
             node.backend_calls += 1
             if failed:
                 node.errors += 1
+            if throttled:
+                node.throttled += 1
             node.total_ms += ms
             if ms > node.max_ms:
                 node.max_ms = ms
@@ -202,6 +208,7 @@ class OperationStats:
             "singleflight_joins": self.singleflight_joins,
             "abandoned": self.abandoned,
             "local_hits": self.local_hits,
+            "throttled": self.throttled,
             "total_ms": round(self.total_ms, 3),
             "mean_ms": round(self.mean_ms, 3),
             "p50_ms": round(self.percentile_ms(0.50), 3),
@@ -248,6 +255,7 @@ class IOStats:
             "singleflight_joins": sum(s.singleflight_joins for s in ops),
             "abandoned": sum(s.abandoned for s in ops),
             "local_hits": sum(s.local_hits for s in ops),
+            "throttled": sum(s.throttled for s in ops),
             "total_ms": round(sum(s.total_ms for s in ops), 3),
             "max_ms": round(max((s.max_ms for s in ops), default=0.0), 3),
         }
@@ -268,6 +276,9 @@ class IOStats:
         local = any(s.local_hits for s in self._ops.values())
         if local:  # the executors answered some reads themselves
             header += f" {'in executor':>11}"
+        throttled = any(s.throttled for s in self._ops.values())
+        if throttled:  # a rate limit slowed some down
+            header += f" {'throttled':>9}"
         lines = [header]
         for s in self:
             name = f"{s.backend}/{s.operation}"
@@ -277,5 +288,6 @@ class IOStats:
                 f"{s.percentile_ms(0.5):>8.2f} "
                 f"{s.percentile_ms(0.95):>8.2f} {s.max_ms:>8.2f}"
                 + (f" {s.local_hits:>11}" if local else "")
+                + (f" {s.throttled:>9}" if throttled else "")
             )
         return "\n".join(lines)
