@@ -417,3 +417,39 @@ def test_the_subsystem_builds_the_http_backend_from_io_http(server: WebApiServer
             await io.close()
 
     assert _json(run(go())) == {"query": {"x": "1"}, "headers": {"x-api-key": None}}
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        ("127.0.0.1", True),
+        ("10.1.2.3", True),
+        ("172.16.0.9", True),
+        ("192.168.1.1", True),
+        ("169.254.169.254", True),  # cloud metadata
+        ("0.0.0.0", True),
+        ("224.0.0.1", True),
+        ("::1", True),
+        ("fe80::1", True),
+        ("fc00::5", True),
+        ("::ffff:127.0.0.1", True),  # IPv4-mapped loopback
+        ("93.184.216.34", False),
+        ("2606:2800:220:1:248:1893:25c8:1946", False),
+    ],
+)
+def test_the_resolver_refuses_every_non_public_address_not_listed(
+    address: str, refused: bool
+) -> None:
+    from blockx.worker.io.http_backend import AddressRefusedError, GuardedResolver
+
+    async def resolve(allowed: tuple[str, ...]) -> list[ResolveResult]:
+        guard = GuardedResolver(frozenset(allowed), _StaticResolver(address))
+        return await guard.resolve("api.example.com", 443)
+
+    if refused:
+        with pytest.raises(AddressRefusedError, match=f"'api.example.com' resolves to {address}"):
+            run(resolve(("api.example.com",)))
+        listed = f"[{address}]" if ":" in address else address
+        assert run(resolve(("api.example.com", listed)))[0]["host"] == address
+    else:
+        assert run(resolve(("api.example.com",)))[0]["host"] == address

@@ -111,6 +111,14 @@ def _address_refused(address: str) -> bool:
     )
 
 
+def _normalized(address: str) -> str:
+    """An IP address as :mod:`ipaddress` spells it (``::ffff:7f00:1``), else as given."""
+    try:
+        return str(ipaddress.ip_address(address.split("%", 1)[0]))
+    except ValueError:
+        return address
+
+
 def _is_ip_literal(name: str) -> bool:
     try:
         ipaddress.ip_address(name.strip("[]"))
@@ -476,7 +484,7 @@ class GuardedResolver(AbstractResolver):
             return results
         for result in results:
             address = str(result["host"])
-            if _address_refused(address) and address not in self._listed:
+            if _address_refused(address) and _normalized(address) not in self._listed:
                 raise AddressRefusedError(
                     f"host {host!r} resolves to {address}, a loopback, private or otherwise "
                     "non-public address; such addresses are reached only when io.http."
