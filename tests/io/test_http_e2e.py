@@ -169,3 +169,33 @@ def test_audited_functions_use_http_too(session: WorkerSession, server: WebApiSe
     result = _run(session, _io(server), task)
     assert result.success, result.errors
     assert result.outputs == [{"n": 5, "status": 404}]
+
+
+def test_a_get_outlasting_the_calls_budget_ends_the_call_and_is_cancelled(
+    session: WorkerSession, server: WebApiServer
+) -> None:
+    """The server never answers: the call's 800 ms budget ends the wait (not
+    io.http.timeout_s, 600 s here), and the worker drops the request nobody waits for."""
+    server.reset()
+    io = _io(server, timeout_s=600)
+    task = Task(
+        functions={"uncaught": UNCAUGHT},
+        calls=[Call("uncaught", {"url": f"{server.base}/hang"})],
+        policy=TaskPolicy(call_budget_ms=800, max_attempts=1, failure="continue"),
+    )
+    scope = io.task_scope(task.task_id)
+
+    async def scenario() -> Any:
+        try:
+            task.io_handler = scope
+            return await session.worker.run_task(task)
+        finally:
+            await io.close()
+
+    result = session.run(scenario(), timeout=150)
+    (error,) = result.errors
+    assert error.kind == "deadline_exceeded", error
+    assert "http.get_json" in error.message
+    stats = scope.stats.operation("http", "get_json")
+    assert (stats.requests, stats.abandoned) == (1, 1)
+    assert server.paths() == ["/hang"]
