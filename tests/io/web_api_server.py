@@ -42,6 +42,7 @@ class WebApiServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._all_in: asyncio.Event | None = None
+        self._release_hangs: asyncio.Event | None = None
 
     @property
     def base(self) -> str:
@@ -57,9 +58,10 @@ class WebApiServer:
     def _serve(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
+        self._release_hangs = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
         loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         loop.run_until_complete(site.start())
@@ -74,6 +76,8 @@ class WebApiServer:
     def stop(self) -> None:
         loop = self._loop
         if loop is not None and loop.is_running():
+            assert self._release_hangs is not None
+            loop.call_soon_threadsafe(self._release_hangs.set)
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(10)
@@ -100,7 +104,9 @@ class WebApiServer:
         self.arrivals.append(time.monotonic())
         self.requests.append((request.method, request.path_qs, dict(request.headers), body))
         if request.path == "/hang":  # not counted in flight: it outlives its test
-            await asyncio.sleep(3600)
+            assert self._release_hangs is not None
+            await self._release_hangs.wait()  # set when the server stops
+            return web.json_response({"error": "stopped"}, status=503)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
