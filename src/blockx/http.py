@@ -63,6 +63,9 @@ class HttpError(RemoteIOError):
 
     status: int | None = None
     url: str = ""
+    #: A plain value, not RemoteCallError's property: audited code may hold this class,
+    #: and a property would hand it a Python function (its ``fget``).
+    error_kind: str = "io_error"
 
 
 def _remaining_ms() -> int | None:
@@ -107,7 +110,7 @@ def _request(operation: str, url: Any, fields: dict[str, Any]) -> Any:
                 params["timeoutMs"] = timeout_ms
             answer = provider.write_req(BACKEND, operation, params)
     except RemoteIOError as exc:
-        if isinstance(exc, HttpError):
+        if isinstance(exc, HttpError) or exc.kind != "io_error":
             raise
         raise _http_error(exc.kind, exc.message, exc.retryable, url) from None
     data = answer.get("data") if isinstance(answer, Mapping) else None

@@ -55,12 +55,15 @@ def _(p):
 """
 
 AUDITED = """
+from blockx.http import HttpError
+
+
 def _(p):
     got = Http.get_json(p["url"], params={"n": p["n"]})
     try:
         Http.get_json(p["missing"])
-    except Exception as exc:
-        return {"n": got["n"], "status": exc.status}
+    except HttpError as exc:
+        return {"n": got["n"], "status": exc.status, "retryable": exc.retryable}
     return None
 """
 
@@ -168,7 +171,7 @@ def test_audited_functions_use_http_too(session: WorkerSession, server: WebApiSe
     )
     result = _run(session, _io(server), task)
     assert result.success, result.errors
-    assert result.outputs == [{"n": 5, "status": 404}]
+    assert result.outputs == [{"n": 5, "status": 404, "retryable": False}]
 
 
 def test_a_get_outlasting_the_calls_budget_ends_the_call_and_is_cancelled(

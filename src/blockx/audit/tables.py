@@ -416,7 +416,7 @@ MODULES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         "blockx.chain": frozenset({"ChainState"}),
         "blockx.db": frozenset({"Table"}),
         "blockx.function": frozenset({"call"}),
-        "blockx.http": frozenset({"Http", "get_json", "post_json"}),
+        "blockx.http": frozenset({"Http", "HttpError", "get_json", "post_json"}),
         "collections": frozenset({"OrderedDict", "defaultdict", "deque"}),
         "datetime": frozenset(
             {"MAXYEAR", "MINYEAR", "date", "datetime", "time", "timedelta", "timezone", "tzinfo"}
