@@ -21,8 +21,9 @@ raw socket, which block the whole executor process and every call on it
 * Only hosts listed in ``io.http.allow_hosts`` are reachable (empty by default:
   no HTTP); redirects are followed only to listed hosts; loopback and private
   addresses only when listed as such.
-* The request is bounded by ``io.http.timeout_s`` and by what is left of the
-  call's budget.
+* The request is bounded by ``io.http.timeout_s``; the call's budget ends the
+  wait (a GET is then cancelled; a POST, which cancelling would not undo, is
+  given up on at most ``POST_GRACE_MS`` later).
 
 Errors: a bad argument raises ``TypeError`` here, before any request. A refused
 host, a timeout, a connection failure or a non-2xx answer raises
@@ -51,6 +52,8 @@ __all__ = ["BACKEND", "Http", "HttpError", "get_json", "post_json"]
 BACKEND: Final = "http"
 _STATUS_RE: Final = re.compile(r"HTTP (\d{3}) ")
 _SORTED: Final = orjson.OPT_SORT_KEYS
+#: How long past the call's budget the worker lets a POST run before giving up on it.
+POST_GRACE_MS: Final = 1000
 
 
 class HttpError(RemoteIOError):
@@ -95,19 +98,22 @@ def _request(operation: str, url: Any, fields: dict[str, Any]) -> Any:
         raise TypeError(f"Http.{operation}: url must be a non-empty str, got {url!r}")
     params: dict[str, Any] = {"url": url, **fields}
     provider = get_provider()
-    timeout_ms = _remaining_ms()
     try:
         if operation == "get_json":
+            # No time limit of its own: when the call's budget runs out the executor
+            # stops waiting and the worker cancels the GET nobody waits for any more.
             try:
                 cache_key: str | None = orjson.dumps(params, option=_SORTED).decode()
             except TypeError:
                 cache_key = None  # the worker keys it by the params themselves
-            if timeout_ms is not None:
-                params["timeoutMs"] = timeout_ms
             answer = provider.read_req(BACKEND, operation, params, cache_key=cache_key)
         else:
-            if timeout_ms is not None:
-                params["timeoutMs"] = timeout_ms
+            # A POST is never cancelled (that would not undo it): the worker bounds it by
+            # the budget left, plus a grace so that the executor's own cut-off ends the
+            # call first (as deadline_exceeded, like every other wait).
+            remaining_ms = _remaining_ms()
+            if remaining_ms is not None:
+                params["timeoutMs"] = remaining_ms + POST_GRACE_MS
             answer = provider.write_req(BACKEND, operation, params)
     except RemoteIOError as exc:
         if isinstance(exc, HttpError) or exc.kind != "io_error":

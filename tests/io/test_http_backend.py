@@ -319,7 +319,7 @@ def test_large_answers_and_bad_requests_are_refused(server: WebApiServer) -> Non
         backend.prepare(keys.IO_READ, "get_json", {"url": url, "params": {"q": {"a": 1}}}, None)
 
 
-def test_the_calls_remaining_budget_bounds_the_request(server: WebApiServer) -> None:
+def test_a_timeout_sent_with_the_request_bounds_it_below_timeout_s(server: WebApiServer) -> None:
     backend = _backend(server, timeout_s=600)
 
     async def go() -> IOResult:

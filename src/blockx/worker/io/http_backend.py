@@ -27,10 +27,11 @@ a raw socket) would instead stall every call of the executor: docs/http.md.
   Proxies from the environment are ignored (``trust_env=False``).
 * **Limits per host** (:mod:`.http_limits`): at most ``max_concurrency``
   requests in flight and ``max_requests_per_s`` started per second.
-* **Time.** ``io.http.timeout_s`` bounds a whole request, redirects included; the
-  SDK also sends the call's remaining budget (``timeoutMs``) and the shorter one
-  applies. A GET whose last waiter is gone (its call's budget ran out, it was
-  cancelled) is cancelled by the scope; a POST runs to its answer.
+* **Time.** ``io.http.timeout_s`` bounds a whole request, redirects included. A
+  GET whose last waiter is gone (its call's budget ran out, it was cancelled) is
+  cancelled by the scope. A POST is never cancelled (that would not undo it), so
+  the SDK sends the call's remaining budget plus a grace (``timeoutMs``) and the
+  shorter of the two bounds it.
 * **Answers.** A 2xx response: ``{"status": n}`` with the body as the sidecar
   (the SDK parses the JSON in the executor). Anything else fails the request
   with ``io_error``: ``HTTP 404 Not Found: GET https://...: <start of body>``
