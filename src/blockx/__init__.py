@@ -34,6 +34,10 @@ _LAZY = {
     "IOResult": "blockx.worker.io",
     "WorkerConfig": "blockx.worker.config",
     "load_config": "blockx.worker.config",
+    # blockx.map: a function over an iterable, synchronously (docs/sdk.md)
+    "map": "blockx.mapping",
+    "MapCallError": "blockx.mapping",
+    "MapError": "blockx.mapping",
     # the client of `blockx serve`: no worker import (a client machine needs only HTTP)
     "AsyncClient": "blockx.client",
     "AsyncRemoteTask": "blockx.client",
@@ -42,7 +46,8 @@ _LAZY = {
     "RemoteTask": "blockx.client",
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+# `map` is left out: `from blockx import *` must not shadow the builtin (use blockx.map).
+__all__ = ["__version__", *sorted(name for name in _LAZY if name != "map")]
 
 if TYPE_CHECKING:
     from blockx.client import (  # noqa: F401
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
         ClientError,
         RemoteTask,
     )
+    from blockx.mapping import MapCallError, MapError, map  # noqa: F401
     from blockx.worker.api import (  # noqa: F401
         Call,
         CallFailure,

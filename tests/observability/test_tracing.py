@@ -363,6 +363,23 @@ def test_blockx_run_help_names_the_trace_file_option() -> None:
     assert "--trace-file" in done.stdout
 
 
+def test_a_trace_file_that_cannot_be_written_is_bad_usage(tmp_path: Path) -> None:
+    """Exit 2 before anything runs, naming the flag (or variable) and the path; not a
+    traceback from the worker."""
+    task = copy_example("quickstart", tmp_path)
+    missing = tmp_path / "no" / "such" / "trace.jsonl"
+    done = blockx("run", task, "-o", tmp_path / "rows.jsonl", "--trace-file", missing, "-q")
+    assert done.returncode == 2, done.stderr
+    assert "--trace-file" in done.stderr and "no such directory" in done.stderr
+    assert not (tmp_path / "rows.jsonl").exists()
+    env = clean_env(BLOCKX_TRACE_FILE=str(missing))
+    done = blockx("run", task, "-o", tmp_path / "rows.jsonl", "-q", env=env)
+    assert done.returncode == 2 and "BLOCKX_TRACE_FILE" in done.stderr, done.stderr
+    done = blockx("serve", "--data-dir", tmp_path / "data", "--port", "0", "--trace-file", tmp_path)
+    assert done.returncode == 2 and "--trace-file" in done.stderr, done.stderr
+    assert "is a directory" in done.stderr
+
+
 @pytest.mark.slow
 def test_blockx_serve_trace_file(tmp_path: Path) -> None:
     from tests.serve.server import Server

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from blockx.cli.taskfile import TaskFile
 
-__all__ = ["check_output_paths", "input_files"]
+__all__ = ["check_output_paths", "input_files", "why_unwritable"]
 
 
 def input_files(spec: TaskFile) -> list[tuple[str, Path]]:
@@ -65,7 +65,7 @@ def _identity(path: str | os.PathLike[str]) -> _Identity | None:
     return st.st_dev, st.st_ino
 
 
-def _writable(path: str) -> str | None:
+def why_unwritable(path: str) -> str | None:
     """Why ``path`` cannot be written, or None. Leaves an existing file as it is and
     removes a file it had to create."""
     try:
@@ -114,7 +114,7 @@ def check_output_paths(spec: TaskFile, outputs: Sequence[tuple[str, str | None]]
         if clash is not None:
             problems.append(f"{named}: is the same file as {clash}: give each output its own")
             continue
-        why = _writable(path)
+        why = why_unwritable(path)
         if why is not None:
             problems.append(f"{named}: {why}")
             continue

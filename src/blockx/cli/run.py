@@ -489,11 +489,11 @@ async def _start_then_check(
     from blockx.observability.tracing import Tracing
     from blockx.worker.app import Worker, tune_gc
 
-    worker = Worker(
-        config,
-        tracing=Tracing.from_env(options.trace_file),
-        metrics_port=options.metrics_port,
-    )
+    try:
+        tracing = Tracing.from_env(options.trace_file)
+    except OSError:  # an unwritable trace file: check_input says so (exit 2) below
+        tracing = None
+    worker = Worker(config, tracing=tracing, metrics_port=options.metrics_port)
     start_error: Exception | None = None
     try:
         try:

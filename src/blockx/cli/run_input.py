@@ -13,6 +13,7 @@ event loop with Ctrl-C raising at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 from collections.abc import Sequence
@@ -65,6 +66,13 @@ class Checked:
     sink: RowWriter
 
 
+def _env_trace_file(options: RunOptions) -> str | None:
+    """The trace file ``BLOCKX_TRACE_FILE`` names when ``--trace-file`` does not."""
+    if options.trace_file is not None:
+        return None
+    return os.environ.get("BLOCKX_TRACE_FILE") or None
+
+
 def check_input(options: RunOptions, console: Console) -> Checked | int:
     """Step 1: everything that can be wrong with the input; its problems are printed and
     :data:`EXIT_USAGE` returned."""
@@ -85,6 +93,8 @@ def check_input(options: RunOptions, console: Console) -> Checked | int:
             ("-o", options.output),
             ("--errors", options.errors_out),
             ("--summary-json", options.summary_json),
+            ("--trace-file", options.trace_file),
+            ("BLOCKX_TRACE_FILE", _env_trace_file(options)),
         ),
     )
     if path_problems:

@@ -269,6 +269,7 @@ def serve_command(args: argparse.Namespace) -> int:
             root = Path(args.functions_root).resolve()
             if not root.is_dir():
                 raise _Refused(f"--functions-root {args.functions_root}: not a directory")
+        _check_trace_file(args.trace_file)
         settings = build_settings(config_file=args.config, sets=args.sets, executors=args.executors)
     except (_Refused, UsageError) as exc:
         _say("error", str(exc), json_lines=json_lines)
@@ -296,6 +297,23 @@ def serve_command(args: argparse.Namespace) -> int:
     from blockx.worker.app import run
 
     return run(_serve(args, settings, store, token, root))
+
+
+def _check_trace_file(flag_value: str | None) -> None:
+    """A trace file (``--trace-file``, else ``BLOCKX_TRACE_FILE``) that cannot be written is
+    bad usage, said before anything starts (not a traceback once the worker runs)."""
+    from blockx.cli.paths import why_unwritable
+
+    named, path = "--trace-file", flag_value
+    if path is None:
+        named, path = "BLOCKX_TRACE_FILE", os.environ.get("BLOCKX_TRACE_FILE") or None
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise _Refused(f"{named} {path}: is a directory; name a file")
+    why = why_unwritable(path)
+    if why is not None:
+        raise _Refused(f"{named} {path}: {why}")
 
 
 async def _serve(

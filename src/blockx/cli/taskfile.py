@@ -335,6 +335,7 @@ class TaskFile:
                 calls = [Call(c[0], c[1]) for c in calls or ()]
         kwargs: dict[str, Any] = {
             "functions": {fid: fn.source for fid, fn in self.functions.items()},
+            "function_paths": False,  # sources already: paths were read when the file loaded
             "calls": calls,
             "instance": self.instance,
         }

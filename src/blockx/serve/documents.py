@@ -631,4 +631,5 @@ def task_from_spec(spec_json: bytes, calls: Any) -> Task:
         instance=spec.get("instance"),
         policy=TaskPolicy(**spec.get("policy") or {}),
         audit=bool(spec.get("audit")),
+        function_paths=False,  # a client's strings are source, never a file of this server
     )

@@ -30,6 +30,7 @@ Rows: a call returning a ``dict`` gives one row, a ``list`` one row per item,
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -192,7 +193,11 @@ def _new_task_id() -> str:
 class Task:
     """A set of functions and the calls to run (see the module docstring)."""
 
-    #: ``{function_id: source}``; each source is a Python module with an entry ``def``.
+    #: ``{function_id: source or path}``; each source is a Python module with an entry
+    #: ``def``. A value that is the path of a ``.py`` file (one line ending in ``.py``,
+    #: or a ``pathlib.Path``; relative to the current directory) is read at construction
+    #: and replaced by its source (:mod:`blockx.function_files`); a missing file raises
+    #: :class:`TaskSpecError`.
     functions: Mapping[str, str]
     #: A list/tuple (one-shot) or any (async) iterable (stream) of :class:`Call`
     #: (or ``(function_id, args)`` pairs).
@@ -208,10 +213,39 @@ class Task:
     #: restricted; a rejected function's calls fail with ``audit_rejected``
     #: (``docs/security.md``). Use it for any code you did not write.
     audit: bool = False
+    #: Resolve path values of ``functions`` (above). False: every value is source text --
+    #: for a server building tasks from its clients' documents, whose strings must never
+    #: name a file on the server.
+    function_paths: bool = True
+
+    def __post_init__(self) -> None:
+        if self.function_paths and isinstance(self.functions, Mapping):
+            self.functions = _read_function_paths(self.functions)
 
     @property
     def is_stream(self) -> bool:
         return not isinstance(self.calls, (list, tuple))
+
+
+def _read_function_paths(functions: Mapping[str, Any]) -> Mapping[str, str]:
+    """``functions`` with each path value replaced by its file's source (unchanged
+    when no value is a path)."""
+    from blockx.function_files import FunctionFileError, is_function_path, read_function_source
+
+    if not any(
+        isinstance(v, (str, os.PathLike)) and is_function_path(v) for v in functions.values()
+    ):
+        return functions
+    resolved: dict[str, str] = {}
+    for function_id, value in functions.items():
+        if isinstance(value, (str, os.PathLike)) and is_function_path(value):
+            try:
+                resolved[function_id] = read_function_source(value, function_id=function_id)[0]
+            except FunctionFileError as exc:
+                raise TaskSpecError(str(exc)) from None
+        else:
+            resolved[function_id] = value
+    return resolved
 
 
 #: The task spec (the seed's name for it).
