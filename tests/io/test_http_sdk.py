@@ -109,3 +109,21 @@ def test_other_errors_pass_through_and_bad_arguments_raise_type_error(provider: 
     with pytest.raises(TypeError, match="params must be a dict"):
         get_json("https://api.example.com/", params=[("a", 1)])  # type: ignore[arg-type]
     assert len(provider.requests) == 1  # the bad arguments sent nothing
+
+
+def test_a_function_using_http_runs_under_blockx_testing_with_a_fake_backend() -> None:
+    """docs/http.md: load_function's ``backends={"http": ...}`` answers ``{"data": json}``."""
+    from blockx.testing import load_function
+
+    seen: list[tuple[str, Any]] = []
+
+    def fake_http(operation: str, params: Any) -> Any:
+        seen.append((operation, params))
+        return {"status": 200, "data": orjson.dumps({"usd": 3000}).decode()}
+
+    source = 'def _(sym):\n    return Http.get_json("https://api.example.com/p", params={"s": sym})["usd"]\n'
+    price = load_function(source, backends={"http": fake_http})
+    assert price("ETH") == 3000
+    assert seen == [
+        ("get_json", {"url": "https://api.example.com/p", "params": {"s": "ETH"}, "headers": None})
+    ]
