@@ -256,7 +256,7 @@ def test_refusals_unknown_backends_and_bad_io_kinds_answer_at_once() -> None:
         unknown = scope.handle_io("t", "a", payload("nope", "get", {}), None)
         assert type(unknown) is IOResult and unknown.error is not None
         assert "unknown IO backend 'nope'" in unknown.error.message
-        assert "'blockdb', 'gate', 'rpc'" in unknown.error.message
+        assert "'blockdb', 'gate', 'http', 'rpc'" in unknown.error.message
         bad = scope.handle_io("t", "a", {**payload("gate", "get", {}), "ioKind": "peek"}, None)
         assert type(bad) is IOResult and "ioKind must be" in bad.error.message  # type: ignore[union-attr]
         assert gate.calls == 0
@@ -403,7 +403,7 @@ def test_registry_rules() -> None:
     registry.register("gate", GateBackend(), replace=True)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="lacks name/prepare/execute/close"):
         registry.register("x", object())  # type: ignore[arg-type]
-    assert default_registry().names() == ["blockdb", "rpc"]
+    assert default_registry().names() == ["blockdb", "http", "rpc"]
 
 
 def test_request_keys_are_canonical() -> None:

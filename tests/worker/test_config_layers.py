@@ -23,6 +23,7 @@ from blockx.worker.config_model import Schema
 from blockx.worker.io.config import (
     ENV_VARS,
     BlockDBConfig,
+    HttpConfig,
     IOConfig,
     IOConfigError,
     RpcConfig,
@@ -33,10 +34,10 @@ from blockx.worker.io.config import (
 def test_every_knob_worker_and_io_is_declared_once_with_knob() -> None:
     specs = knobs()
     io_specs = [s for s in specs.values() if s.part == "io"]
-    assert len(specs) == 43 + 21 and len(io_specs) == 21
-    for cls in (IOConfig, BlockDBConfig, RpcConfig):
+    assert len(specs) == 43 + 27 and len(io_specs) == 27  # io.rpc: +2 (rate limits), io.http: 6
+    for cls in (IOConfig, BlockDBConfig, RpcConfig, HttpConfig):
         for f in dataclasses.fields(cls):
-            if f.name in ("blockdb", "rpc"):
+            if f.name in ("blockdb", "rpc", "http"):
                 continue
             assert {"kind", "env", "doc"} <= set(f.metadata), f"{cls.__name__}.{f.name}"
     # The IO variables table is read from the declarations, not written a second time.

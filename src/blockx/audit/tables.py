@@ -336,6 +336,7 @@ PRELUDE_NAMES: Final[Mapping[str, tuple[str, str | None]]] = MappingProxyType(
         "function": ("blockx.function", None),
         "Table": ("blockx.db", "Table"),
         "ChainState": ("blockx.chain", "ChainState"),
+        "Http": ("blockx.http", "Http"),
     }
 )
 
@@ -411,7 +412,7 @@ MODULES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
                 "urlsafe_b64encode",
             }
         ),
-        "blockx": frozenset({"chain", "db", "function"}),
+        "blockx": frozenset({"chain", "db", "function", "http"}),
         "blockx.chain": frozenset(
             {
                 "ChainState",
@@ -424,6 +425,7 @@ MODULES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
         ),
         "blockx.db": frozenset({"Table"}),
         "blockx.function": frozenset({"call"}),
+        "blockx.http": frozenset({"Http", "HttpError", "get_json", "post_json"}),
         "collections": frozenset({"OrderedDict", "defaultdict", "deque"}),
         "datetime": frozenset(
             {"MAXYEAR", "MINYEAR", "date", "datetime", "time", "timedelta", "timezone", "tzinfo"}
@@ -599,6 +601,8 @@ OBJECT_FACADES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
                 "request",
             }
         ),
+        # Static methods only: the class itself is exposed as a facade of them (no instances).
+        "blockx.http.Http": frozenset({"get_json", "post_json"}),
     }
 )
 

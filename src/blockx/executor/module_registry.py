@@ -53,6 +53,7 @@ from typing import Any, Final
 import blockx.chain
 import blockx.db
 import blockx.function
+import blockx.http
 from blockx.audit.entry import entry_from_defs, top_level_entries
 
 from .compiled_module import CompiledModule, module_filename
@@ -97,6 +98,7 @@ PRELUDE: dict[str, Any] = {
     "function": blockx.function,
     "Table": blockx.db.Table,
     "ChainState": blockx.chain.ChainState,
+    "Http": blockx.http.Http,
 }
 
 #: The namespace key that ties a module's globals to its compiled source.

@@ -27,9 +27,10 @@ When ``ExecuteCall.audit`` is set the worker has audited the source
 * ``blockx.function.call`` is bound straight to the current call's provider
   (``provider.subcall``, the SDK bridge's sub-call); the SDK classes of
   ``tables.OBJECT_FACADES`` (``Table``, ``ChainState``) return object
-  facades exposing only their listed methods.
+  facades exposing only their listed methods; a listed class whose methods are
+  all static methods (``Http``) is itself a facade of those functions.
 * The prelude (``json``, ``Decimal``, ``datetime``, ``date``, ``function``,
-  ``Table``, ``ChainState``) is rebuilt from the facades; the ordinary
+  ``Table``, ``ChainState``, ``Http``) is rebuilt from the facades; the ordinary
   prelude's other names are not carried over.
 * C code of exposed types imports helpers through the caller's
   ``__import__`` (``datetime.strptime`` needs ``_strptime``); for the names in
@@ -52,6 +53,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib
+import inspect
 import logging
 import sys
 import threading
@@ -236,7 +238,11 @@ def _expose(path: str, value: Any) -> tuple[bool, Any]:
     """What a facade holds for the real member ``value`` at ``module.member`` ``path``."""
     methods = tables.OBJECT_FACADES.get(path)
     if methods is not None and isinstance(value, type):
-        return True, _object_factory(value, methods, path.rpartition(".")[2])
+        label = path.rpartition(".")[2]
+        if all(isinstance(inspect.getattr_static(value, m, None), staticmethod) for m in methods):
+            # A namespace of functions (Http.get_json): a facade of them, no constructor.
+            return True, ModuleFacade(label, {m: seal(getattr(value, m)) for m in methods})
+        return True, _object_factory(value, methods, label)
     if isinstance(value, type):
         return True, value
     if type(value) in _PLAIN_TYPES:

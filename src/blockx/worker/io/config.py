@@ -36,10 +36,12 @@ from blockx.worker.config_model import Schema, environment_layer, mapping_layer,
 __all__ = [
     "IO_SCHEMA",
     "BlockDBConfig",
+    "HttpConfig",
     "IOConfig",
     "IOConfigError",
     "RpcConfig",
     "load_io_config",
+    "parse_allow_hosts",
     "parse_endpoints",
     "parse_rates",
 ]
@@ -374,6 +376,109 @@ class RpcConfig:
         return rates.get(chain, rates.get("*"))
 
 
+# --- io.http (the ``http`` backend: Http.get_json / post_json) ------------------------------
+
+_HOST_RE: Final = r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+
+
+def parse_allow_hosts(value: Any) -> tuple[str, ...]:
+    """Host names (``api.example.com``, optionally ``host:port``; IP literals too, an IPv6
+    one in brackets) from a list, JSON text or ``a.com,b.com:8443``; lowercased."""
+    import re
+
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError:
+                raise ValueError('a JSON list ["api.example.com", ...] or a,b,c') from None
+        else:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError('a list of host names ["api.example.com", "127.0.0.1:8080", ...]')
+    hosts: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"host names as strings, not {item!r}")
+        host = item.strip().lower()
+        name, port = host, ""
+        if host.startswith("["):
+            end = host.find("]")
+            name, rest = host[: end + 1], host[end + 1 :]
+            if end < 0 or (rest and not rest.startswith(":")):
+                raise ValueError(f"{item!r} is not a host name (host or host:port)")
+            port = rest[1:]
+        elif host.count(":") == 1:
+            name, port = host.split(":")
+        ok_name = (name.startswith("[") and name.endswith("]") and len(name) > 2) or bool(
+            re.fullmatch(_HOST_RE, name)
+        )
+        ok_port = not port or (port.isdigit() and 0 < int(port) < 65536)
+        if not ok_name or not ok_port or "/" in host:
+            raise ValueError(
+                f"{item!r} is not a host name: exact names only (api.example.com or "
+                "api.example.com:8443), no scheme, path or wildcard"
+            )
+        hosts.append(host)
+    return tuple(dict.fromkeys(hosts))
+
+
+def _rate(value: Any) -> float:
+    """Requests per second: 0 (no limit) or positive."""
+    return _float(value, allow_zero=True, maximum=1_000_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpConfig:
+    """The ``http`` backend (``Http.get_json`` / ``Http.post_json``: docs/http.md)."""
+
+    allow_hosts: tuple[str, ...] = knob(
+        kind=Checked(parse_allow_hosts),
+        env="HTTP_ALLOW_HOSTS",
+        default_text="[]",
+        default_factory=tuple,
+        doc="Hosts user code may reach (``api.example.com`` or ``host:port``, exact names); empty: "
+        "no HTTP at all. Loopback, private and link-local addresses only when listed as such "
+        "(by that name or IP). The environment form is ``a.com,b.com:8443`` or a JSON list.",
+    )
+    max_concurrency: int = knob(
+        16,
+        kind=POSITIVE_INT,
+        env="HTTP_MAX_CONCURRENCY",
+        doc="Requests in flight per host at once (the others queue).",
+    )
+    max_requests_per_s: float = knob(
+        0.0,
+        kind=Checked(_rate),
+        env="HTTP_MAX_REQUESTS_PER_S",
+        default_text="0",
+        doc="Requests started per second per host (a token bucket); 0: no limit.",
+    )
+    timeout_s: float = knob(
+        10.0,
+        kind=TIME_S,
+        env="HTTP_TIMEOUT_S",
+        default_text="10",
+        doc="Per request, redirects included (a call's own budget cuts a GET off sooner).",
+    )
+    max_redirects: int = knob(
+        5,
+        kind=NON_NEGATIVE_INT,
+        env="HTTP_MAX_REDIRECTS",
+        doc="Redirects followed per request, each checked against ``allow_hosts``; 0 refuses them.",
+    )
+    max_response_bytes: int = knob(
+        8 * 1024 * 1024,
+        kind=POSITIVE_INT,
+        env="HTTP_MAX_RESPONSE_BYTES",
+        doc="Largest response body accepted (a longer one fails the request).",
+    )
+
+    def __post_init__(self) -> None:
+        check_section(self, "io.http", error=IOConfigError)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IOConfig:
     """The IO subsystem's configuration (see the module docstring)."""
@@ -406,6 +511,7 @@ class IOConfig:
     )
     blockdb: BlockDBConfig = field(default_factory=BlockDBConfig)
     rpc: RpcConfig = field(default_factory=RpcConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:
         check_section(self, "io", error=IOConfigError)
@@ -413,6 +519,8 @@ class IOConfig:
             raise IOConfigError(["io.blockdb: expected a BlockDBConfig"])
         if not isinstance(self.rpc, RpcConfig):
             raise IOConfigError(["io.rpc: expected an RpcConfig"])
+        if not isinstance(self.http, HttpConfig):
+            raise IOConfigError(["io.http: expected an HttpConfig"])
 
     @property
     def sqlite_path(self) -> str:
@@ -421,7 +529,7 @@ class IOConfig:
 
 
 #: Sub-section name -> its class (``""`` is :class:`IOConfig`'s own knobs).
-_SECTION_TYPES: Final = {"blockdb": BlockDBConfig, "rpc": RpcConfig}
+_SECTION_TYPES: Final = {"blockdb": BlockDBConfig, "rpc": RpcConfig, "http": HttpConfig}
 #: (sub-section or ``""``, knob) -> section class, in table order.
 IO_SECTIONS: Final[dict[str, type[Any]]] = {"": IOConfig, **_SECTION_TYPES}
 
@@ -435,7 +543,7 @@ def iter_io_knobs() -> Iterator[tuple[str, str, dataclasses.Field[Any]]]:
 
 
 #: The IO knobs, for :func:`blockx.worker.config_model.resolve`: named ``io.*``, in a
-#: configuration file under ``[io]``, ``[io.blockdb]``, ``[io.rpc]``.
+#: configuration file under ``[io]``, ``[io.blockdb]``, ``[io.rpc]``, ``[io.http]``.
 IO_SCHEMA: Final = Schema(
     part="io",
     root=IOConfig,

@@ -46,6 +46,7 @@ __all__ = [
     "IOSubsystem",
     "default_registry",
     "make_blockdb_backend",
+    "make_http_backend",
     "make_rpc_backend",
 ]
 
@@ -149,11 +150,19 @@ def make_rpc_backend(config: IOConfig) -> IOBackend:
     return RpcBackend(config.rpc)
 
 
+def make_http_backend(config: IOConfig) -> IOBackend:
+    """``http`` to the hosts of ``io.http.allow_hosts`` (docs/http.md)."""
+    from .http_backend import HttpBackend
+
+    return HttpBackend(config.http)
+
+
 def default_registry() -> BackendRegistry:
-    """``blockdb`` and ``rpc``, built from the subsystem's :class:`IOConfig`."""
+    """``blockdb``, ``rpc`` and ``http``, built from the subsystem's :class:`IOConfig`."""
     registry = BackendRegistry()
     registry.register_factory("blockdb", make_blockdb_backend)
     registry.register_factory("rpc", make_rpc_backend)
+    registry.register_factory("http", make_http_backend)
     return registry
 
 
