@@ -306,8 +306,21 @@ async def _run_on_worker(
         if show_progress:
             progress = Progress(console, progress_total, settings.worker.pool.executor_count)
 
+        def draw(progress: Progress) -> None:
+            snap = _task_progress(worker, handle)
+            if snap is not None:
+                progress.last = snap
+            done, retries, failed = progress.last or (0, 0, 0)
+            try:
+                attached = len(worker.adapter.attached_executor_ids())
+            except Exception:
+                attached = progress.executors
+            console.show_progress(progress.render(done, retries, failed, attached))
+
         async def tick() -> None:
             attached_once = False
+            if progress is not None:
+                draw(progress)  # at once: a run shorter than one interval shows it too
             while True:
                 await asyncio.sleep(PROGRESS_INTERVAL_S)
                 if not attached_once:
@@ -321,15 +334,7 @@ async def _run_on_worker(
                         handle.cancel("no executor started")
                         return
                 if progress is not None:
-                    snap = _task_progress(worker, handle)
-                    if snap is not None:
-                        progress.last = snap
-                    done, retries, failed = progress.last or (0, 0, 0)
-                    try:
-                        attached = len(worker.adapter.attached_executor_ids())
-                    except Exception:
-                        attached = progress.executors
-                    console.show_progress(progress.render(done, retries, failed, attached))
+                    draw(progress)
                 if sink.reader_gone:  # the writer saw it, maybe while no row was coming
                     outcome.output_closed = True
                     handle.cancel("the output pipe was closed")
