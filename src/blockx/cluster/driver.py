@@ -126,11 +126,17 @@ def _init_ray(address: str) -> bool:
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if address == "auto":
-        ray.init(**kwargs, configure_logging=True, include_dashboard=False)
-    else:
-        ray.init(address=address, **kwargs)
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
+    quiet = logging.getLogger("ray")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its start-up notes would be mixed into the CLI's stderr
+    try:
+        if address == "auto":  # always a fresh local instance, never a stale one's address
+            ray.init(address="local", include_dashboard=False, **kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+    finally:
+        quiet.setLevel(level)
     return True
 
 
@@ -139,7 +145,7 @@ def _alive_nodes() -> dict[str, int]:
     import ray
 
     alive: dict[str, int] = {}
-    for n in ray.nodes():
+    for n in ray.nodes():  # type: ignore[no-untyped-call]
         cpus = int(n.get("Resources", {}).get("CPU", 0))
         if n.get("Alive") and cpus > 0:
             alive[n["NodeID"]] = cpus
@@ -166,7 +172,7 @@ async def run_on_cluster(
     """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``."""
     if not ray_available():
         raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
-    started_ray = await asyncio.to_thread(_init_ray, options.address)
+    started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
     driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run)
     try:
         return await driver.run()
@@ -282,6 +288,12 @@ class _Driver:
         _log.warning("node %s lost (%s): its unfinished calls are dispatched again", node_id, why)
         lost_before = slot.lost_calls
         exhausted = self.placement.lose_node(node_id)
+        # Its method calls in flight are written off: not waited for (a dead node's may
+        # never answer), an answer that comes anyway is dropped by the placement.
+        for future, (owner, _bid) in list(self.in_flight.items()):
+            if owner == node_id:
+                del self.in_flight[future]
+                future.cancel()
         self.out.node_lost += slot.lost_calls - lost_before
         self._fail_lost(exhausted)
         self.out.nodes.setdefault(node_id, {})["alive"] = False
@@ -298,8 +310,7 @@ class _Driver:
                     function_id=function_id,
                     args=args,
                     kind="node_lost",
-                    message=f"its node was lost {lost.attempts} time(s) "
-                    "(max_attempts reached)",
+                    message=f"its node was lost {lost.attempts} time(s) (max_attempts reached)",
                     stack=None,
                     attempts=lost.attempts,
                     retryable=True,

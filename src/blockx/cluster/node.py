@@ -75,7 +75,7 @@ class BatchReply:
 
 
 class _Pending:
-    __slots__ = ("count", "failures", "future", "rows", "start", "succeeded", "cancelled", "bid")
+    __slots__ = ("bid", "cancelled", "count", "failures", "future", "rows", "start", "succeeded")
 
     def __init__(self, bid: int, start: int, count: int, future: asyncio.Future[BatchReply]):
         self.bid = bid

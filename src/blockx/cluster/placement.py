@@ -281,13 +281,15 @@ class Placement:
         slot = self.nodes.get(node_id)
         if slot is None or not slot.alive:
             return []
-        exhausted: list[LostCall] = []
-        for batch_id in list(slot.in_flight):
-            exhausted.extend(self.lose_batch(batch_id, node_id))
         slot.alive = False
+        # Handed back in call order, ahead of earlier hand-backs: buffered calls (the
+        # newest) first prepended, then the batches in flight, the latest first.
         self.retry.extendleft(reversed(slot.buffered))
         slot.outstanding -= len(slot.buffered)
         slot.buffered = []
+        exhausted: list[LostCall] = []
+        for batch_id in sorted(slot.in_flight, reverse=True):
+            exhausted.extend(self.lose_batch(batch_id, node_id))
         return exhausted
 
     def _hand_back(self, calls: Iterable[Placed]) -> list[LostCall]:

@@ -1,0 +1,198 @@
+"""Cluster runs on a simulated 3-node Ray cluster (issue #21): every row exactly once,
+calls on every node, identical calls on one node, PostgreSQL tables shared by the
+nodes, a node removed mid-task (its calls retried: ``node_lost``), a node added
+mid-task (it gets calls).
+
+One cluster for the module (``sim_cluster``); the tests run in file order and leave
+it with three nodes. No assertion races a clock: the sources below stop once the
+condition they wait for was *seen* in the rows (with a hard cap of calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from blockx.cluster.driver import ClusterOptions, ClusterRun, run_on_cluster
+from blockx.cluster.node import NODE_ID_ENV
+from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.io.config import BlockDBConfig, IOConfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+MAIN = f"""
+import os
+def main(p):
+    i = p["i"]
+    sq = function.call("square", i % 100)
+    row = {{"i": i, "sq": sq, "node": os.environ["{NODE_ID_ENV}"]}}
+    if i % 10 == 0:
+        t = Table("items")
+        t.upsert_row({{"key": i, "v": sq}})
+        row["got"] = t.get_row(i)
+    return row
+"""
+SQUARE = "def square(x):\n    return x * x\n"
+SAME = f"""
+import os
+def same(p):
+    return {{"k": p["k"], "node": os.environ["{NODE_ID_ENV}"]}}
+"""
+SLOW = f"""
+import os, time
+def slow(p):
+    time.sleep(0.02)
+    return {{"i": p["i"], "node": os.environ["{NODE_ID_ENV}"]}}
+"""
+
+
+def _run(task: Task, io: IOConfig, options: ClusterOptions, on_rows: Any = None) -> Any:
+    rows: list[Any] = []
+    cluster_run = ClusterRun()
+
+    async def collect(batch: list[Any]) -> None:
+        rows.extend(batch)
+        if on_rows is not None:
+            on_rows(batch)
+
+    result = asyncio.run(run_on_cluster(task, None, io, options, collect, cluster_run))
+    return result, rows, cluster_run
+
+
+def test_20000_calls_with_subcalls_cached_calls_and_postgres_tables_on_3_nodes(
+    sim_cluster: Any, cluster_pg_dsn: str
+) -> None:
+    calls: list[Call] = []
+    for j in range(20_000):
+        if j % 10 == 5:
+            calls.append(Call("same", {"k": (j // 10) % 200}))  # 2,000 calls, 200 distinct
+        else:
+            calls.append(Call("main", {"i": j}))
+    task = Task(
+        functions={"main": MAIN, "square": SQUARE, "same": SAME},
+        calls=calls,
+        policy=TaskPolicy(failure="continue"),
+    )
+    io = IOConfig(
+        blockdb=BlockDBConfig(
+            engine="postgres", postgres_dsn=cluster_pg_dsn, table_prefix="cluster1_"
+        )
+    )
+    # Windows large enough that no node saturates: equal keys then always meet.
+    options = ClusterOptions(address=sim_cluster.address, window_per_node=100_000)
+    result, rows, cluster_run = _run(task, io, options)
+
+    assert result.success, result.errors[:3]
+    assert result.stats.calls == 20_000 and result.stats.succeeded == 20_000
+    mains = [r for r in rows if "i" in r]
+    sames = [r for r in rows if "k" in r]
+    assert len(rows) == 20_000
+    assert Counter(r["i"] for r in mains) == Counter(j for j in range(20_000) if j % 10 != 5)
+    assert all(r["sq"] == (r["i"] % 100) ** 2 for r in mains)
+    # Every 10th call wrote to the shared PostgreSQL table and read its own write back.
+    written = [r for r in mains if r["i"] % 10 == 0]
+    assert written and all(r["got"] == {"key": r["i"], "v": r["sq"]} for r in written)
+    # Calls on every node; identical calls on one node each.
+    nodes = {r["node"] for r in rows}
+    assert len(nodes) == 3
+    assert set(cluster_run.nodes) == nodes
+    assert all(cluster_run.nodes[n]["calls"] > 1000 for n in nodes)
+    by_key: dict[int, set[str]] = {}
+    for r in sames:
+        by_key.setdefault(r["k"], set()).add(r["node"])
+    assert len(by_key) == 200 and all(len(v) == 1 for v in by_key.values())
+    assert result.stats.cache_hits + result.stats.singleflight_hits >= 1_800
+    assert result.stats.subcalls >= 18_000 - result.stats.cache_hits
+    assert sum(n["calls"] for n in cluster_run.nodes.values()) == 20_000
+    assert cluster_run.batches < 20_000 / 50  # batches, not a method call per call
+    io_totals = cluster_run.io_stats.totals()
+    assert io_totals["requests"] >= 3_600  # 1,800 writes and 1,800 reads
+
+
+def _until(seen: threading.Event, cap: int) -> Iterator[Call]:
+    for i in range(cap):
+        if seen.is_set() and i % 500 == 0:
+            # Some more calls after the event: the run goes on for a while with it.
+            for j in range(i, min(cap, i + 1000)):
+                yield Call("slow", {"i": j})
+            return
+        yield Call("slow", {"i": i})
+
+
+def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
+    sim_cluster: Any,
+) -> None:
+    victim = sim_cluster.extra[0]
+    victim_id = victim.unique_id
+    removed = threading.Event()
+    started: list[threading.Thread] = []
+
+    def remove() -> None:
+        sim_cluster.remove_node(victim)
+        removed.set()
+
+    def on_rows(batch: list[Any]) -> None:
+        # Once the victim has settled some calls (so it holds batches in flight), kill it.
+        if not started and any(r["node"] == victim_id for r in batch):
+            thread = threading.Thread(target=remove, daemon=True)
+            started.append(thread)
+            thread.start()
+
+    task = Task(
+        functions={"slow": SLOW},
+        calls=_until(removed, 200_000),
+        policy=TaskPolicy(failure="continue", max_attempts=3),
+    )
+    options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
+    result, rows, cluster_run = _run(task, IOConfig(), options, on_rows)
+    started[0].join(timeout=120)
+
+    assert removed.is_set()
+    assert result.success, result.errors[:3]
+    calls = result.stats.calls
+    assert Counter(r["i"] for r in rows) == Counter(range(calls))  # each row once
+    assert cluster_run.node_lost > 0
+    assert result.stats.retries >= cluster_run.node_lost
+    assert cluster_run.nodes[victim_id]["alive"] is False
+    assert cluster_run.nodes[victim_id]["lost_calls"] == cluster_run.node_lost
+    survivors = {r["node"] for r in rows} - {victim_id}
+    assert len(survivors) == 2
+
+
+def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
+    before = {n["NodeID"] for n in __import__("ray").nodes() if n["Alive"]}
+    joined = threading.Event()
+    new_node_rows = threading.Event()
+    started: list[threading.Thread] = []
+
+    def add() -> None:
+        sim_cluster.add_node()
+        joined.set()
+
+    def on_rows(batch: list[Any]) -> None:
+        if not started:
+            thread = threading.Thread(target=add, daemon=True)
+            started.append(thread)
+            thread.start()
+        if any(r["node"] not in before for r in batch):
+            new_node_rows.set()
+
+    task = Task(
+        functions={"slow": SLOW},
+        calls=_until(new_node_rows, 300_000),
+        policy=TaskPolicy(failure="continue"),
+    )
+    options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
+    result, rows, cluster_run = _run(task, IOConfig(), options, on_rows)
+
+    assert joined.is_set() and new_node_rows.is_set()
+    assert result.success
+    assert Counter(r["i"] for r in rows) == Counter(range(result.stats.calls))
+    new = {r["node"] for r in rows} - before
+    assert len(new) == 1
+    assert cluster_run.nodes[new.pop()]["calls"] > 0
