@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "io"))
 
-from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin  # noqa: E402
+from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'blockx[ray]'")
 

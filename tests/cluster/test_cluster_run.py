@@ -128,7 +128,7 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
     sim_cluster: Any,
 ) -> None:
     victim = sim_cluster.extra[0]
-    victim_id = victim.unique_id
+    victim_id = victim.node_id
     removed = threading.Event()
     started: list[threading.Thread] = []
 
@@ -145,7 +145,7 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
 
     task = Task(
         functions={"slow": SLOW},
-        calls=_until(removed, 200_000),
+        calls=_until(removed, 50_000),
         policy=TaskPolicy(failure="continue", max_attempts=3),
     )
     options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
@@ -184,7 +184,7 @@ def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
 
     task = Task(
         functions={"slow": SLOW},
-        calls=_until(new_node_rows, 300_000),
+        calls=_until(new_node_rows, 50_000),
         policy=TaskPolicy(failure="continue"),
     )
     options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)

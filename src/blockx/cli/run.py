@@ -541,9 +541,12 @@ def _run_command(options: RunOptions, console: Console) -> int:
     from blockx.worker.app import run
 
     if options.ray is not None:  # one worker per Ray node (docs/cluster.md)
-        from blockx.cli.run_cluster import run_on_ray
+        from blockx.cli.run_cluster import RunParts, run_on_ray
 
-        return run_on_ray(options, console)
+        parts = RunParts(
+            verdict, _Interruption, _drain_output, _calls_until_a_bad_line, OUTPUT_GRACE_S
+        )
+        return run_on_ray(options, console, parts)
 
     # 1. Everything that can be wrong with the input, before the run; the executors are
     # started first when the worker's configuration is good (it needs no task file).

@@ -23,18 +23,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from blockx.cli.console import Console, print_problems
 from blockx.cli.exit_codes import EXIT_FAILED, EXIT_USAGE, INTERRUPTED_STATUS
 from blockx.cli.run_input import Checked, RunOptions, check_input
 
-__all__ = ["RAY_MISSING", "run_on_ray", "table_problem"]
+__all__ = ["RAY_MISSING", "RunParts", "run_on_ray", "table_problem"]
 
 RAY_MISSING: Final = (
     "--ray needs Ray, which is not installed: pip install 'blockx[ray]' (docs/cluster.md)"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RunParts:
+    """The parts of :mod:`blockx.cli.run` a cluster run shares (handed over by it: it
+    imports this module, so this module does not import it)."""
+
+    verdict: Callable[..., int]
+    interruption: Callable[..., Any]
+    drain_output: Callable[..., Any]
+    calls_until_a_bad_line: Callable[..., Any]
+    output_grace_s: float
 
 
 def table_problem(checked: Checked) -> str | None:
@@ -53,7 +66,7 @@ def table_problem(checked: Checked) -> str | None:
     )
 
 
-def run_on_ray(options: RunOptions, console: Console) -> int:
+def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
     """``blockx run --ray``: check, run on the cluster, give the verdict; the exit status."""
     from blockx.cluster.driver import ray_available
 
@@ -68,11 +81,10 @@ def run_on_ray(options: RunOptions, console: Console) -> int:
         checked.sink.close(timeout=0.0)
         print_problems(console, [problem])
         return EXIT_USAGE
-    from blockx.cli.run import OUTPUT_GRACE_S, verdict
     from blockx.worker.app import run
 
     try:
-        outcome = run(_run(options, console, checked))
+        outcome = run(_run(options, console, checked, parts))
     except KeyboardInterrupt:
         console.print("blockx: interrupted")
         return INTERRUPTED_STATUS["SIGINT"]
@@ -86,7 +98,7 @@ def run_on_ray(options: RunOptions, console: Console) -> int:
     finally:
         if console.writer is not None:
             console.writer.keep_all()
-        checked.sink.close(timeout=OUTPUT_GRACE_S)
+        checked.sink.close(timeout=parts.output_grace_s)
     executors = sum(int(n.get("executors", 0)) for n in (outcome.nodes or {}).values())
     if executors:
         settings = checked.settings
@@ -94,13 +106,12 @@ def run_on_ray(options: RunOptions, console: Console) -> int:
             settings.worker, pool=replace(settings.worker.pool, executor_count=executors)
         )
         checked = replace(checked, settings=replace(settings, worker=worker))
-    return verdict(options, console, checked, outcome)
+    return parts.verdict(options, console, checked, outcome)
 
 
-async def _run(options: RunOptions, console: Console, checked: Checked) -> Any:
+async def _run(options: RunOptions, console: Console, checked: Checked, parts: RunParts) -> Any:
     from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
     from blockx.cli.report import RunOutcome
-    from blockx.cli.run import _calls_until_a_bad_line, _drain_output, _Interruption
     from blockx.cluster.driver import ClusterOptions, ClusterRun, run_on_cluster
 
     spec, settings, sink = checked.spec, checked.settings, checked.sink
@@ -108,7 +119,7 @@ async def _run(options: RunOptions, console: Console, checked: Checked) -> Any:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
-    interruption = _Interruption(outcome, main, console)
+    interruption = parts.interruption(outcome, main, console)
     interruption.install(loop)
     t0 = time.monotonic()
     cluster = ClusterRun()
@@ -127,7 +138,7 @@ async def _run(options: RunOptions, console: Console, checked: Checked) -> Any:
             main.cancel()
 
     try:
-        task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
+        task = spec.to_task(parts.calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
         try:
             outcome.result = await run_on_cluster(
                 task,
@@ -145,7 +156,7 @@ async def _run(options: RunOptions, console: Console, checked: Checked) -> Any:
             outcome.io_stats = cluster.io_stats
         interruption.cancel_main = False
         try:
-            await _drain_output(sink, outcome, main)
+            await parts.drain_output(sink, outcome, main)
         except OutputClosed:
             outcome.output_closed = True
     finally:

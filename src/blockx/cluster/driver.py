@@ -434,6 +434,7 @@ class _Driver:
         if self.starting:
             await asyncio.wait(list(self.starting.values()), timeout=NO_NODE_TIMEOUT_S)
             await self._watch_nodes()
+        self.t0 = time.monotonic()  # the task's time: from its first call placed
         while True:
             now = loop.time()
             if now - last_watch >= NODE_POLL_S:
