@@ -60,8 +60,10 @@ def _cli(args: list[str], cwd: str) -> dict[str, Any]:
     env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "blockx", "run", "task.yaml", "-o", "out.jsonl", "-q"]
-        + ["--summary-json", "summary.json", *args],
+        [
+            *(sys.executable, "-m", "blockx", "run", "task.yaml", "-o", "out.jsonl", "-q"),
+            *("--summary-json", "summary.json", *args),
+        ],
         cwd=cwd,
         env=env,
         capture_output=True,

@@ -115,13 +115,39 @@ def test_20000_calls_with_subcalls_cached_calls_and_postgres_tables_on_3_nodes(
 
 
 def _until(seen: threading.Event, cap: int) -> Iterator[Call]:
+    """Calls of ``slow`` until ``seen`` is set, then 1,000 more (at most ``cap``)."""
     for i in range(cap):
-        if seen.is_set() and i % 500 == 0:
-            # Some more calls after the event: the run goes on for a while with it.
+        if seen.is_set():
             for j in range(i, min(cap, i + 1000)):
                 yield Call("slow", {"i": j})
             return
         yield Call("slow", {"i": i})
+
+
+class _Background:
+    """A cluster run on a thread of its own: the test's thread changes the cluster
+    (Ray's node start-up registers signal handlers: the main thread only)."""
+
+    def __init__(self, task: Task, options: ClusterOptions, on_rows: Any) -> None:
+        self.outcome: list[Any] = []
+        self.error: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.outcome.extend(_run(task, IOConfig(), options, on_rows))
+            except BaseException as exc:
+                self.error.append(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self) -> tuple[Any, list[Any], ClusterRun]:
+        self.thread.join(timeout=280)
+        assert not self.thread.is_alive(), "the run did not end"
+        if self.error:
+            raise self.error[0]
+        result, rows, cluster_run = self.outcome
+        return result, rows, cluster_run
 
 
 def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
@@ -129,19 +155,13 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
 ) -> None:
     victim = sim_cluster.extra[0]
     victim_id = victim.node_id
+    victim_busy = threading.Event()
     removed = threading.Event()
-    started: list[threading.Thread] = []
-
-    def remove() -> None:
-        sim_cluster.remove_node(victim)
-        removed.set()
 
     def on_rows(batch: list[Any]) -> None:
         # Once the victim has settled some calls (so it holds batches in flight), kill it.
-        if not started and any(r["node"] == victim_id for r in batch):
-            thread = threading.Thread(target=remove, daemon=True)
-            started.append(thread)
-            thread.start()
+        if any(r["node"] == victim_id for r in batch):
+            victim_busy.set()
 
     task = Task(
         functions={"slow": SLOW},
@@ -149,10 +169,12 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
         policy=TaskPolicy(failure="continue", max_attempts=3),
     )
     options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
-    result, rows, cluster_run = _run(task, IOConfig(), options, on_rows)
-    started[0].join(timeout=120)
+    run = _Background(task, options, on_rows)
+    assert victim_busy.wait(timeout=240)
+    sim_cluster.remove_node(victim)
+    removed.set()
+    result, rows, cluster_run = run.result()
 
-    assert removed.is_set()
     assert result.success, result.errors[:3]
     calls = result.stats.calls
     assert Counter(r["i"] for r in rows) == Counter(range(calls))  # each row once
@@ -165,20 +187,14 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
 
 
 def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
-    before = {n["NodeID"] for n in __import__("ray").nodes() if n["Alive"]}
-    joined = threading.Event()
-    new_node_rows = threading.Event()
-    started: list[threading.Thread] = []
+    import ray
 
-    def add() -> None:
-        sim_cluster.add_node()
-        joined.set()
+    before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    first_rows = threading.Event()
+    new_node_rows = threading.Event()
 
     def on_rows(batch: list[Any]) -> None:
-        if not started:
-            thread = threading.Thread(target=add, daemon=True)
-            started.append(thread)
-            thread.start()
+        first_rows.set()
         if any(r["node"] not in before for r in batch):
             new_node_rows.set()
 
@@ -188,9 +204,12 @@ def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
         policy=TaskPolicy(failure="continue"),
     )
     options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
-    result, rows, cluster_run = _run(task, IOConfig(), options, on_rows)
+    run = _Background(task, options, on_rows)
+    assert first_rows.wait(timeout=240)
+    sim_cluster.add_node()
+    result, rows, cluster_run = run.result()
 
-    assert joined.is_set() and new_node_rows.is_set()
+    assert new_node_rows.is_set()
     assert result.success
     assert Counter(r["i"] for r in rows) == Counter(range(result.stats.calls))
     new = {r["node"] for r in rows} - before

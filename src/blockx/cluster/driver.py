@@ -474,8 +474,11 @@ class _Driver:
                 self._stop(cancelled_by)
                 continue
             for future in done:
-                node_id, batch_id = self.in_flight.pop(future)
-                exc = future.exception()
+                exc = None if future.cancelled() else future.exception()
+                entry = self.in_flight.pop(future, None)
+                if entry is None:  # written off with its node by an earlier one of `done`
+                    continue
+                node_id, batch_id = entry
                 if exc is None:
                     rows = self._settled(node_id, future.result())
                     if rows:
