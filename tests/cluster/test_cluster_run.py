@@ -215,3 +215,39 @@ def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
     new = {r["node"] for r in rows} - before
     assert len(new) == 1
     assert cluster_run.nodes[new.pop()]["calls"] > 0
+
+
+def test_a_cancelled_run_stops_and_reports_cancelled(sim_cluster: Any) -> None:
+    """The driver's coroutine cancelled (what SIGINT does to ``blockx run --ray``): no
+    more calls are read, what is in flight ends, the result is CANCELLED, no row twice."""
+    rows: list[Any] = []
+    cluster_run = ClusterRun()
+    seen = threading.Event()
+
+    async def collect(batch: list[Any]) -> None:
+        rows.extend(batch)
+        seen.set()
+
+    async def main() -> Any:
+        task = Task(
+            functions={"slow": SLOW},
+            calls=(Call("slow", {"i": i}) for i in range(1_000_000)),
+            policy=TaskPolicy(failure="continue"),
+        )
+        options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
+        run = asyncio.ensure_future(
+            run_on_cluster(task, None, IOConfig(), options, collect, cluster_run)
+        )
+        while not seen.is_set():
+            await asyncio.sleep(0.05)
+        run.cancel()
+        return await run
+
+    result = asyncio.run(asyncio.wait_for(main(), 240))
+    assert result.failure is not None and result.failure.kind == "CANCELLED"
+    assert not result.success
+    assert result.stats.calls < 1_000_000
+    counts = Counter(r["i"] for r in rows)
+    assert counts and max(counts.values()) == 1
+    s = result.stats
+    assert s.succeeded + s.cancelled + s.failed <= s.calls

@@ -110,6 +110,18 @@ class ClusterRun:
         return f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, lost={self.node_lost})"
 
 
+class _LoopState:
+    __slots__ = ("cancelled_by", "last_watch", "no_node_since")
+
+    def __init__(self, last_watch: float) -> None:
+        self.last_watch = last_watch
+        self.no_node_since: float | None = None
+        self.cancelled_by: str | None = None
+
+    def __repr__(self) -> str:
+        return f"_LoopState(cancelled_by={self.cancelled_by!r})"
+
+
 class _Node:
     __slots__ = ("actor", "executors", "node_id", "started")
 
@@ -118,6 +130,9 @@ class _Node:
         self.actor = actor
         self.executors = executors
         self.started = False
+
+    def __repr__(self) -> str:
+        return f"_Node({self.node_id[:8]}, executors={self.executors}, started={self.started})"
 
 
 def _init_ray(address: str) -> bool:
@@ -424,9 +439,6 @@ class _Driver:
     async def run(self) -> Any:
         source = iter(self.task.calls)
         loop = asyncio.get_running_loop()
-        last_watch = -NODE_POLL_S
-        no_node_since: float | None = None
-        cancelled_by: str | None = None
         # The nodes alive at the start all start before the first call is placed (the
         # first one up would take the first windows' worth of calls alone).
         await self._watch_nodes()
@@ -435,64 +447,70 @@ class _Driver:
             await asyncio.wait(list(self.starting.values()), timeout=NO_NODE_TIMEOUT_S)
             await self._watch_nodes()
         self.t0 = time.monotonic()  # the task's time: from its first call placed
+        state = _LoopState(last_watch)
         while True:
-            now = loop.time()
-            if now - last_watch >= NODE_POLL_S:
-                last_watch = now
-                await self._watch_nodes()
-            if not self.placement.alive_nodes():
-                no_node_since = no_node_since if no_node_since is not None else now
-                if now - no_node_since > NO_NODE_TIMEOUT_S:
-                    raise RuntimeError(
-                        f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s"
-                    )
-            else:
-                no_node_since = None
-            self.placement.place_retries()
-            if not self.stop_reading and not self.exhausted:
-                self._read(source)
-            self._send()
-            if (
-                (self.exhausted or self.stop_reading)
-                and not self.in_flight
-                and not self.placement.retry
-                and self.placement.outstanding == 0
-            ):
-                break
-            if not self.in_flight:
-                await asyncio.sleep(0 if self.placement.has_room() else NODE_POLL_S / 5)
-                continue
             try:
-                done, _ = await asyncio.wait(
-                    self.in_flight, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
-                )
+                if await self._step(source, state):
+                    break
             except asyncio.CancelledError:
-                cancelled_by = cancelled_by or "cancelled by the caller"
+                # A signal (or the caller): stop reading, cancel the nodes' tasks, wait
+                # for what is in flight (it ends cancelled), report CANCELLED.
+                state.cancelled_by = state.cancelled_by or "cancelled by the caller"
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
-                self._stop(cancelled_by)
+                self._stop(state.cancelled_by)
+        return await self._result(state.cancelled_by)
+
+    async def _step(self, source: Any, state: _LoopState) -> bool:
+        """One turn of the loop (see the module docstring); True once the task is over."""
+        now = asyncio.get_running_loop().time()
+        if now - state.last_watch >= NODE_POLL_S:
+            state.last_watch = now
+            await self._watch_nodes()
+        if not self.placement.alive_nodes():
+            state.no_node_since = state.no_node_since if state.no_node_since is not None else now
+            if now - state.no_node_since > NO_NODE_TIMEOUT_S:
+                raise RuntimeError(f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s")
+        else:
+            state.no_node_since = None
+        self.placement.place_retries()
+        if not self.stop_reading and not self.exhausted:
+            self._read(source)
+        self._send()
+        if (
+            (self.exhausted or self.stop_reading)
+            and not self.in_flight
+            and not self.placement.retry
+            and self.placement.outstanding == 0
+        ):
+            return True
+        if not self.in_flight:
+            await asyncio.sleep(0 if self.placement.has_room() else NODE_POLL_S / 5)
+            return False
+        done, _ = await asyncio.wait(
+            self.in_flight, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        for future in done:
+            exc = None if future.cancelled() else future.exception()
+            entry = self.in_flight.pop(future, None)
+            if entry is None:  # written off with its node by an earlier one of `done`
                 continue
-            for future in done:
-                exc = None if future.cancelled() else future.exception()
-                entry = self.in_flight.pop(future, None)
-                if entry is None:  # written off with its node by an earlier one of `done`
-                    continue
-                node_id, batch_id = entry
-                if exc is None:
-                    rows = self._settled(node_id, future.result())
-                    if rows:
-                        await self.on_rows(rows)
-                elif _is_node_error(exc):
-                    self._lose_node(node_id, type(exc).__name__)
-                else:
-                    # The node's task broke down: the batch's calls are lost with it.
-                    slot = self.placement.nodes[node_id]
-                    before = slot.lost_calls
-                    self._fail_lost(self.placement.lose_batch(batch_id, node_id))
-                    self.out.node_lost += slot.lost_calls - before
-                    _log.warning("node %s: batch %d failed: %r", node_id[:8], batch_id, exc)
-        return await self._result(cancelled_by)
+            node_id, batch_id = entry
+            if exc is None:
+                rows = self._settled(node_id, future.result())
+                if rows:
+                    await self.on_rows(rows)
+            elif _is_node_error(exc):
+                self._lose_node(node_id, type(exc).__name__)
+            else:
+                # The node's task broke down: the batch's calls are lost with it.
+                slot = self.placement.nodes[node_id]
+                before = slot.lost_calls
+                self._fail_lost(self.placement.lose_batch(batch_id, node_id))
+                self.out.node_lost += slot.lost_calls - before
+                _log.warning("node %s: batch %d failed: %r", node_id[:8], batch_id, exc)
+        return False
 
     async def _result(self, cancelled_by: str | None) -> Any:
         from blockx.worker.api import TaskFailureInfo, TaskResult, TaskStats

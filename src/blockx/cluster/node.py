@@ -168,6 +168,15 @@ class _NodeTask:
                                 done.bid, done.rows, done.failures, done.succeeded, done.cancelled
                             )
                         )
+            # The stream ended (cancelled, or its source closed): calls it never took
+            # are cancelled, and their batches answered as such.
+            while self.pending:
+                p = self.pending.popleft()
+                if not p.future.done():
+                    rest = p.count - p.succeeded - len(p.failures)
+                    p.future.set_result(
+                        BatchReply(p.bid, p.rows, p.failures, p.succeeded, rest)
+                    )
         except BaseException as exc:
             for p in self.pending:
                 if not p.future.done():
