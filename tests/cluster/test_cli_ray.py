@@ -120,3 +120,78 @@ def test_ray_auto_runs_the_task_through_the_cli(tmp_path: Path) -> None:
     assert "1 Ray node" in done.stderr
     # Ray's own start-up chatter is kept off the CLI's stderr.
     assert "authentication" not in done.stderr.lower()
+
+
+def test_without_ray_the_option_exits_2_with_the_install_hint(tmp_path: Path) -> None:
+    (tmp_path / "task.yaml").write_text(TASK)
+    (tmp_path / "calls.jsonl").write_text('{"function": "double", "args": {"i": 1}}\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # import ray raises ImportError
+        "from blockx.cli import main\n"
+        "sys.exit(main(['run', 'task.yaml', '--ray', 'auto']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'blockx[ray]'" in done.stderr
+    assert done.stdout == ""
+
+
+SLOW_TASK = """\
+functions:
+  slow:
+    source: |
+      import time
+      def slow(i):
+          time.sleep(0.05)
+          return {"i": i}
+calls_file: calls.jsonl
+policy: {failure: continue}
+"""
+
+
+@pytest.mark.slow
+def test_sigint_cancels_a_cluster_run_like_a_local_one(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    pytest.importorskip("ray", reason="ray is not installed: pip install 'blockx[ray]'")
+    (tmp_path / "task.yaml").write_text(SLOW_TASK)
+    with open(tmp_path / "calls.jsonl", "w") as f:
+        for i in range(200_000):
+            f.write(json.dumps({"function": "slow", "args": i}) + "\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "blockx", "run", "task.yaml", "--ray", "auto"),
+            *("-o", "out.jsonl", "--summary-json", "summary.json"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out = tmp_path / "out.jsonl"
+        deadline = time.monotonic() + 240  # a generous bound on a wait, not on the code
+        while not (out.exists() and out.stat().st_size > 0):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no row came"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and len({r["i"] for r in rows}) == len(rows)  # none twice
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGINT" and summary["failure"] == "CANCELLED"
+    assert summary["calls"] < 200_000
