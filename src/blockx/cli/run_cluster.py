@@ -76,6 +76,19 @@ def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
     checked = check_input(options, console)
     if isinstance(checked, int):
         return checked
+    unsupported = [
+        name
+        for name, value in (
+            ("--metrics-port", options.metrics_port),
+            ("--trace-file", options.trace_file),
+            ("--progress", options.progress),
+        )
+        if value
+    ]
+    if unsupported:
+        console.print(
+            f"blockx: warning: {', '.join(unsupported)} not supported with --ray yet: ignored"
+        )
     problem = table_problem(checked)
     if problem is not None:
         checked.sink.close(timeout=0.0)

@@ -174,9 +174,7 @@ class _NodeTask:
                 p = self.pending.popleft()
                 if not p.future.done():
                     rest = p.count - p.succeeded - len(p.failures)
-                    p.future.set_result(
-                        BatchReply(p.bid, p.rows, p.failures, p.succeeded, rest)
-                    )
+                    p.future.set_result(BatchReply(p.bid, p.rows, p.failures, p.succeeded, rest))
         except BaseException as exc:
             for p in self.pending:
                 if not p.future.done():
