@@ -251,3 +251,42 @@ def test_a_cancelled_run_stops_and_reports_cancelled(sim_cluster: Any) -> None:
     assert counts and max(counts.values()) == 1
     s = result.stats
     assert s.succeeded + s.cancelled + s.failed <= s.calls
+
+
+FAILING = """
+def failing(i):
+    if i % 7 == 0:
+        raise ValueError(f"no {i}")
+    return {"i": i}
+"""
+
+
+def test_failures_come_back_with_the_task_indices_and_fast_fail_stops_the_run(
+    sim_cluster: Any,
+) -> None:
+    options = ClusterOptions(address=sim_cluster.address, min_batch=16)
+    task = Task(
+        functions={"failing": FAILING},
+        calls=[Call("failing", i) for i in range(3000)],
+        policy=TaskPolicy(failure="continue", max_attempts=1),
+    )
+    result, rows, _ = _run(task, IOConfig(), options)
+    assert result.success  # continue: the task succeeds, its failures listed
+    assert [e.index for e in result.errors] == list(range(0, 3000, 7))
+    assert all(e.args == e.index and e.kind == "user_error" for e in result.errors)
+    assert all(f"no {e.index}" in e.message and e.attempts == 1 for e in result.errors)
+    assert sorted(r["i"] for r in rows) == [i for i in range(3000) if i % 7]
+    assert result.stats.failed == len(result.errors)
+
+    stop = Task(
+        functions={"failing": FAILING},
+        calls=(Call("failing", i) for i in range(1, 1_000_000)),
+        policy=TaskPolicy(failure="fast_fail", max_attempts=1),
+    )
+    result, rows, _ = _run(stop, IOConfig(), options)
+    assert not result.success
+    assert result.failure is not None and result.failure.kind == "CALL_FAILED"
+    assert result.failure.error_kind == "user_error"
+    assert result.failure.call_index is not None and result.failure.call_index % 7 == 6
+    assert result.stats.calls < 1_000_000  # it stopped reading
+    assert len({r["i"] for r in rows}) == len(rows)

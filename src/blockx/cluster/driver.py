@@ -237,6 +237,7 @@ class _Driver:
         }
         self.nodes: dict[str, _Node] = {}
         self.starting: dict[str, asyncio.Task[Any]] = {}
+        self.start_error: str | None = None
         self.in_flight: dict[asyncio.Future[Any], tuple[str, int]] = {}
         self.errors: list[Any] = []
         self.failure: Any = None
@@ -293,6 +294,7 @@ class _Driver:
                 del self.starting[node_id]
                 exc = start.exception()
                 if exc is not None:
+                    self.start_error = f"node {node_id[:8]}: {type(exc).__name__}: {exc}"
                     _log.warning("node %s: its worker did not start: %r", node_id[:8], exc)
                     self.nodes.setdefault(node_id, _Node(node_id, None, 0))  # not again
 
@@ -471,7 +473,10 @@ class _Driver:
         if not self.placement.alive_nodes():
             state.no_node_since = state.no_node_since if state.no_node_since is not None else now
             if now - state.no_node_since > NO_NODE_TIMEOUT_S:
-                raise RuntimeError(f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s")
+                why = f" (last start failure: {self.start_error})" if self.start_error else ""
+                raise RuntimeError(
+                    f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s{why}"
+                )
         else:
             state.no_node_since = None
         self.placement.place_retries()
