@@ -221,3 +221,23 @@ def test_fair_interleave_takes_instances_round_robin() -> None:
     assert order[3:] == [("big", i) for i in range(1, 6)]
     assert fair.pop() is None
     assert len(fair) == 0
+
+
+def test_a_batch_never_mixes_calls_of_different_node_lost_counts() -> None:
+    p = Placement(max_attempts=3, min_batch=100)
+    p.add_node("a", 1000)
+    for i in range(10):
+        p.place(_call(i))
+    lost = p.take_batch("a", flush=True)
+    assert lost is not None and lost.lost_attempts == 0
+    p.lose_node("a")  # calls 0..9: one node_lost attempt each
+    p.add_node("b", 1000)
+    p.place_retries()
+    for i in range(10, 20):  # fresh calls, buffered behind the retried ones
+        p.place(_call(i))
+    first = p.take_batch("b", flush=True)
+    second = p.take_batch("b", flush=True)
+    assert first is not None and second is not None
+    assert [c.index for c in first.calls] == list(range(10)) and first.lost_attempts == 1
+    assert [c.index for c in second.calls] == list(range(10, 20))
+    assert second.lost_attempts == 0

@@ -231,6 +231,10 @@ class _Driver:
             policy=policy,
             audit=bool(getattr(task, "audit", False)),
         )
+        #: The node tasks' specs by node_lost attempts already had (0: the task's own).
+        self.specs: dict[int, NodeTaskSpec] = {0: self.spec}
+        #: The node task keys each node was sent batches of.
+        self.keys_used: dict[str, set[str]] = {}
         self.digests = {
             fid: hashlib.blake2b(src.encode(), digest_size=16).hexdigest()
             for fid, src in task.functions.items()
@@ -361,7 +365,24 @@ class _Driver:
         self.placement.retry.clear()
         for node in self.nodes.values():
             if node.actor is not None:
-                node.actor.cancel.remote(self.spec.key, reason)
+                for key in self.keys_used.get(node.node_id, ()):
+                    node.actor.cancel.remote(key, reason)
+
+    def _spec(self, lost_attempts: int) -> NodeTaskSpec:
+        """The node task of calls that had ``lost_attempts`` node_lost attempts: its own
+        stream on the node, run with what is left of ``max_attempts``."""
+        spec = self.specs.get(lost_attempts)
+        if spec is None:
+            from dataclasses import replace
+
+            left = max(1, self.placement.max_attempts - lost_attempts)
+            spec = self.specs[lost_attempts] = replace(
+                self.spec,
+                key=f"{self.spec.key}#lost{lost_attempts}",
+                task_id=f"{self.spec.task_id}.lost{lost_attempts}"[-128:],
+                policy=replace(self.spec.policy, max_attempts=left),
+            )
+        return spec
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -401,7 +422,9 @@ class _Driver:
                     break
                 node = self.nodes[slot.node_id]
                 calls = [c.payload for c in batch.calls]
-                ref = node.actor.run_batch.remote(self.spec, batch.batch_id, calls)
+                spec = self._spec(batch.lost_attempts)
+                self.keys_used.setdefault(slot.node_id, set()).add(spec.key)
+                ref = node.actor.run_batch.remote(spec, batch.batch_id, calls)
                 future = asyncio.ensure_future(ref)
                 self.in_flight[future] = (slot.node_id, batch.batch_id)
                 self.out.batches += 1
@@ -528,19 +551,20 @@ class _Driver:
         for node_id, node in self.nodes.items():
             if node.actor is None or not self.placement.nodes[node_id].alive:
                 continue
-            try:
-                done = await node.actor.finish.remote(self.spec.key)
-            except Exception as exc:
-                _log.warning("node %s: no statistics: %r", node_id[:8], exc)
-                continue
-            if done is None:
-                continue
-            stats = done["stats"]
             figures = self.out.nodes[node_id]
-            for name in totals:
-                totals[name] += int(stats[name])
-                figures[name] = int(stats[name])
-            merge_io(io, done["io"])
+            for key in sorted(self.keys_used.get(node_id, ())):
+                try:
+                    done = await node.actor.finish.remote(key)
+                except Exception as exc:
+                    _log.warning("node %s: no statistics: %r", node_id[:8], exc)
+                    continue
+                if done is None:
+                    continue
+                stats = done["stats"]
+                for name in totals:
+                    totals[name] += int(stats[name])
+                    figures[name] = figures.get(name, 0) + int(stats[name])
+                merge_io(io, done["io"])
         for node_id, slot in self.placement.nodes.items():
             figures = self.out.nodes.setdefault(node_id, {})
             figures["batches"] = slot.batches

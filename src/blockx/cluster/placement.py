@@ -29,6 +29,8 @@ values, so that it can be tested call by call without a cluster:
   ``max_attempts`` are handed back for placement on other nodes (before any new call
   is read), the others are :class:`LostCall` failures -- as a local call whose
   attempts ran out. Calls buffered and never sent are handed back without an attempt.
+  A batch holds calls of one count of ``node_lost`` attempts (:attr:`Batch.lost_attempts`)
+  so that the node runs them with what is left of ``max_attempts``.
 * **Fairness** (:class:`FairInterleave`): calls of several tasks are taken round
   robin over their ``instance`` (FIFO within one), as the core shares executors.
 """
@@ -84,9 +86,13 @@ class Batch:
     batch_id: int
     node_id: str
     calls: tuple[Placed, ...]
+    #: The ``node_lost`` attempts every call of the batch has had (a batch never mixes
+    #: counts: the node runs it with ``max_attempts`` minus this many).
+    lost_attempts: int = 0
 
     def __repr__(self) -> str:
-        return f"Batch({self.batch_id}, node={self.node_id[:8]}, calls={len(self.calls)})"
+        lost = f", lost={self.lost_attempts}" if self.lost_attempts else ""
+        return f"Batch({self.batch_id}, node={self.node_id[:8]}, calls={len(self.calls)}{lost})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,13 +239,23 @@ class Placement:
         if len(slot.buffered) < slot.batch_size and slot.in_flight and not flush:
             return None
         size = slot.batch_size
-        calls = tuple(slot.buffered[:size])
-        del slot.buffered[:size]
+        lost = self.lost_attempts
+        k = lost.get(slot.buffered[0].index, 0) if lost else 0
+        if not lost or all(lost.get(c.index, 0) == k for c in slot.buffered[:size]):
+            calls = tuple(slot.buffered[:size])
+            del slot.buffered[:size]
+        else:  # one batch, one count of node_lost attempts (its calls' remaining budget)
+            taken: list[Placed] = []
+            kept: list[Placed] = []
+            for c in slot.buffered:
+                (taken if len(taken) < size and lost.get(c.index, 0) == k else kept).append(c)
+            calls = tuple(taken)
+            slot.buffered = kept
         if len(calls) == size and slot.in_flight:  # kept busy: fewer, larger method calls
             slot.batch_size = min(self.max_batch, size * 2, max(1, slot.window // 2))
             slot.batch_size = max(slot.batch_size, size)
         self._next_batch += 1
-        batch = Batch(self._next_batch, node_id, calls)
+        batch = Batch(self._next_batch, node_id, calls, k)
         slot.in_flight[batch.batch_id] = batch
         return batch
 
