@@ -19,13 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "io"))
 
 from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
 
-ray = pytest.importorskip("ray", reason="ray is not installed: pip install 'blockx[ray]'")
+RAY_MISSING = "ray is not installed: pip install 'blockx[ray]'"
 
 
 class SimCluster:
     """A ``ray.cluster_utils.Cluster``, the driver connected to it."""
 
     def __init__(self, nodes: int) -> None:
+        import ray
         from ray.cluster_utils import Cluster
 
         self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
@@ -50,12 +51,15 @@ class SimCluster:
         self.cluster.remove_node(node)
 
     def shutdown(self) -> None:
+        import ray
+
         ray.shutdown()
         self.cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
 def sim_cluster() -> Iterator[SimCluster]:
+    pytest.importorskip("ray", reason=RAY_MISSING)
     cluster = SimCluster(3)
     try:
         yield cluster

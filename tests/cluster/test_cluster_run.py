@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+pytest.importorskip("ray", reason="ray is not installed: pip install 'blockx[ray]'")
+
 from blockx.cluster.driver import ClusterOptions, ClusterRun, run_on_cluster
 from blockx.cluster.node import NODE_ID_ENV
 from blockx.worker.api import Call, Task, TaskPolicy
