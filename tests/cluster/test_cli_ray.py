@@ -195,3 +195,26 @@ def test_sigint_cancels_a_cluster_run_like_a_local_one(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["interrupted"] == "SIGINT" and summary["failure"] == "CANCELLED"
     assert summary["calls"] < 200_000
+
+
+def test_table_is_refused_on_sqlite_only(tmp_path: Path) -> None:
+    """The refusal's rule without a run: Table + SQLite refused (auto without a DSN is
+    SQLite), Table + PostgreSQL accepted, no Table accepted on SQLite."""
+    from blockx.cli.run_cluster import table_problem
+    from blockx.cli.run_input import Checked
+    from blockx.cli.settings import load_task_and_settings
+
+    (tmp_path / "table.yaml").write_text(TABLE_TASK)
+    (tmp_path / "plain.yaml").write_text(TASK)
+    (tmp_path / "calls.jsonl").write_text('{"function": "double", "args": {"i": 1}}\n')
+
+    def problem(task: str, *sets: str) -> str | None:
+        spec, total, settings = load_task_and_settings(str(tmp_path / task), sets=sets)
+        return table_problem(Checked(spec, total, settings, sink=None))  # type: ignore[arg-type]
+
+    assert problem("table.yaml") is not None
+    assert problem("table.yaml", "io.blockdb.engine=sqlite") is not None
+    dsn = "io.blockdb.postgres_dsn=postgresql://u@127.0.0.1:5/db"
+    assert problem("table.yaml", "io.blockdb.engine=postgres", dsn) is None
+    assert problem("table.yaml", dsn) is None  # auto with a DSN: PostgreSQL
+    assert problem("plain.yaml", "io.blockdb.engine=sqlite") is None
