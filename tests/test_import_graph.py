@@ -40,6 +40,7 @@ SRC = pathlib.Path(blockx.__file__).parent.parent
 LAYER_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("blockx.executor", ("blockx.worker", "blockx.cli")),
     ("blockx.worker", ("blockx.cli",)),
+    ("blockx.cluster", ("blockx.cli", "blockx.serve")),
     ("blockx.wire", ("blockx.worker", "blockx.executor", "blockx.cli", "blockx.audit")),
     (
         "blockx.worker.pool",

@@ -357,6 +357,19 @@ def build_parser() -> argparse.ArgumentParser:
         "OTEL_EXPORTER_OTLP_ENDPOINT exports them too (blockx[otel])",
     )
     _add_config_options(run)
+    cluster = run.add_argument_group("cluster (docs/cluster.md)")
+    cluster.add_argument(
+        "--ray",
+        metavar="auto|ADDRESS",
+        help="run on a Ray cluster, one BlockX worker per node: auto starts a local Ray "
+        "instance, ADDRESS (the head's ip:port) joins one (blockx[ray])",
+    )
+    cluster.add_argument(
+        "--executors-per-node",
+        type=_positive_int,
+        metavar="N",
+        help="with --ray: executors of each node's worker (default: the node's CPUs)",
+    )
     observe = run.add_argument_group("observability")
     observe.add_argument(
         "--metrics-port",
@@ -517,6 +530,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 metrics_port=args.metrics_port,
                 log_format=args.log_format,
                 trace_file=args.trace_file,
+                ray=args.ray,
+                executors_per_node=args.executors_per_node,
             )
         )
     if args.command in _REMOTE_HELP:

@@ -93,6 +93,10 @@ class RunOutcome:
     stream_short: str | None = None
     #: The exit status that goes with ``problems``.
     problem_status: int = EXIT_USAGE
+    #: A cluster run (``--ray``): per-node figures ``{ray_node_id: {"calls": n, ...}}``
+    #: and the calls dispatched again because their node was lost.
+    nodes: dict[str, dict[str, Any]] | None = None
+    node_lost: int = 0
 
 
 def _json_text(value: Any) -> str:
@@ -375,6 +379,18 @@ def summary_text(spec: TaskFile, outcome: RunOutcome, sink: RowWriter, executors
         lines.append("  io        none")
     for note in outcome.io_abandoned:
         lines.append(f"  abandoned {note}")
+    if outcome.nodes is not None:  # a cluster run (docs/cluster.md)
+        lines.append(
+            f"  nodes     {plural(len(outcome.nodes), 'Ray node')}; "
+            f"{plural(outcome.node_lost, 'call')} dispatched again (node_lost)"
+        )
+        for node_id, n in sorted(outcome.nodes.items()):
+            gone = "" if n.get("alive", True) else ", lost"
+            lines.append(
+                f"            {node_id[:12]}  {count_text(n.get('calls', 0))} calls in "
+                f"{count_text(n.get('batches', 0))} batches on {n.get('executors', 0)} "
+                f"executors{gone}"
+            )
     own, children = _peak_rss_kb()
     lines.append(
         f"  time      {outcome.wall_s:,.2f} s wall; "
@@ -420,6 +436,9 @@ def summary_json(outcome: RunOutcome, sink: RowWriter, exit_code: int) -> dict[s
     if outcome.io_stats is not None:
         data["io"] = outcome.io_stats.as_dict()
     data["io_abandoned"] = list(outcome.io_abandoned)
+    if outcome.nodes is not None:  # a cluster run: {ray_node_id: {"calls": n, ...}}
+        data["nodes"] = outcome.nodes
+        data["node_lost"] = outcome.node_lost
     return data
 
 

@@ -545,6 +545,14 @@ def _shows_progress(options: RunOptions, console: Console) -> bool:
 def _run_command(options: RunOptions, console: Console) -> int:
     from blockx.worker.app import run
 
+    if options.ray is not None:  # one worker per Ray node (docs/cluster.md)
+        from blockx.cli.run_cluster import RunParts, run_on_ray
+
+        parts = RunParts(
+            verdict, _Interruption, _drain_output, _calls_until_a_bad_line, OUTPUT_GRACE_S
+        )
+        return run_on_ray(options, console, parts)
+
     # 1. Everything that can be wrong with the input, before the run; the executors are
     # started first when the worker's configuration is good (it needs no task file).
     config = early_worker_config(options)
@@ -600,12 +608,15 @@ def _run_command(options: RunOptions, console: Console) -> int:
                 )
     if isinstance(ran, int):  # bad input, found while the executors started
         return ran
-    outcome = ran
-    c = checked[0]
+    # 3. The verdict.
+    return verdict(options, console, checked[0], ran)
+
+
+def verdict(options: RunOptions, console: Console, c: Checked, outcome: RunOutcome) -> int:
+    """Step 3: the failure report, the summary, ``--errors``/``--summary-json``; the exit
+    status (also the verdict of a cluster run: :mod:`blockx.cli.run_cluster`)."""
     spec, total, settings, sink = c.spec, c.total, c.settings, c.sink
     executors = settings.worker.pool.executor_count
-
-    # 3. The verdict.
     from blockx.cli.report import failure_records, failure_report, summary_json, summary_text
 
     outcome.calls_in_file = total if spec.is_stream else None

@@ -53,6 +53,8 @@ class RunOptions:
     metrics_port: int | None = None  # serve /metrics on 127.0.0.1 while the task runs
     log_format: str | None = None  # json | text; None: BLOCKX_LOG_FORMAT, else text
     trace_file: str | None = None  # --trace-file (else $BLOCKX_TRACE_FILE; None: no file)
+    ray: str | None = None  # --ray auto|ADDRESS: one worker per Ray node (docs/cluster.md)
+    executors_per_node: int | None = None  # --executors-per-node (None: the node's CPUs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,616 @@
+"""The cluster driver: one node worker per Ray node, a task's calls streamed to them.
+
+Theory of operation
+-------------------
+:func:`run_on_cluster` runs one task (a :class:`~blockx.worker.api.Task`: functions,
+policy, calls -- a list or any iterable) on a Ray cluster and returns its
+:class:`~blockx.worker.api.TaskResult`, handing rows to ``on_rows`` as results arrive::
+
+    driver (this loop)                          Ray node k
+    ray.nodes() -> Placement.add_node  ------>  NodeWorker actor (pinned, node affinity)
+    read calls under Placement.budget           +-- blockx Worker, N executors
+    Placement.place (HRW / least loaded)        +-- one streamed task per driver task
+    Placement.take_batch -> run_batch.remote -> settles the batch, replies rows
+    settle / lose_batch / lose_node  <-------   (RayActorError: the node is lost)
+
+Every decision is :class:`~blockx.cluster.placement.Placement`'s (pure); this module
+does the Ray calls and the waiting. The loop:
+
+1. place the calls handed back by a loss, then read new calls while the budget
+   allows (a call's key: :func:`~blockx.worker.core.keys.call_key` of its function,
+   the function's source digest and its arguments' JSON);
+2. send each node its batch (all it buffered once reading stops);
+3. wait for a reply (or :data:`NODE_POLL_S`): a reply's rows go to ``on_rows`` and
+   its failures to the result (indices mapped back to the task's); a method call
+   that raised loses its node (every batch in flight there: a ``node_lost``
+   attempt each, re-dispatched or failed when out of attempts);
+4. every :data:`NODE_POLL_S`, look at ``ray.nodes()``: a node gone is lost, a node
+   that joined gets an actor (its first batch once it started).
+
+``fast_fail``: nodes run ``continue``; the driver stops reading at the first final
+failure, cancels the nodes' tasks and waits for what is in flight. Cancellation (a
+signal cancels the coroutine): the same, the result ``CANCELLED``.
+
+At the end every live node's task is finished (its statistics summed: retries,
+cache and singleflight hits, sub-calls, IO) and the actors are killed; a Ray instance
+the driver started (``auto``) is shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from blockx.cluster.node import BatchReply, NodeTaskSpec, merge_io, node_worker_class
+from blockx.cluster.placement import LostCall, Placed, Placement
+
+__all__ = [
+    "NODE_POLL_S",
+    "ClusterOptions",
+    "ClusterRun",
+    "RayMissing",
+    "ray_available",
+    "run_on_cluster",
+]
+
+_log = logging.getLogger("blockx.cluster")
+
+#: How often the driver looks at ``ray.nodes()`` for joins and removals (s).
+NODE_POLL_S: Final = 0.5
+#: Calls read from the source between two looks at the replies.
+READ_SLICE: Final = 4096
+#: A node's credit window per executor (calls placed and not settled).
+WINDOW_PER_EXECUTOR: Final = 2048
+#: How long the driver waits for a node when none is alive (s) before it gives up.
+NO_NODE_TIMEOUT_S: Final = 60.0
+
+
+class RayMissing(RuntimeError):
+    """``ray`` cannot be imported."""
+
+
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterOptions:
+    """``--ray ADDRESS`` (``auto``: a local Ray instance) and its knobs."""
+
+    address: str = "auto"
+    #: Executors per node (None: the node's CPUs).
+    executors_per_node: int | None = None
+    #: A node's credit window in calls (None: WINDOW_PER_EXECUTOR per executor).
+    window_per_node: int | None = None
+    min_batch: int = 64
+    max_batch: int = 2048
+
+
+@dataclass(slots=True)
+class ClusterRun:
+    """What a cluster run leaves besides its result: per-node figures, IO statistics."""
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_lost: int = 0
+    batches: int = 0
+    io_stats: Any = None
+
+    def __repr__(self) -> str:
+        return f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, lost={self.node_lost})"
+
+
+class _LoopState:
+    __slots__ = ("cancelled_by", "last_watch", "no_node_since")
+
+    def __init__(self, last_watch: float) -> None:
+        self.last_watch = last_watch
+        self.no_node_since: float | None = None
+        self.cancelled_by: str | None = None
+
+    def __repr__(self) -> str:
+        return f"_LoopState(cancelled_by={self.cancelled_by!r})"
+
+
+class _Node:
+    __slots__ = ("actor", "executors", "node_id", "started")
+
+    def __init__(self, node_id: str, actor: Any, executors: int) -> None:
+        self.node_id = node_id
+        self.actor = actor
+        self.executors = executors
+        self.started = False
+
+    def __repr__(self) -> str:
+        return f"_Node({self.node_id[:8]}, executors={self.executors}, started={self.started})"
+
+
+def _init_ray(address: str) -> bool:
+    """Join (or start, ``auto``) Ray; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
+    quiet = logging.getLogger("ray")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its start-up notes would be mixed into the CLI's stderr
+    try:
+        if address == "auto":  # always a fresh local instance, never a stale one's address
+            ray.init(address="local", include_dashboard=False, **kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+    finally:
+        quiet.setLevel(level)
+    return True
+
+
+def _alive_nodes() -> dict[str, int]:
+    """Alive Ray nodes with CPUs: ``{node_id: cpus}``."""
+    import ray
+
+    alive: dict[str, int] = {}
+    for n in ray.nodes():  # type: ignore[no-untyped-call]
+        cpus = int(n.get("Resources", {}).get("CPU", 0))
+        if n.get("Alive") and cpus > 0:
+            alive[n["NodeID"]] = cpus
+    return alive
+
+
+def _is_node_error(exc: BaseException) -> bool:
+    import ray.exceptions as rex
+
+    return isinstance(
+        exc,
+        (rex.RayActorError, rex.ActorDiedError, rex.NodeDiedError, rex.ObjectLostError),
+    )
+
+
+async def run_on_cluster(
+    task: Any,
+    worker_config: Any,
+    io_config: Any,
+    options: ClusterOptions,
+    on_rows: Callable[[list[Any]], Awaitable[None]],
+    cluster_run: ClusterRun,
+) -> Any:
+    """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``."""
+    if not ray_available():
+        raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
+    started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
+    driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run)
+    try:
+        return await driver.run()
+    finally:
+        await driver.close()
+        if started_ray:
+            import ray
+
+            await asyncio.to_thread(ray.shutdown)
+
+
+class _Driver:
+    def __init__(
+        self,
+        task: Any,
+        worker_config: Any,
+        io_config: Any,
+        options: ClusterOptions,
+        on_rows: Callable[[list[Any]], Awaitable[None]],
+        cluster_run: ClusterRun,
+    ) -> None:
+        from blockx.worker.config import load_config
+
+        self.task = task
+        self.worker_config = worker_config if worker_config is not None else load_config()
+        self.io_config = io_config
+        self.options = options
+        self.on_rows = on_rows
+        self.out = cluster_run
+        policy = task.policy
+        max_attempts = policy.max_attempts or self.worker_config.dispatcher.default_max_attempts
+        self.placement = Placement(
+            max_attempts=max_attempts, min_batch=options.min_batch, max_batch=options.max_batch
+        )
+        self.fast_fail = policy.failure == "fast_fail"
+        self.spec = NodeTaskSpec(
+            key=task.task_id,
+            task_id=task.task_id,
+            functions=dict(task.functions),
+            instance=task.instance,
+            policy=policy,
+            audit=bool(getattr(task, "audit", False)),
+        )
+        #: The node tasks' specs by node_lost attempts already had (0: the task's own).
+        self.specs: dict[int, NodeTaskSpec] = {0: self.spec}
+        #: The node task keys each node was sent batches of.
+        self.keys_used: dict[str, set[str]] = {}
+        self.digests = {
+            fid: hashlib.blake2b(src.encode(), digest_size=16).hexdigest()
+            for fid, src in task.functions.items()
+        }
+        self.nodes: dict[str, _Node] = {}
+        self.starting: dict[str, asyncio.Task[Any]] = {}
+        self.start_error: str | None = None
+        self.in_flight: dict[asyncio.Future[Any], tuple[str, int]] = {}
+        self.errors: list[Any] = []
+        self.failure: Any = None
+        self.read = 0
+        self.succeeded = 0
+        self.cancelled = 0
+        self.stop_reading = False
+        self.exhausted = False
+        self.t0 = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"_Driver({self.task.task_id}, read={self.read}, {self.placement!r})"
+
+    # --- nodes --------------------------------------------------------------------------
+
+    def _window(self, executors: int) -> int:
+        return self.options.window_per_node or WINDOW_PER_EXECUTOR * max(1, executors)
+
+    async def _start_node(self, node_id: str, cpus: int) -> None:
+        from dataclasses import replace
+
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        executors = self.options.executors_per_node or cpus
+        config = replace(
+            self.worker_config, pool=replace(self.worker_config.pool, executor_count=executors)
+        )
+        cls = node_worker_class()
+        actor = cls.options(
+            num_cpus=0,
+            max_restarts=0,
+            max_concurrency=10_000,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(node_id, config, self.io_config)
+        node = _Node(node_id, actor, executors)
+        await actor.start.remote()
+        node.started = True
+        self.nodes[node_id] = node
+        self.placement.add_node(node_id, self._window(executors))
+        self.out.nodes[node_id] = {"calls": 0, "executors": executors, "alive": True}
+
+    async def _watch_nodes(self) -> None:
+        alive = await asyncio.to_thread(_alive_nodes)
+        for node_id, slot in list(self.placement.nodes.items()):
+            if slot.alive and node_id not in alive:
+                self._lose_node(node_id, "the Ray node was removed")
+        for node_id, cpus in alive.items():
+            if node_id in self.nodes or node_id in self.starting:
+                continue
+            start = asyncio.get_running_loop().create_task(self._start_node(node_id, cpus))
+            self.starting[node_id] = start
+        for node_id, start in list(self.starting.items()):
+            if start.done():
+                del self.starting[node_id]
+                exc = start.exception()
+                if exc is not None:
+                    self.start_error = f"node {node_id[:8]}: {type(exc).__name__}: {exc}"
+                    _log.warning("node %s: its worker did not start: %r", node_id[:8], exc)
+                    self.nodes.setdefault(node_id, _Node(node_id, None, 0))  # not again
+
+    def _lose_node(self, node_id: str, why: str) -> None:
+        slot = self.placement.nodes.get(node_id)
+        if slot is None or not slot.alive:
+            return
+        _log.warning("node %s lost (%s): its unfinished calls are dispatched again", node_id, why)
+        lost_before = slot.lost_calls
+        exhausted = self.placement.lose_node(node_id)
+        # Its method calls in flight are written off: not waited for (a dead node's may
+        # never answer), an answer that comes anyway is dropped by the placement.
+        for future, (owner, _bid) in list(self.in_flight.items()):
+            if owner == node_id:
+                del self.in_flight[future]
+                future.cancel()
+        self.out.node_lost += slot.lost_calls - lost_before
+        self._fail_lost(exhausted)
+        self.out.nodes.setdefault(node_id, {})["alive"] = False
+
+    def _fail_lost(self, exhausted: list[LostCall]) -> None:
+        from blockx.worker.api import CallFailure
+
+        for lost in exhausted:
+            function_id, args = lost.placed.payload
+            self._add_error(
+                CallFailure(
+                    index=lost.placed.index,
+                    call_id=f"{self.task.task_id}/{lost.placed.index}",
+                    function_id=function_id,
+                    args=args,
+                    kind="node_lost",
+                    message=f"its node was lost {lost.attempts} time(s) (max_attempts reached)",
+                    stack=None,
+                    attempts=lost.attempts,
+                    retryable=True,
+                )
+            )
+
+    def _add_error(self, failure: Any) -> None:
+        from blockx.worker.api import TaskFailureInfo
+
+        self.errors.append(failure)
+        if self.fast_fail and self.failure is None:
+            self.failure = TaskFailureInfo(
+                kind="CALL_FAILED",
+                message=f"call {failure.index} ({failure.function_id}) failed: "
+                f"{failure.kind}: {failure.message}",
+                call_index=failure.index,
+                error_kind=failure.kind,
+            )
+            self._stop("a call failed (fast_fail)")
+
+    def _stop(self, reason: str) -> None:
+        if self.stop_reading:
+            return
+        self.stop_reading = True
+        # Calls not sent yet are not run: the calls read count them cancelled.
+        for slot in self.placement.alive_nodes():
+            self.cancelled += len(slot.buffered)
+            slot.outstanding -= len(slot.buffered)
+            slot.buffered = []
+        self.cancelled += len(self.placement.retry)
+        self.placement.retry.clear()
+        for node in self.nodes.values():
+            if node.actor is not None:
+                for key in self.keys_used.get(node.node_id, ()):
+                    node.actor.cancel.remote(key, reason)
+
+    def _spec(self, lost_attempts: int) -> NodeTaskSpec:
+        """The node task of calls that had ``lost_attempts`` node_lost attempts: its own
+        stream on the node, run with what is left of ``max_attempts``."""
+        spec = self.specs.get(lost_attempts)
+        if spec is None:
+            from dataclasses import replace
+
+            left = max(1, self.placement.max_attempts - lost_attempts)
+            spec = self.specs[lost_attempts] = replace(
+                self.spec,
+                key=f"{self.spec.key}#lost{lost_attempts}",
+                task_id=f"{self.spec.task_id}.lost{lost_attempts}"[-128:],
+                policy=replace(self.spec.policy, max_attempts=left),
+            )
+        return spec
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def _key(self, function_id: str, args: Any) -> str:
+        from blockx.worker.core.keys import call_key
+
+        try:
+            data = orjson.dumps(args, option=orjson.OPT_SORT_KEYS)
+        except TypeError:
+            data = repr(args).encode()
+        return call_key(function_id, self.digests.get(function_id, ""), data)
+
+    def _read(self, source: Any) -> None:
+        placement = self.placement
+        for _ in range(READ_SLICE):
+            if self.stop_reading or not placement.has_room():
+                return
+            try:
+                call = next(source)
+            except StopIteration:
+                self.exhausted = True
+                return
+            if isinstance(call, tuple):
+                function_id, args = call
+            else:
+                function_id, args = call.function_id, call.args
+            index = self.read
+            self.read += 1
+            placement.place(Placed(index, self._key(function_id, args), (function_id, args)))
+
+    def _send(self) -> None:
+        flush = self.exhausted or self.stop_reading or not self.placement.has_room()
+        for slot in self.placement.alive_nodes():
+            while True:
+                batch = self.placement.take_batch(slot.node_id, flush=flush)
+                if batch is None:
+                    break
+                node = self.nodes[slot.node_id]
+                calls = [c.payload for c in batch.calls]
+                spec = self._spec(batch.lost_attempts)
+                self.keys_used.setdefault(slot.node_id, set()).add(spec.key)
+                ref = node.actor.run_batch.remote(spec, batch.batch_id, calls)
+                future = asyncio.ensure_future(ref)
+                self.in_flight[future] = (slot.node_id, batch.batch_id)
+                self.out.batches += 1
+                if not flush:
+                    break
+
+    def _settled(self, node_id: str, reply: BatchReply) -> list[Any]:
+        from blockx.worker.api import CallFailure
+
+        batch = self.placement.settle(reply.batch_id, node_id)
+        if batch is None:
+            return []
+        self.succeeded += reply.succeeded
+        self.cancelled += reply.cancelled
+        self.out.nodes[node_id]["calls"] = self.out.nodes[node_id].get("calls", 0) + len(
+            batch.calls
+        )
+        for offset, kind, message, stack, attempts, retryable in reply.failures:
+            placed = batch.calls[offset]
+            function_id, args = placed.payload
+            lost = self.placement.lost_attempts.get(placed.index, 0)
+            self._add_error(
+                CallFailure(
+                    index=placed.index,
+                    call_id=f"{self.task.task_id}/{placed.index}",
+                    function_id=function_id,
+                    args=args,
+                    kind=kind,
+                    message=message,
+                    stack=stack,
+                    attempts=attempts + lost,
+                    retryable=retryable,
+                )
+            )
+        return reply.rows
+
+    async def run(self) -> Any:
+        source = iter(self.task.calls)
+        loop = asyncio.get_running_loop()
+        # The nodes alive at the start all start before the first call is placed (the
+        # first one up would take the first windows' worth of calls alone).
+        await self._watch_nodes()
+        last_watch = loop.time()
+        if self.starting:
+            await asyncio.wait(list(self.starting.values()), timeout=NO_NODE_TIMEOUT_S)
+            await self._watch_nodes()
+        self.t0 = time.monotonic()  # the task's time: from its first call placed
+        state = _LoopState(last_watch)
+        while True:
+            try:
+                if await self._step(source, state):
+                    break
+            except asyncio.CancelledError:
+                # A signal (or the caller): stop reading, cancel the nodes' tasks, wait
+                # for what is in flight (it ends cancelled), report CANCELLED.
+                state.cancelled_by = state.cancelled_by or "cancelled by the caller"
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                self._stop(state.cancelled_by)
+        return await self._result(state.cancelled_by)
+
+    async def _step(self, source: Any, state: _LoopState) -> bool:
+        """One turn of the loop (see the module docstring); True once the task is over."""
+        now = asyncio.get_running_loop().time()
+        if now - state.last_watch >= NODE_POLL_S:
+            state.last_watch = now
+            await self._watch_nodes()
+        if not self.placement.alive_nodes():
+            state.no_node_since = state.no_node_since if state.no_node_since is not None else now
+            if now - state.no_node_since > NO_NODE_TIMEOUT_S:
+                why = f" (last start failure: {self.start_error})" if self.start_error else ""
+                raise RuntimeError(
+                    f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s{why}"
+                )
+        else:
+            state.no_node_since = None
+        self.placement.place_retries()
+        if not self.stop_reading and not self.exhausted:
+            self._read(source)
+        self._send()
+        if (
+            (self.exhausted or self.stop_reading)
+            and not self.in_flight
+            and not self.placement.retry
+            and self.placement.outstanding == 0
+        ):
+            return True
+        if not self.in_flight:
+            await asyncio.sleep(0 if self.placement.has_room() else NODE_POLL_S / 5)
+            return False
+        done, _ = await asyncio.wait(
+            self.in_flight, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        for future in done:
+            exc = None if future.cancelled() else future.exception()
+            entry = self.in_flight.pop(future, None)
+            if entry is None:  # written off with its node by an earlier one of `done`
+                continue
+            node_id, batch_id = entry
+            if exc is None:
+                rows = self._settled(node_id, future.result())
+                if rows:
+                    await self.on_rows(rows)
+            elif _is_node_error(exc):
+                self._lose_node(node_id, type(exc).__name__)
+            else:
+                # The node's task broke down: the batch's calls are lost with it.
+                slot = self.placement.nodes[node_id]
+                before = slot.lost_calls
+                self._fail_lost(self.placement.lose_batch(batch_id, node_id))
+                self.out.node_lost += slot.lost_calls - before
+                _log.warning("node %s: batch %d failed: %r", node_id[:8], batch_id, exc)
+        return False
+
+    async def _result(self, cancelled_by: str | None) -> Any:
+        from blockx.worker.api import TaskFailureInfo, TaskResult, TaskStats
+        from blockx.worker.io.stats import IOStats
+
+        totals = dict.fromkeys(
+            ("retries", "cache_hits", "singleflight_hits", "subcalls", "io_calls"), 0
+        )
+        io = IOStats()
+        for node_id, node in self.nodes.items():
+            if node.actor is None or not self.placement.nodes[node_id].alive:
+                continue
+            figures = self.out.nodes[node_id]
+            for key in sorted(self.keys_used.get(node_id, ())):
+                try:
+                    done = await node.actor.finish.remote(key)
+                except Exception as exc:
+                    _log.warning("node %s: no statistics: %r", node_id[:8], exc)
+                    continue
+                if done is None:
+                    continue
+                stats = done["stats"]
+                for name in totals:
+                    totals[name] += int(stats[name])
+                    figures[name] = figures.get(name, 0) + int(stats[name])
+                merge_io(io, done["io"])
+        for node_id, slot in self.placement.nodes.items():
+            figures = self.out.nodes.setdefault(node_id, {})
+            figures["batches"] = slot.batches
+            figures["lost_calls"] = slot.lost_calls
+            figures["alive"] = slot.alive
+        self.out.io_stats = io
+        failure = self.failure
+        if cancelled_by is not None and failure is None:
+            failure = TaskFailureInfo(kind="CANCELLED", message=cancelled_by)
+        errors = sorted(self.errors, key=lambda e: e.index)
+        stats = TaskStats(
+            calls=self.read,
+            succeeded=self.succeeded,
+            failed=len(errors),
+            cancelled=self.cancelled,
+            retries=totals["retries"] + self.out.node_lost,
+            cache_hits=totals["cache_hits"],
+            singleflight_hits=totals["singleflight_hits"],
+            subcalls=totals["subcalls"],
+            io_calls=totals["io_calls"],
+            wall_time_s=time.monotonic() - self.t0,
+        )
+        return TaskResult(
+            task_id=self.task.task_id,
+            success=failure is None,
+            failure=failure,
+            outputs=[],
+            errors=errors,
+            stats=stats,
+        )
+
+    async def close(self) -> None:
+        import ray
+
+        for start in self.starting.values():
+            start.cancel()
+        for future in self.in_flight:
+            future.cancel()
+        for node in self.nodes.values():
+            if node.actor is None:
+                continue
+            try:
+                await asyncio.wait_for(node.actor.close.remote(), 10.0)
+            except Exception:
+                pass
+            try:
+                ray.kill(node.actor)
+            except Exception:
+                pass

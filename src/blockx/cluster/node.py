@@ -1,0 +1,322 @@
+"""The node worker: a Ray actor hosting one :class:`~blockx.worker.app.Worker` on its node.
+
+Theory of operation
+-------------------
+The driver (:mod:`blockx.cluster.driver`) creates one :class:`NodeWorker` per Ray
+node, pinned there (``NodeAffinitySchedulingStrategy(node_id, soft=False)``). It is an
+*async* actor: its methods run on one event loop, many at once, and the worker's own
+machinery (dispatch actor, executor pool, IO backends) runs on that loop too. The
+worker's executors are child processes of the actor, sized to the node's CPUs (or
+``--executors-per-node``).
+
+A driver task is *one streamed task* on the node (:class:`_NodeTask`): its first batch
+submits a :class:`~blockx.worker.api.Task` whose calls come from a queue the later
+batches feed, so the task's call cache and singleflight live across every batch the
+node gets, and sub-calls (made inside the node's executors) stay on the node by
+construction. :meth:`NodeWorker.run_batch` queues a batch's calls and then ``FLUSH``
+(the stream commits them at once, and no stream batch ever spans two driver batches),
+then waits for the settled batches that cover them
+(:meth:`~blockx.worker.handle.TaskHandle.settled_batches`, in call order) and returns
+their rows, failures and counts in one reply. :meth:`NodeWorker.finish` ends the
+stream and returns the task's statistics.
+
+The node's task runs with ``failure: continue`` whatever the driver's policy: the
+driver applies ``fast_fail`` itself (a failure on one node stops the whole run), and a
+node never stops a stream other nodes still feed.
+
+The executors see ``BLOCKX_RAY_NODE_ID`` (the Ray node id) in their environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+__all__ = [
+    "NODE_ID_ENV",
+    "BatchReply",
+    "NodeTaskSpec",
+    "NodeWorker",
+    "io_operations",
+    "merge_io",
+    "node_worker_class",
+]
+
+#: The executors' environment variable holding the node's Ray node id.
+NODE_ID_ENV: Final = "BLOCKX_RAY_NODE_ID"
+_END: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTaskSpec:
+    """What a node needs to run a driver task's calls (functions, policy, ids)."""
+
+    key: str
+    task_id: str
+    functions: dict[str, str]
+    instance: str | None
+    policy: Any  # blockx.worker.api.TaskPolicy
+    audit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReply:
+    """What a node answers for one batch: rows in call order, failures by the batch's
+    call offset (``(offset, kind, message, stack, attempts, retryable)``), counts."""
+
+    batch_id: int
+    rows: list[Any]
+    failures: list[tuple[int, str, str, str | None, int, bool]]
+    succeeded: int
+    cancelled: int
+
+
+class _Pending:
+    __slots__ = ("bid", "cancelled", "count", "failures", "future", "rows", "start", "succeeded")
+
+    def __init__(self, bid: int, start: int, count: int, future: asyncio.Future[BatchReply]):
+        self.bid = bid
+        self.start = start
+        self.count = count
+        self.future = future
+        self.rows: list[Any] = []
+        self.failures: list[tuple[int, str, str, str | None, int, bool]] = []
+        self.succeeded = 0
+        self.cancelled = 0
+
+
+class _NodeTask:
+    """One driver task's stream on this node."""
+
+    def __init__(self, worker: Any, io: Any, spec: NodeTaskSpec) -> None:
+        from blockx.worker.api import Task
+
+        self.spec = spec
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.position = 0
+        self.pending: deque[_Pending] = deque()
+        policy = replace(spec.policy, failure="continue")
+        task = Task(
+            functions=spec.functions,
+            calls=self._calls(),
+            task_id=spec.task_id,
+            instance=spec.instance,
+            policy=policy,
+            audit=spec.audit,
+        )
+        self.scope = io.task_scope(task.task_id)
+        task.io_handler = self.scope
+        self.handle = worker.submit(task, collect=False)
+        self.consumer = asyncio.get_running_loop().create_task(self._consume())
+
+    def __repr__(self) -> str:
+        return f"_NodeTask({self.spec.key}, position={self.position}, pending={len(self.pending)})"
+
+    async def _calls(self) -> Any:
+        from blockx.worker.api import FLUSH, Call
+
+        while True:
+            item = await self.queue.get()
+            if item is _END:
+                return
+            for function_id, args in item:
+                yield Call(function_id, args)
+            yield FLUSH
+
+    def add(self, bid: int, calls: list[tuple[str, Any]]) -> asyncio.Future[BatchReply]:
+        future: asyncio.Future[BatchReply] = asyncio.get_running_loop().create_future()
+        if not calls:
+            future.set_result(BatchReply(bid, [], [], 0, 0))
+            return future
+        self.pending.append(_Pending(bid, self.position, len(calls), future))
+        self.position += len(calls)
+        self.queue.put_nowait(calls)
+        return future
+
+    async def _consume(self) -> None:
+        try:
+            async for settled in self.handle.settled_batches():
+                end = settled.first_call + settled.call_count
+                first = self.pending[0] if self.pending else None
+                for f in settled.failures:
+                    owner = next(
+                        (p for p in self.pending if p.start <= f.index < p.start + p.count), first
+                    )
+                    if owner is not None:
+                        owner.failures.append(
+                            (
+                                f.index - owner.start,
+                                f.kind,
+                                f.message,
+                                f.stack,
+                                f.attempts,
+                                f.retryable,
+                            )
+                        )
+                if first is not None:
+                    first.rows.extend(settled.rows)
+                    first.succeeded += settled.succeeded
+                    first.cancelled += settled.cancelled
+                while self.pending and self.pending[0].start + self.pending[0].count <= end:
+                    done = self.pending.popleft()
+                    if not done.future.done():
+                        done.future.set_result(
+                            BatchReply(
+                                done.bid, done.rows, done.failures, done.succeeded, done.cancelled
+                            )
+                        )
+            # The stream ended (cancelled, or its source closed): calls it never took
+            # are cancelled, and their batches answered as such.
+            while self.pending:
+                p = self.pending.popleft()
+                if not p.future.done():
+                    rest = p.count - p.succeeded - len(p.failures)
+                    p.future.set_result(BatchReply(p.bid, p.rows, p.failures, p.succeeded, rest))
+        except BaseException as exc:
+            for p in self.pending:
+                if not p.future.done():
+                    p.future.set_exception(RuntimeError(f"the node's task broke down: {exc!r}"))
+            raise
+
+    async def finish(self) -> dict[str, Any]:
+        self.queue.put_nowait(_END)
+        await self.consumer
+        result = await self.handle.result()
+        s = result.stats
+        stats = {
+            "calls": s.calls,
+            "succeeded": s.succeeded,
+            "failed": s.failed,
+            "cancelled": s.cancelled,
+            "retries": s.retries,
+            "cache_hits": s.cache_hits,
+            "singleflight_hits": s.singleflight_hits,
+            "subcalls": s.subcalls,
+            "io_calls": s.io_calls,
+            "wall_time_s": s.wall_time_s,
+        }
+        return {"stats": stats, "io": io_operations(getattr(self.scope, "stats", None))}
+
+
+#: The additive counters of an IO operation's statistics (``max_ms``: the largest).
+IO_COUNTERS: Final = (
+    "requests",
+    "backend_calls",
+    "errors",
+    "rejected",
+    "cache_hits",
+    "singleflight_joins",
+    "abandoned",
+    "local_hits",
+    "total_ms",
+    "max_ms",
+)
+
+
+def io_operations(stats: Any) -> list[tuple[str, str, dict[str, float], list[int]]]:
+    """A task scope's IO statistics as plain values (``(backend, operation, counters,
+    latency histogram)``), for the driver to add up (:func:`merge_io`)."""
+    if stats is None:
+        return []
+    return [
+        (
+            s.backend,
+            s.operation,
+            {name: getattr(s, name) for name in IO_COUNTERS},
+            list(getattr(s, "_histogram", None) or ()),
+        )
+        for s in stats
+    ]
+
+
+def merge_io(into: Any, operations: list[tuple[str, str, dict[str, float], list[int]]]) -> None:
+    """Add a node's :func:`io_operations` to ``into`` (an ``IOStats``)."""
+    for backend, operation, counters, histogram in operations:
+        target = into.operation(backend, operation)
+        for name, value in counters.items():
+            if name == "max_ms":
+                target.max_ms = max(target.max_ms, value)
+            else:
+                setattr(target, name, getattr(target, name) + value)
+        if histogram:
+            mine = target._histogram
+            if mine is None:
+                target._histogram = list(histogram)
+            else:
+                for i, n in enumerate(histogram):
+                    if i < len(mine):
+                        mine[i] += n
+
+
+class NodeWorker:
+    """The actor's class (wrapped by ``ray.remote`` in :func:`node_worker_class`)."""
+
+    def __init__(self, node_id: str, worker_config: Any, io_config: Any) -> None:
+        self.node_id = node_id
+        self.worker_config = worker_config
+        self.io_config = io_config
+        self.worker: Any = None
+        self.io: Any = None
+        self.tasks: dict[str, _NodeTask] = {}
+
+    def __repr__(self) -> str:
+        return f"NodeWorker({self.node_id[:8]}, tasks={list(self.tasks)})"
+
+    async def start(self) -> dict[str, Any]:
+        """Start the worker and its executors; returns the node's id, executors, pid."""
+        from blockx.worker.app import Worker
+        from blockx.worker.io.registry import IOSubsystem
+
+        os.environ[NODE_ID_ENV] = self.node_id  # the executors inherit it
+        self.io = IOSubsystem(self.io_config)
+        self.worker = Worker(self.worker_config)
+        self.worker.observe_io(self.io)
+        await self.worker.start()
+        return {
+            "node_id": self.node_id,
+            "executors": self.worker_config.pool.executor_count,
+            "pid": os.getpid(),
+        }
+
+    async def run_batch(
+        self, spec: NodeTaskSpec, bid: int, calls: list[tuple[str, Any]]
+    ) -> BatchReply:
+        """Run one batch of the driver task ``spec.key``; its rows once all settled."""
+        task = self.tasks.get(spec.key)
+        if task is None:
+            task = self.tasks[spec.key] = _NodeTask(self.worker, self.io, spec)
+        return await task.add(bid, calls)
+
+    async def cancel(self, key: str, reason: str) -> None:
+        task = self.tasks.get(key)
+        if task is not None:
+            task.handle.cancel(reason)
+
+    async def finish(self, key: str) -> dict[str, Any] | None:
+        """End the driver task's stream; its statistics (None: it never ran here)."""
+        task = self.tasks.pop(key, None)
+        if task is None:
+            return None
+        return await task.finish()
+
+    async def close(self) -> None:
+        for key in list(self.tasks):
+            task = self.tasks.pop(key)
+            task.handle.cancel("the node worker is closing")
+        if self.worker is not None:
+            await self.worker.close()
+        if self.io is not None:
+            await self.io.close(grace_s=1.0)
+
+    def ping(self) -> str:
+        return self.node_id
+
+
+def node_worker_class() -> Any:
+    """The Ray actor class (``ray`` imported here, at run time only)."""
+    import ray
+
+    return ray.remote(NodeWorker)

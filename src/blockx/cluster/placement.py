@@ -1,0 +1,363 @@
+"""Where a cluster run's calls go: the driver's pure bookkeeping (no Ray, no clock, no IO).
+
+Theory of operation
+-------------------
+The driver of ``blockx run --ray`` (:mod:`blockx.cluster.driver`) streams a task's
+calls to one node worker per Ray node. Every decision it takes is made here, on plain
+values, so that it can be tested call by call without a cluster:
+
+* **Nodes** (:class:`NodeSlot`) have a *credit window*: the calls placed on a node and
+  not yet settled (buffered + in flight) never exceed it, so a slow node is not flooded
+  and the driver's memory stays flat however long the stream.
+* **Choice** (:meth:`Placement.place`): a call goes to the node its *call key* ranks
+  first by rendezvous hashing (HRW: the highest ``blake2b(node, key)``) -- identical
+  calls meet on one node, where the task's call cache and singleflight answer them --
+  unless that node's window is full (saturated); then it goes to the node with the
+  least outstanding calls that has room. New calls are read only while the calls
+  outstanding are under half the windows' sum (:attr:`Placement.budget`), so in the
+  steady state no window is full and equal keys always meet; a slow or hot node
+  fills its window and sheds the rest. A node that joins takes its share of keys.
+* **Batches** (:meth:`Placement.take_batch`): a node's placed calls leave as one batch
+  (one actor method call). Batch sizes adapt: a node whose batch left full while it
+  had another in flight gets twice the size next time (up to ``max_batch``), so a
+  node that keeps its window full is fed in few, large method calls.
+* **Results** (:meth:`Placement.settle`) are accepted once per call index: a batch
+  answered after it was written off (its node was declared lost) or twice is dropped,
+  so every row is written exactly once.
+* **Loss** (:meth:`Placement.lose_node`, :meth:`Placement.lose_batch`): the calls of
+  the lost batches count one ``node_lost`` attempt each; those still under
+  ``max_attempts`` are handed back for placement on other nodes (before any new call
+  is read), the others are :class:`LostCall` failures -- as a local call whose
+  attempts ran out. Calls buffered and never sent are handed back without an attempt.
+  A batch holds calls of one count of ``node_lost`` attempts (:attr:`Batch.lost_attempts`)
+  so that the node runs them with what is left of ``max_attempts``.
+* **Fairness** (:class:`FairInterleave`): calls of several tasks are taken round
+  robin over their ``instance`` (FIFO within one), as the core shares executors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Any, Final
+
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_MIN_BATCH",
+    "Batch",
+    "FairInterleave",
+    "LostCall",
+    "NodeSlot",
+    "Placed",
+    "Placement",
+    "hrw_score",
+]
+
+#: The first batch sent to a node, in calls.
+DEFAULT_MIN_BATCH: Final = 64
+#: The largest batch, in calls.
+DEFAULT_MAX_BATCH: Final = 2048
+
+
+def hrw_score(node_id: str, key: str) -> int:
+    """The rendezvous weight of ``key`` on ``node_id`` (stable across processes)."""
+    h = blake2b(digest_size=8)
+    h.update(node_id.encode())
+    h.update(b"\0")
+    h.update(key.encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """A call the driver placed: its index in the task, its call key, its payload."""
+
+    index: int
+    key: str
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Calls sent to one node with one method call."""
+
+    batch_id: int
+    node_id: str
+    calls: tuple[Placed, ...]
+    #: The ``node_lost`` attempts every call of the batch has had (a batch never mixes
+    #: counts: the node runs it with ``max_attempts`` minus this many).
+    lost_attempts: int = 0
+
+    def __repr__(self) -> str:
+        lost = f", lost={self.lost_attempts}" if self.lost_attempts else ""
+        return f"Batch({self.batch_id}, node={self.node_id[:8]}, calls={len(self.calls)}{lost})"
+
+
+@dataclass(frozen=True, slots=True)
+class LostCall:
+    """A call whose ``node_lost`` attempts reached ``max_attempts``: a failure."""
+
+    placed: Placed
+    attempts: int
+
+
+@dataclass(slots=True)
+class NodeSlot:
+    """One node's window, buffer and counters."""
+
+    node_id: str
+    window: int
+    batch_size: int
+    buffered: list[Placed] = field(default_factory=list)
+    in_flight: dict[int, Batch] = field(default_factory=dict)
+    outstanding: int = 0
+    #: Calls settled on this node, batches it answered, calls lost with it.
+    settled_calls: int = 0
+    batches: int = 0
+    lost_calls: int = 0
+    alive: bool = True
+
+    def __repr__(self) -> str:
+        return (
+            f"NodeSlot({self.node_id[:8]}, outstanding={self.outstanding}/{self.window}, "
+            f"buffered={len(self.buffered)}, in_flight={len(self.in_flight)}, "
+            f"batch={self.batch_size}{'' if self.alive else ', lost'})"
+        )
+
+    @property
+    def room(self) -> int:
+        return self.window - self.outstanding
+
+
+class Placement:
+    """The driver's bookkeeping of one cluster run (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        max_attempts: int,
+        min_batch: int = DEFAULT_MIN_BATCH,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        if max_attempts < 1 or min_batch < 1 or max_batch < min_batch:
+            raise ValueError("max_attempts >= 1 and 1 <= min_batch <= max_batch expected")
+        self.max_attempts = max_attempts
+        self.min_batch = min_batch
+        self.max_batch = max_batch
+        self.nodes: dict[str, NodeSlot] = {}
+        #: Calls handed back by a loss, placed before any new call.
+        self.retry: deque[Placed] = deque()
+        #: ``node_lost`` attempts by call index (calls lost at least once).
+        self.lost_attempts: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.duplicates_dropped = 0
+        self._next_batch = 0
+
+    def __repr__(self) -> str:
+        alive = sum(1 for n in self.nodes.values() if n.alive)
+        return (
+            f"Placement(nodes={alive}/{len(self.nodes)}, outstanding={self.outstanding}, "
+            f"retry={len(self.retry)}, done={len(self.done)})"
+        )
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    def add_node(self, node_id: str, window: int) -> NodeSlot:
+        """A node that can take calls (again, after a loss: a fresh slot)."""
+        if window < 1:
+            raise ValueError("a node's window is at least one call")
+        slot = NodeSlot(node_id, window, min(self.min_batch, window))
+        self.nodes[node_id] = slot
+        return slot
+
+    def alive_nodes(self) -> list[NodeSlot]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    @property
+    def outstanding(self) -> int:
+        return sum(n.outstanding for n in self.nodes.values() if n.alive)
+
+    @property
+    def budget(self) -> int:
+        """New calls are read while fewer than this are outstanding: half the windows'
+        sum, so a node's window fills (and its keys overflow to other nodes) only when it
+        holds twice its share -- a slow or hot node -- not in the steady state."""
+        return max(1, sum(n.window for n in self.nodes.values() if n.alive) // 2)
+
+    def has_room(self) -> bool:
+        """Whether a new call can be placed now (calls handed back by a loss first)."""
+        return not self.retry and self.outstanding < self.budget and bool(self.alive_nodes())
+
+    # --- placing ------------------------------------------------------------------------
+
+    def choose(self, key: str) -> NodeSlot | None:
+        """The node for ``key``: its HRW first unless saturated, else the least loaded
+        node with room; None when every window is full."""
+        best: NodeSlot | None = None
+        best_score = -1
+        least: NodeSlot | None = None
+        for slot in self.nodes.values():
+            if not slot.alive:
+                continue
+            score = hrw_score(slot.node_id, key)
+            if score > best_score:
+                best, best_score = slot, score
+            if slot.room > 0 and (least is None or slot.outstanding < least.outstanding):
+                least = slot
+        if best is not None and best.room > 0:
+            return best
+        return least
+
+    def place(self, call: Placed) -> NodeSlot | None:
+        """Buffer ``call`` on its node; None (nothing changed) when no node has room."""
+        slot = self.choose(call.key)
+        if slot is None:
+            return None
+        slot.buffered.append(call)
+        slot.outstanding += 1
+        return slot
+
+    def place_retries(self) -> int:
+        """Place the calls handed back by losses, as far as windows allow; how many."""
+        placed = 0
+        while self.retry:
+            if self.place(self.retry[0]) is None:
+                break
+            self.retry.popleft()
+            placed += 1
+        return placed
+
+    def take_batch(self, node_id: str, *, flush: bool) -> Batch | None:
+        """The next batch of ``node_id``: its buffered calls, up to its batch size, when
+        they fill a batch, or the node has nothing in flight, or ``flush`` (the source is
+        exhausted or waiting). None when there is nothing to send now."""
+        slot = self.nodes[node_id]
+        if not slot.alive or not slot.buffered:
+            return None
+        if len(slot.buffered) < slot.batch_size and slot.in_flight and not flush:
+            return None
+        size = slot.batch_size
+        lost = self.lost_attempts
+        k = lost.get(slot.buffered[0].index, 0) if lost else 0
+        if not lost or all(lost.get(c.index, 0) == k for c in slot.buffered[:size]):
+            calls = tuple(slot.buffered[:size])
+            del slot.buffered[:size]
+        else:  # one batch, one count of node_lost attempts (its calls' remaining budget)
+            taken: list[Placed] = []
+            kept: list[Placed] = []
+            for c in slot.buffered:
+                (taken if len(taken) < size and lost.get(c.index, 0) == k else kept).append(c)
+            calls = tuple(taken)
+            slot.buffered = kept
+        if len(calls) == size and slot.in_flight:  # kept busy: fewer, larger method calls
+            slot.batch_size = min(self.max_batch, size * 2, max(1, slot.window // 2))
+            slot.batch_size = max(slot.batch_size, size)
+        self._next_batch += 1
+        batch = Batch(self._next_batch, node_id, calls, k)
+        slot.in_flight[batch.batch_id] = batch
+        return batch
+
+    # --- results and losses ---------------------------------------------------------------
+
+    def settle(self, batch_id: int, node_id: str) -> Batch | None:
+        """A node answered ``batch_id``: its calls are done. None (drop the answer) when
+        that batch was written off already or its calls were settled before."""
+        slot = self.nodes.get(node_id)
+        batch = None if slot is None else slot.in_flight.pop(batch_id, None)
+        if batch is None or slot is None:
+            self.duplicates_dropped += 1
+            return None
+        slot.outstanding -= len(batch.calls)
+        slot.batches += 1
+        if any(c.index in self.done for c in batch.calls):
+            self.duplicates_dropped += 1
+            return None
+        for c in batch.calls:
+            self.done.add(c.index)
+            self.lost_attempts.pop(c.index, None)
+        slot.settled_calls += len(batch.calls)
+        return batch
+
+    def lose_batch(self, batch_id: int, node_id: str) -> list[LostCall]:
+        """One batch's method call failed (its actor died): its calls count a
+        ``node_lost`` attempt; returns those out of attempts (the rest go to retry)."""
+        slot = self.nodes.get(node_id)
+        batch = None if slot is None else slot.in_flight.pop(batch_id, None)
+        if batch is None or slot is None:
+            return []
+        slot.outstanding -= len(batch.calls)
+        slot.lost_calls += len(batch.calls)
+        return self._hand_back(batch.calls)
+
+    def lose_node(self, node_id: str) -> list[LostCall]:
+        """The node (or its actor) is gone: every batch in flight is lost (a ``node_lost``
+        attempt each), its buffered calls are placed again without one."""
+        slot = self.nodes.get(node_id)
+        if slot is None or not slot.alive:
+            return []
+        slot.alive = False
+        # Handed back in call order, ahead of earlier hand-backs: buffered calls (the
+        # newest) first prepended, then the batches in flight, the latest first.
+        self.retry.extendleft(reversed(slot.buffered))
+        slot.outstanding -= len(slot.buffered)
+        slot.buffered = []
+        exhausted: list[LostCall] = []
+        for batch_id in sorted(slot.in_flight, reverse=True):
+            exhausted.extend(self.lose_batch(batch_id, node_id))
+        return exhausted
+
+    def _hand_back(self, calls: Iterable[Placed]) -> list[LostCall]:
+        exhausted: list[LostCall] = []
+        back: list[Placed] = []
+        for c in calls:
+            if c.index in self.done:
+                continue
+            attempts = self.lost_attempts.get(c.index, 0) + 1
+            self.lost_attempts[c.index] = attempts
+            if attempts >= self.max_attempts:
+                self.done.add(c.index)
+                exhausted.append(LostCall(c, attempts))
+            else:
+                back.append(c)
+        self.retry.extendleft(reversed(back))
+        return exhausted
+
+
+class FairInterleave:
+    """Calls of several tasks taken round robin over their instance, FIFO within one.
+
+    ``push(instance, item)`` queues; ``pop()`` gives the next item of the instance whose
+    turn it is (None when nothing is queued). An instance with nothing queued leaves
+    the rotation and rejoins at its end.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Any]] = {}
+        self._turns: deque[str] = deque()
+
+    def __repr__(self) -> str:
+        return f"FairInterleave({ {k: len(v) for k, v in self._queues.items()} })"
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def push(self, instance: str, item: Any) -> None:
+        queue = self._queues.get(instance)
+        if queue is None:
+            queue = self._queues[instance] = deque()
+            self._turns.append(instance)
+        queue.append(item)
+
+    def pop(self) -> Any | None:
+        while self._turns:
+            instance = self._turns[0]
+            queue = self._queues[instance]
+            if not queue:
+                self._turns.popleft()
+                del self._queues[instance]
+                continue
+            self._turns.rotate(-1)
+            return queue.popleft()
+        return None

@@ -1,0 +1,89 @@
+"""Fixtures of the cluster tests: ONE simulated Ray cluster per module (several raylets
+on loopback, ``num_cpus=1`` each: start-up takes seconds), a PostgreSQL server.
+
+Ray is an optional extra (``blockx[ray]``; ``make test`` installs it): without it these
+tests are skipped with that reason -- never otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "io"))
+
+from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
+
+RAY_MISSING = "ray is not installed: pip install 'blockx[ray]'"
+
+
+class SimCluster:
+    """A ``ray.cluster_utils.Cluster``, the driver connected to it."""
+
+    def __init__(self, nodes: int) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        self.extra: list[Any] = [self.cluster.add_node(num_cpus=1) for _ in range(nodes - 1)]
+        ray.init(address=self.cluster.address, log_to_driver=False, logging_level="ERROR")
+        self.cluster.wait_for_nodes()
+
+    def __repr__(self) -> str:
+        return f"SimCluster({self.cluster.address}, extra={len(self.extra)})"
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def add_node(self) -> Any:
+        node = self.cluster.add_node(num_cpus=1)
+        self.extra.append(node)
+        return node
+
+    def remove_node(self, node: Any) -> None:
+        self.extra.remove(node)
+        self.cluster.remove_node(node)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sim_cluster() -> Iterator[SimCluster]:
+    pytest.importorskip("ray", reason=RAY_MISSING)
+    cluster = SimCluster(3)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cluster_pg_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the session (``BLOCKX_TEST_PG_DSN``: an existing one)."""
+    external = os.environ.get("BLOCKX_TEST_PG_DSN", "").strip()
+    if external:
+        yield external
+        return
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip(INSTALL_HINT)
+    pg = PgCluster(bin_dir)
+    try:
+        pg.start()
+    except Exception:
+        pg.stop()
+        raise
+    try:
+        yield pg.dsn
+    finally:
+        pg.stop()
