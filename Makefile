@@ -37,15 +37,17 @@ $(NATIVE_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 
 # The whole suite, slow end-to-end tests included, on the compiled modules; then
 # the tests of the compiled packages again on their pure-Python sources (what runs
-# without a compiler; and the few tests only an interpreted module allows).
+# without a compiler; and the few tests only an interpreted module allows). Two
+# pytest-xdist workers, one per core of the machines we run on (TEST_JOBS=1: one).
+TEST_JOBS ?= 2
 test: setup system-deps
-	$(PY) -m pytest -q -p no:cacheprovider
-	BLOCKX_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not slow or interpreted_check" \
-		tests/core tests/wire tests/executor tests/worker tests/io
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS)
+	BLOCKX_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) \
+		-m "not slow or interpreted_check" tests/core tests/wire tests/executor tests/worker tests/io
 
 # Everything but the tests marked slow.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) -m "not slow"
 
 # The quickstart task (examples/quickstart/); its table store goes to examples/.data/ (git-ignored).
 demo: setup
