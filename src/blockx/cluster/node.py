@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -282,13 +283,20 @@ class NodeWorker:
         }
 
     async def run_batch(
-        self, spec: NodeTaskSpec, bid: int, calls: list[tuple[str, Any]]
+        self, spec: NodeTaskSpec, bid: int, calls: list[tuple[str, Any]] | bytes
     ) -> BatchReply:
-        """Run one batch of the driver task ``spec.key``; its rows once all settled."""
+        """Run one batch of the driver task ``spec.key``; its rows once all settled.
+        ``calls``: ``(function_id, args)`` pairs, or the driver's pickle of them (trusted:
+        the driver is the process that placed this actor)."""
+        pairs: list[tuple[str, Any]] = (
+            pickle.loads(calls)  # the driver's own bytes
+            if isinstance(calls, bytes)
+            else calls
+        )
         task = self.tasks.get(spec.key)
         if task is None:
             task = self.tasks[spec.key] = _NodeTask(self.worker, self.io, spec)
-        return await task.add(bid, calls)
+        return await task.add(bid, pairs)
 
     async def cancel(self, key: str, reason: str) -> None:
         task = self.tasks.get(key)

@@ -38,7 +38,7 @@ values, so that it can be tested call by call without a cluster:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any, Final
@@ -61,21 +61,40 @@ DEFAULT_MIN_BATCH: Final = 64
 DEFAULT_MAX_BATCH: Final = 2048
 
 
-def hrw_score(node_id: str, key: str) -> int:
-    """The rendezvous weight of ``key`` on ``node_id`` (stable across processes)."""
-    h = blake2b(digest_size=8)
-    h.update(node_id.encode())
-    h.update(b"\0")
-    h.update(key.encode())
-    return int.from_bytes(h.digest(), "big")
+_MASK: Final = (1 << 64) - 1
+
+
+def node_seed(node_id: str) -> int:
+    """A node's 64-bit seed for :func:`hrw_score` (computed once per node)."""
+    return int.from_bytes(blake2b(node_id.encode(), digest_size=8).digest(), "big")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: every bit of ``x`` moves every bit of the result."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def hrw_score(node_id: str | int, key: Hashable) -> int:
+    """The rendezvous weight of ``key`` on a node (its id, or its :func:`node_seed`).
+
+    The key's own Python hash (a string or bytes keeps it once computed) mixed with the
+    node's seed: only the driver ranks nodes, so the weights need to agree within its
+    process only (a blake2b per node per call was ~4 µs of the driver's ~30 µs per
+    call; the hash of a ``(node, key)`` tuple is cheaper still but ranks unevenly)."""
+    seed = node_seed(node_id) if isinstance(node_id, str) else node_id
+    return _mix(seed ^ (hash(key) & _MASK))
 
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """A call the driver placed: its index in the task, its call key, its payload."""
+    """A call the driver placed: its index in the task, its call key (anything equal for
+    equal calls: the driver's is the function id and the canonical JSON of the args),
+    its payload."""
 
     index: int
-    key: str
+    key: Hashable
     payload: Any
 
 
@@ -118,6 +137,11 @@ class NodeSlot:
     batches: int = 0
     lost_calls: int = 0
     alive: bool = True
+    #: :func:`node_seed` of ``node_id``.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.seed = node_seed(self.node_id)
 
     def __repr__(self) -> str:
         return (
@@ -154,6 +178,10 @@ class Placement:
         self.done: set[int] = set()
         self.duplicates_dropped = 0
         self._next_batch = 0
+        #: Sums over the alive nodes, kept as they change (``has_room`` runs per call).
+        self._outstanding = 0
+        self._windows = 0
+        self._alive: list[NodeSlot] = []
 
     def __repr__(self) -> str:
         alive = sum(1 for n in self.nodes.values() if n.alive)
@@ -168,41 +196,82 @@ class Placement:
         """A node that can take calls (again, after a loss: a fresh slot)."""
         if window < 1:
             raise ValueError("a node's window is at least one call")
-        slot = NodeSlot(node_id, window, min(self.min_batch, window))
+        old = self.nodes.get(node_id)
+        if old is not None and old.alive:
+            self._forget(old)
+        slot = NodeSlot(node_id, window, min(self.min_batch, self._batch_cap(window)))
         self.nodes[node_id] = slot
+        self._alive.append(slot)
+        self._windows += window
         return slot
 
+    def _forget(self, slot: NodeSlot) -> None:
+        """``slot`` leaves the alive nodes' sums (it is lost, or replaced)."""
+        slot.alive = False
+        self._alive.remove(slot)
+        self._windows -= slot.window
+        self._outstanding -= slot.outstanding
+
     def alive_nodes(self) -> list[NodeSlot]:
-        return [n for n in self.nodes.values() if n.alive]
+        return list(self._alive)
 
     @property
     def outstanding(self) -> int:
-        return sum(n.outstanding for n in self.nodes.values() if n.alive)
+        return self._outstanding
 
     @property
     def budget(self) -> int:
         """New calls are read while fewer than this are outstanding: half the windows'
         sum, so a node's window fills (and its keys overflow to other nodes) only when it
         holds twice its share -- a slow or hot node -- not in the steady state."""
-        return max(1, sum(n.window for n in self.nodes.values() if n.alive) // 2)
+        return max(1, self._windows // 2)
 
     def has_room(self) -> bool:
         """Whether a new call can be placed now (calls handed back by a loss first)."""
-        return not self.retry and self.outstanding < self.budget and bool(self.alive_nodes())
+        return (
+            not self.retry and self._outstanding < max(1, self._windows // 2) and bool(self._alive)
+        )
+
+    def room(self) -> int:
+        """How many new calls can be placed now (``has_room`` for a whole slice)."""
+        if self.retry or not self._alive:
+            return 0
+        return max(0, max(1, self._windows // 2) - self._outstanding)
+
+    def drop_buffered(self) -> int:
+        """Forget every alive node's buffered (placed, never sent) calls; how many."""
+        dropped = 0
+        for slot in self._alive:
+            n = len(slot.buffered)
+            slot.outstanding -= n
+            slot.buffered = []
+            dropped += n
+        self._outstanding -= dropped
+        return dropped
+
+    @staticmethod
+    def _batch_cap(window: int) -> int:
+        """The largest batch for a node of ``window``: an eighth of it, so that its share
+        of the budget (half its window) holds about four batches -- the node works on
+        some while others travel -- rather than one it would idle between."""
+        return max(1, window // 8)
 
     # --- placing ------------------------------------------------------------------------
 
-    def choose(self, key: str) -> NodeSlot | None:
+    def choose(self, key: Hashable) -> NodeSlot | None:
         """The node for ``key``: its HRW first unless saturated, else the least loaded
         node with room; None when every window is full."""
+        alive = self._alive
+        if len(alive) == 1:
+            only = alive[0]
+            return only if only.room > 0 else None
         best: NodeSlot | None = None
-        best_score = -1
+        best_score = 0
         least: NodeSlot | None = None
-        for slot in self.nodes.values():
-            if not slot.alive:
-                continue
-            score = hrw_score(slot.node_id, key)
-            if score > best_score:
+        h = hash(key) & _MASK
+        for slot in alive:
+            score = _mix(slot.seed ^ h)  # hrw_score, inlined: it runs per call and node
+            if best is None or score > best_score:
                 best, best_score = slot, score
             if slot.room > 0 and (least is None or slot.outstanding < least.outstanding):
                 least = slot
@@ -217,6 +286,7 @@ class Placement:
             return None
         slot.buffered.append(call)
         slot.outstanding += 1
+        self._outstanding += 1
         return slot
 
     def place_retries(self) -> int:
@@ -231,12 +301,19 @@ class Placement:
 
     def take_batch(self, node_id: str, *, flush: bool) -> Batch | None:
         """The next batch of ``node_id``: its buffered calls, up to its batch size, when
-        they fill a batch, or the node has nothing in flight, or ``flush`` (the source is
-        exhausted or waiting). None when there is nothing to send now."""
+        they fill a batch, or the node has less than a batch in flight (it would soon
+        idle), or ``flush`` (the source is exhausted or waiting). None when there is
+        nothing to send now: a partial batch waits while the node is busy, so that a
+        driver at its budget does not send the few calls each answer frees one by one."""
         slot = self.nodes[node_id]
         if not slot.alive or not slot.buffered:
             return None
-        if len(slot.buffered) < slot.batch_size and slot.in_flight and not flush:
+        buffered = len(slot.buffered)
+        if (
+            buffered < slot.batch_size
+            and not flush
+            and slot.outstanding - buffered >= slot.batch_size
+        ):
             return None
         size = slot.batch_size
         lost = self.lost_attempts
@@ -252,7 +329,7 @@ class Placement:
             calls = tuple(taken)
             slot.buffered = kept
         if len(calls) == size and slot.in_flight:  # kept busy: fewer, larger method calls
-            slot.batch_size = min(self.max_batch, size * 2, max(1, slot.window // 2))
+            slot.batch_size = min(self.max_batch, size * 2, self._batch_cap(slot.window))
             slot.batch_size = max(slot.batch_size, size)
         self._next_batch += 1
         batch = Batch(self._next_batch, node_id, calls, k)
@@ -270,6 +347,8 @@ class Placement:
             self.duplicates_dropped += 1
             return None
         slot.outstanding -= len(batch.calls)
+        if slot.alive:
+            self._outstanding -= len(batch.calls)
         slot.batches += 1
         if any(c.index in self.done for c in batch.calls):
             self.duplicates_dropped += 1
@@ -288,6 +367,8 @@ class Placement:
         if batch is None or slot is None:
             return []
         slot.outstanding -= len(batch.calls)
+        if slot.alive:
+            self._outstanding -= len(batch.calls)
         slot.lost_calls += len(batch.calls)
         return self._hand_back(batch.calls)
 
@@ -297,7 +378,7 @@ class Placement:
         slot = self.nodes.get(node_id)
         if slot is None or not slot.alive:
             return []
-        slot.alive = False
+        self._forget(slot)
         # Handed back in call order, ahead of earlier hand-backs: buffered calls (the
         # newest) first prepended, then the batches in flight, the latest first.
         self.retry.extendleft(reversed(slot.buffered))
