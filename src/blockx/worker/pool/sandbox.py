@@ -129,8 +129,20 @@ _BASE_ENV: Final = {
 #: ``nobody``: the sandbox's user and group.
 SANDBOX_UID: Final = 65534
 SANDBOX_GID: Final = 65534
-#: Packages the executor imports from outside the standard library.
-_EXECUTOR_PACKAGES: Final = ("blockx", "greenlet", "orjson", "msgspec")
+#: Packages the executor imports from outside the standard library (the eth ones on a
+#: function's first ``ChainState.call_function``: blockx.chain_abi); a package that is
+#: not installed is left out.
+_EXECUTOR_PACKAGES: Final = (
+    "blockx",
+    "greenlet",
+    "orjson",
+    "msgspec",
+    "eth_abi",
+    "eth_hash",
+    "eth_utils",
+    "eth_typing",
+    "Crypto",
+)
 #: Top-level links or directories bound like ``/usr`` (merged-/usr systems link them).
 _SYSTEM_DIRS: Final = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 _PROBE_TIMEOUT_S: Final = 15.0
