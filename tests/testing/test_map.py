@@ -30,7 +30,10 @@ def _live_children() -> set[int]:
     """This process's children that are still running (Linux /proc)."""
     children: set[int] = set()
     for task in pathlib.Path("/proc/self/task").iterdir():
-        text = (task / "children").read_text()
+        try:
+            text = (task / "children").read_text()
+        except FileNotFoundError:  # a thread that ended since the listing
+            continue
         children.update(int(pid) for pid in text.split())
     return {pid for pid in children if not process_is_gone(pid)}
 
