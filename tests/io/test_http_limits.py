@@ -1,47 +1,51 @@
-"""The http backend's request-rate bucket on a virtual clock (no IO, no waiting)."""
+"""The http backend's per-host gate on a virtual clock (no IO, no waiting): its request
+rate is the rpc backend's token bucket, one token a request."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from blockx.worker.io.http_limits import RequestRateLimiter
+from blockx.worker.io.http_limits import HostGate
 
 START = 1_000.123  # an odd start: nothing may assume the clock starts at 0
 
 
-def _schedule(limiter: RequestRateLimiter, arrivals: list[float]) -> list[float]:
+def _gate(rate: float, concurrency: int = 16) -> HostGate:
+    async def make() -> HostGate:  # the semaphore wants a running loop on 3.11
+        return HostGate("api.example:443", concurrency, rate, now=START)
+
+    return asyncio.run(make())
+
+
+def _schedule(gate: HostGate, arrivals: list[float]) -> list[float]:
     """When each request starts: it arrives at ``arrivals[i]`` and waits what it is told."""
-    return [now + limiter.reserve(now) for now in arrivals]
+    assert gate.limiter is not None
+    return [now + gate.limiter.reserve(1, now) for now in arrivals]
 
 
 def test_50_per_second_holds_over_2000_requests_arriving_at_once() -> None:
-    starts = _schedule(RequestRateLimiter(50), [START] * 2000)
+    gate = _gate(50)
+    starts = _schedule(gate, [START] * 2000)
     assert starts == sorted(starts)
-    assert starts[0] == START
+    burst = gate.limiter.burst if gate.limiter else 0
     elapsed = starts[-1] - starts[0]
-    assert 1999 / 50 * 0.999 <= elapsed <= 1999 / 50 * 1.001
-    # no window of one second holds more than 50 starts (+1 for the boundary)
+    assert (2000 - burst) / 50 * 0.9 <= elapsed <= 2000 / 50 * 1.1
+    # no window of one second holds more than rate + burst starts
     j = 0
     for i, t in enumerate(starts):
         while starts[j] <= t - 1.0:
             j += 1
-        assert i - j + 1 <= 51
+        assert i - j + 1 <= 50 + burst
 
 
 def test_requests_spaced_wider_than_the_rate_never_wait() -> None:
-    limiter = RequestRateLimiter(10)
-    assert [limiter.reserve(START + i * 0.2) for i in range(20)] == [0.0] * 20
+    gate = _gate(10)
+    assert gate.limiter is not None
+    assert [gate.limiter.reserve(1, START + i * 0.2) for i in range(20)] == [0.0] * 20
 
 
-def test_a_burst_lets_that_many_through_at_once_then_paces() -> None:
-    limiter = RequestRateLimiter(10, burst=5)
-    waits = [limiter.reserve(START) for _ in range(7)]
-    assert waits[:5] == [0.0] * 5
-    assert waits[5] == pytest.approx(0.1) and waits[6] == pytest.approx(0.2)
-
-
-def test_bad_rates_are_refused() -> None:
-    with pytest.raises(ValueError):
-        RequestRateLimiter(0)
-    with pytest.raises(ValueError):
-        RequestRateLimiter(5, burst=0)
+def test_no_rate_means_no_limiter_and_concurrency_is_a_semaphore() -> None:
+    gate = _gate(0, concurrency=3)
+    assert gate.limiter is None
+    assert gate.slots._value == 3
+    assert "api.example:443" in repr(gate)

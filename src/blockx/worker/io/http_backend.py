@@ -373,7 +373,7 @@ class HttpBackend:
         async with gate.slots:
             if gate.limiter is not None:
                 loop = asyncio.get_running_loop()
-                delay = gate.limiter.reserve(loop.time())
+                delay = gate.limiter.reserve(1, loop.time())
                 if delay > 0:
                     await asyncio.sleep(delay)
             try:
