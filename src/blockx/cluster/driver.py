@@ -4,13 +4,13 @@ Theory of operation
 -------------------
 :func:`run_on_cluster` runs one task (a :class:`~blockx.worker.api.Task`: functions,
 policy, calls -- a list or any iterable) on a Ray cluster and returns its
-:class:`~blockx.worker.api.TaskResult`, handing rows to ``on_rows`` as results arrive::
+:class:`~blockx.worker.api.TaskResult`, handing rows to ``on_rows`` in call order::
 
     driver (this loop)                          Ray node k
     ray.nodes() -> Placement.add_node  ------>  NodeWorker actor (pinned, node affinity)
     read calls under Placement.budget           +-- blockx Worker, N executors
     Placement.place (HRW / least loaded)        +-- one streamed task per driver task
-    Placement.take_batch -> run_batch.remote -> settles the batch, replies rows
+    Placement.take_batch -> run_batch.remote -> settles the batch, replies outputs
     settle / lose_batch / lose_node  <-------   (RayActorError: the node is lost)
 
 Every decision is :class:`~blockx.cluster.placement.Placement`'s (pure); this module
@@ -20,8 +20,12 @@ does the Ray calls and the waiting. The loop:
    allows (a call's key: :func:`~blockx.worker.core.keys.call_key` of its function,
    the function's source digest and its arguments' JSON);
 2. send each node its batch (all it buffered once reading stops);
-3. wait for a reply (or :data:`NODE_POLL_S`): a reply's rows go to ``on_rows`` and
-   its failures to the result (indices mapped back to the task's); a method call
+3. wait for a reply (or :data:`NODE_POLL_S`): a reply's outputs (one per call) close
+   their calls' slots in the placement's reorder buffer and its failures go to the
+   result (indices mapped back to the task's); the rows of the contiguous prefix of
+   ended calls go to ``on_rows``, decoded in one call -- rows come in call order, as
+   with ``blockx run``, and reading waits while too many calls are unwritten (a
+   straggler); a method call
    that raised loses its node (every batch in flight there: a ``node_lost``
    attempt each, re-dispatched or failed when out of attempts);
 4. every :data:`NODE_POLL_S`, look at ``ray.nodes()``: a node gone is lost, a node
@@ -48,8 +52,14 @@ from typing import Any, Final
 
 import orjson
 
-from blockx.cluster.node import BatchReply, NodeTaskSpec, merge_io, node_worker_class
-from blockx.cluster.placement import LostCall, Placed, Placement
+from blockx.cluster.node import (
+    BatchReply,
+    NodeTaskSpec,
+    OutputsMisaligned,
+    merge_io,
+    node_worker_class,
+)
+from blockx.cluster.placement import DEFAULT_REORDER_WINDOWS, LostCall, Placed, Placement
 
 __all__ = [
     "NODE_POLL_S",
@@ -95,6 +105,8 @@ class ClusterOptions:
     window_per_node: int | None = None
     min_batch: int = 64
     max_batch: int = 2048
+    #: Calls read and not yet written stay under this many windows' sums.
+    reorder_windows: int = DEFAULT_REORDER_WINDOWS
 
 
 @dataclass(slots=True)
@@ -105,9 +117,18 @@ class ClusterRun:
     node_lost: int = 0
     batches: int = 0
     io_stats: Any = None
+    #: The reorder buffer (rows written in call order): calls read and not written now,
+    #: the most at once, its limit then, and the turns reading waited for a write.
+    unwritten: int = 0
+    unwritten_peak: int = 0
+    reorder_limit: int = 0
+    reorder_stalls: int = 0
 
     def __repr__(self) -> str:
-        return f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, lost={self.node_lost})"
+        return (
+            f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, "
+            f"lost={self.node_lost}, unwritten={self.unwritten}/{self.reorder_limit})"
+        )
 
 
 class _LoopState:
@@ -220,7 +241,10 @@ class _Driver:
         policy = task.policy
         max_attempts = policy.max_attempts or self.worker_config.dispatcher.default_max_attempts
         self.placement = Placement(
-            max_attempts=max_attempts, min_batch=options.min_batch, max_batch=options.max_batch
+            max_attempts=max_attempts,
+            min_batch=options.min_batch,
+            max_batch=options.max_batch,
+            reorder_windows=options.reorder_windows,
         )
         self.fast_fail = policy.failure == "fast_fail"
         self.spec = NodeTaskSpec(
@@ -357,12 +381,7 @@ class _Driver:
             return
         self.stop_reading = True
         # Calls not sent yet are not run: the calls read count them cancelled.
-        for slot in self.placement.alive_nodes():
-            self.cancelled += len(slot.buffered)
-            slot.outstanding -= len(slot.buffered)
-            slot.buffered = []
-        self.cancelled += len(self.placement.retry)
-        self.placement.retry.clear()
+        self.cancelled += self.placement.cancel_unsent()
         for node in self.nodes.values():
             if node.actor is not None:
                 for key in self.keys_used.get(node.node_id, ()):
@@ -399,6 +418,8 @@ class _Driver:
         placement = self.placement
         for _ in range(READ_SLICE):
             if self.stop_reading or not placement.has_room():
+                if placement.unwritten >= placement.reorder_limit:
+                    self.out.reorder_stalls += 1
                 return
             try:
                 call = next(source)
@@ -431,12 +452,12 @@ class _Driver:
                 if not flush:
                     break
 
-    def _settled(self, node_id: str, reply: BatchReply) -> list[Any]:
+    def _settled(self, node_id: str, reply: BatchReply) -> None:
         from blockx.worker.api import CallFailure
 
-        batch = self.placement.settle(reply.batch_id, node_id)
+        batch = self.placement.settle(reply.batch_id, node_id, reply.outputs)
         if batch is None:
-            return []
+            return
         self.succeeded += reply.succeeded
         self.cancelled += reply.cancelled
         self.out.nodes[node_id]["calls"] = self.out.nodes[node_id].get("calls", 0) + len(
@@ -459,7 +480,20 @@ class _Driver:
                     retryable=retryable,
                 )
             )
-        return reply.rows
+
+    async def _write(self) -> None:
+        """Hand the rows of the calls that ended, in call order, to ``on_rows``: the
+        contiguous prefix of the reorder buffer, decoded in one call."""
+        from blockx.worker.json_values import rows_from_outputs
+
+        placement = self.placement
+        outputs = placement.take_writable()
+        out = self.out
+        out.unwritten = placement.unwritten
+        out.unwritten_peak = placement.unwritten_peak
+        out.reorder_limit = max(out.reorder_limit, placement.reorder_limit)
+        if outputs:
+            await self.on_rows(rows_from_outputs(outputs))
 
     async def run(self) -> Any:
         source = iter(self.task.calls)
@@ -485,6 +519,18 @@ class _Driver:
                 if task is not None:
                     task.uncancel()
                 self._stop(state.cancelled_by)
+        await self._write()
+        rest = self.placement.take_rest()
+        if rest or self.placement.next_to_write < self.placement.read_count:
+            _log.warning(
+                "calls %d..%d never ended: their rows are missing",
+                self.placement.next_to_write,
+                self.placement.read_count,
+            )
+        if rest:
+            from blockx.worker.json_values import rows_from_outputs
+
+            await self.on_rows(rows_from_outputs(rest))
         return await self._result(state.cancelled_by)
 
     async def _step(self, source: Any, state: _LoopState) -> bool:
@@ -506,6 +552,7 @@ class _Driver:
         if not self.stop_reading and not self.exhausted:
             self._read(source)
         self._send()
+        await self._write()
         if (
             (self.exhausted or self.stop_reading)
             and not self.in_flight
@@ -526,9 +573,9 @@ class _Driver:
                 continue
             node_id, batch_id = entry
             if exc is None:
-                rows = self._settled(node_id, future.result())
-                if rows:
-                    await self.on_rows(rows)
+                self._settled(node_id, future.result())
+            elif isinstance(exc, OutputsMisaligned):
+                raise exc
             elif _is_node_error(exc):
                 self._lose_node(node_id, type(exc).__name__)
             else:
@@ -538,6 +585,7 @@ class _Driver:
                 self._fail_lost(self.placement.lose_batch(batch_id, node_id))
                 self.out.node_lost += slot.lost_calls - before
                 _log.warning("node %s: batch %d failed: %r", node_id[:8], batch_id, exc)
+        await self._write()
         return False
 
     async def _result(self, cancelled_by: str | None) -> Any:
