@@ -46,6 +46,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -123,6 +124,18 @@ class ClusterRun:
     unwritten_peak: int = 0
     reorder_limit: int = 0
     reorder_stalls: int = 0
+    #: The run's driver while it runs (:meth:`cancel` reaches it).
+    driver: Any = None
+    #: Why the run was cancelled (:meth:`cancel`; before it started: at its start).
+    cancel_requested: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the task with ``reason`` (as a signal cancels it): no more calls are
+        read, what is in flight ends, the result is ``CANCELLED``."""
+        if self.cancel_requested is None:
+            self.cancel_requested = reason
+        if self.driver is not None:
+            self.driver.cancel(reason)
 
     def __repr__(self) -> str:
         return (
@@ -141,6 +154,57 @@ class _LoopState:
 
     def __repr__(self) -> str:
         return f"_LoopState(cancelled_by={self.cancelled_by!r})"
+
+
+class _AsyncSource:
+    """An async call source (``blockx serve``'s, fed from its store) read ahead into a
+    bounded queue by a task of its own, so that the driver never waits on it while
+    nodes answer: :meth:`take` gives what arrived, ``FLUSH`` markers included."""
+
+    def __init__(self, source: Any, limit: int) -> None:
+        self.items: deque[Any] = deque()
+        self.limit = limit
+        self.ended = False
+        self.error: BaseException | None = None
+        #: Set when items arrived or the source ended; cleared by the reader.
+        self.ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.pump = asyncio.get_running_loop().create_task(self._pump(source))
+
+    def __repr__(self) -> str:
+        return f"_AsyncSource(queued={len(self.items)}, ended={self.ended})"
+
+    async def _pump(self, source: Any) -> None:
+        try:
+            async for item in source:
+                self.items.append(item)
+                self.ready.set()
+                if len(self.items) >= self.limit:
+                    self._room.clear()
+                    await self._room.wait()
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self.ended = True
+            self.ready.set()
+
+    def take(self) -> Any:
+        """The next item, or :data:`_EMPTY` (nothing now; :attr:`ready` is cleared)."""
+        if self.items:
+            item = self.items.popleft()
+            if len(self.items) < self.limit:
+                self._room.set()
+            return item
+        if not self.ended:
+            self.ready.clear()
+        return _EMPTY
+
+    def close(self) -> None:
+        self.pump.cancel()
+
+
+_EMPTY: Final = object()
 
 
 class _Node:
@@ -202,19 +266,31 @@ async def run_on_cluster(
     worker_config: Any,
     io_config: Any,
     options: ClusterOptions,
-    on_rows: Callable[[list[Any]], Awaitable[None]],
+    on_rows: Callable[[list[Any]], Awaitable[None]] | None,
     cluster_run: ClusterRun,
+    *,
+    on_settled: Callable[[Any], Awaitable[None]] | None = None,
+    keep_ray: bool = False,
 ) -> Any:
-    """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``."""
+    """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``.
+
+    ``on_rows`` takes the rows in call order; or ``on_settled`` takes contiguous call
+    ranges as :class:`~blockx.worker.actor.task_run.SettledRows` (rows, failures with
+    the task's call indices, counts: what ``blockx serve`` stores in one transaction).
+    ``task.calls`` may be a list, an iterable or an async iterable (with ``FLUSH``
+    markers). ``keep_ray``: a Ray instance this call starts is left running."""
     if not ray_available():
         raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
     started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
     driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run)
+    driver.on_settled = on_settled
+    cluster_run.driver = driver
     try:
         return await driver.run()
     finally:
+        cluster_run.driver = None
         await driver.close()
-        if started_ray:
+        if started_ray and not keep_ray:
             import ray
 
             await asyncio.to_thread(ray.shutdown)
@@ -227,7 +303,7 @@ class _Driver:
         worker_config: Any,
         io_config: Any,
         options: ClusterOptions,
-        on_rows: Callable[[list[Any]], Awaitable[None]],
+        on_rows: Callable[[list[Any]], Awaitable[None]] | None,
         cluster_run: ClusterRun,
     ) -> None:
         from blockx.worker.config import load_config
@@ -237,7 +313,17 @@ class _Driver:
         self.io_config = io_config
         self.options = options
         self.on_rows = on_rows
+        self.on_settled: Callable[[Any], Awaitable[None]] | None = None
         self.out = cluster_run
+        #: Failures of calls not written yet, by call index (handed over with their range).
+        self.unwritten_failures: dict[int, Any] = {}
+        #: Why the run is cancelled (:meth:`cancel`), and the task running it.
+        self.cancel_reason: str | None = None
+        self.running: asyncio.Task[Any] | None = None
+        #: A FLUSH of an async source was read: send what the nodes buffered now.
+        self.flush_now = False
+        self.async_source: _AsyncSource | None = None
+        self.looping = False
         policy = task.policy
         max_attempts = policy.max_attempts or self.worker_config.dispatcher.default_max_attempts
         self.placement = Placement(
@@ -362,10 +448,19 @@ class _Driver:
                 )
             )
 
+    def cancel(self, reason: str) -> None:
+        """Cancel the run (its result: ``CANCELLED`` with ``reason``)."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        # Before its loop (nodes starting) the run sees the reason when the loop starts.
+        if self.looping and self.running is not None and not self.running.done():
+            self.running.cancel()
+
     def _add_error(self, failure: Any) -> None:
         from blockx.worker.api import TaskFailureInfo
 
         self.errors.append(failure)
+        self.unwritten_failures[failure.index] = failure
         if self.fast_fail and self.failure is None:
             self.failure = TaskFailureInfo(
                 kind="CALL_FAILED",
@@ -415,17 +510,32 @@ class _Driver:
         return call_key(function_id, self.digests.get(function_id, ""), data)
 
     def _read(self, source: Any) -> None:
+        from blockx.worker.api import FLUSH
+
         placement = self.placement
+        pending = self.async_source
         for _ in range(READ_SLICE):
             if self.stop_reading or not placement.has_room():
                 if placement.unwritten >= placement.reorder_limit:
                     self.out.reorder_stalls += 1
                 return
-            try:
-                call = next(source)
-            except StopIteration:
-                self.exhausted = True
-                return
+            if pending is not None:
+                call = pending.take()
+                if call is _EMPTY:
+                    if pending.ended:
+                        if pending.error is not None:
+                            raise pending.error
+                        self.exhausted = True
+                    return
+                if call is FLUSH:
+                    self.flush_now = True
+                    continue
+            else:
+                try:
+                    call = next(source)
+                except StopIteration:
+                    self.exhausted = True
+                    return
             if isinstance(call, tuple):
                 function_id, args = call
             else:
@@ -435,7 +545,10 @@ class _Driver:
             placement.place(Placed(index, self._key(function_id, args), (function_id, args)))
 
     def _send(self) -> None:
-        flush = self.exhausted or self.stop_reading or not self.placement.has_room()
+        flush = (
+            self.exhausted or self.stop_reading or self.flush_now or not self.placement.has_room()
+        )
+        self.flush_now = False
         for slot in self.placement.alive_nodes():
             while True:
                 batch = self.placement.take_batch(slot.node_id, flush=flush)
@@ -484,19 +597,51 @@ class _Driver:
     async def _write(self) -> None:
         """Hand the rows of the calls that ended, in call order, to ``on_rows``: the
         contiguous prefix of the reorder buffer, decoded in one call."""
-        from blockx.worker.json_values import rows_from_outputs
 
         placement = self.placement
+        first = placement.next_to_write
         outputs = placement.take_writable()
         out = self.out
         out.unwritten = placement.unwritten
         out.unwritten_peak = placement.unwritten_peak
         out.reorder_limit = max(out.reorder_limit, placement.reorder_limit)
-        if outputs:
-            await self.on_rows(rows_from_outputs(outputs))
+        await self._hand_over(first, placement.next_to_write, outputs)
+
+    async def _hand_over(self, first: int, end: int, outputs: list[Any]) -> None:
+        """The rows of calls ``first..end`` (their outputs, in call order) to the caller."""
+        from blockx.worker.json_values import rows_from_outputs
+
+        if self.on_settled is None:
+            for index in range(first, end) if self.unwritten_failures else ():
+                self.unwritten_failures.pop(index, None)
+            if outputs and self.on_rows is not None:
+                await self.on_rows(rows_from_outputs(outputs))
+            return
+        if end <= first:
+            return
+        from blockx.worker.actor.task_run import SettledRows
+
+        pending = self.unwritten_failures
+        failures = [pending.pop(i) for i in range(first, end) if i in pending] if pending else []
+        await self.on_settled(
+            SettledRows(
+                first_call=first,
+                call_count=end - first,
+                outputs=outputs,
+                failures=failures,
+                succeeded=len(outputs),
+                cancelled=end - first - len(outputs) - len(failures),
+            )
+        )
 
     async def run(self) -> Any:
-        source = iter(self.task.calls)
+        self.running = asyncio.current_task()
+        calls = self.task.calls
+        source: Any = None
+        if hasattr(calls, "__aiter__"):
+            self.async_source = _AsyncSource(calls, READ_SLICE)
+        else:
+            source = iter(calls)
         loop = asyncio.get_running_loop()
         # The nodes alive at the start all start before the first call is placed (the
         # first one up would take the first windows' worth of calls alone).
@@ -507,6 +652,11 @@ class _Driver:
             await self._watch_nodes()
         self.t0 = time.monotonic()  # the task's time: from its first call placed
         state = _LoopState(last_watch)
+        reason = self.cancel_reason or self.out.cancel_requested
+        if reason is not None:  # cancelled before it ran
+            state.cancelled_by = self.cancel_reason = reason
+            self._stop(reason)
+        self.looping = True
         while True:
             try:
                 if await self._step(source, state):
@@ -514,7 +664,9 @@ class _Driver:
             except asyncio.CancelledError:
                 # A signal (or the caller): stop reading, cancel the nodes' tasks, wait
                 # for what is in flight (it ends cancelled), report CANCELLED.
-                state.cancelled_by = state.cancelled_by or "cancelled by the caller"
+                state.cancelled_by = (
+                    state.cancelled_by or self.cancel_reason or "cancelled by the caller"
+                )
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
@@ -528,9 +680,9 @@ class _Driver:
                 self.placement.read_count,
             )
         if rest:
-            from blockx.worker.json_values import rows_from_outputs
-
-            await self.on_rows(rows_from_outputs(rest))
+            await self._hand_over(self.placement.read_count, self.placement.read_count, rest)
+        if self.async_source is not None:
+            self.async_source.close()
         return await self._result(state.cancelled_by)
 
     async def _step(self, source: Any, state: _LoopState) -> bool:
@@ -560,12 +712,30 @@ class _Driver:
             and self.placement.outstanding == 0
         ):
             return True
-        if not self.in_flight:
+        source = self.async_source
+        waiting_for_calls = (
+            source is not None
+            and not source.ended
+            and not source.items
+            and not self.stop_reading
+            and self.placement.has_room()
+        )
+        if not self.in_flight and not waiting_for_calls:
             await asyncio.sleep(0 if self.placement.has_room() else NODE_POLL_S / 5)
             return False
-        done, _ = await asyncio.wait(
-            self.in_flight, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
-        )
+        waiters: set[asyncio.Future[Any]] = set(self.in_flight)
+        ready: asyncio.Future[Any] | None = None
+        if waiting_for_calls and source is not None:
+            ready = asyncio.ensure_future(source.ready.wait())
+            waiters.add(ready)
+        try:
+            done, _ = await asyncio.wait(
+                waiters, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if ready is not None and not ready.done():
+                ready.cancel()
+        done.discard(ready)
         for future in done:
             exc = None if future.cancelled() else future.exception()
             entry = self.in_flight.pop(future, None)
@@ -647,6 +817,8 @@ class _Driver:
     async def close(self) -> None:
         import ray
 
+        if self.async_source is not None:
+            self.async_source.close()
         for start in self.starting.values():
             start.cancel()
         for future in self.in_flight:

@@ -1,0 +1,188 @@
+"""``blockx serve --ray``: the service's tasks run on a Ray cluster instead of a local worker.
+
+Theory of operation
+-------------------
+``blockx serve``'s :class:`~blockx.serve.runner.TaskManager` runs a stored task by
+``worker.submit(task, collect=False)`` -- its calls an async iterable read from the
+store (``FLUSH`` markers included), from the first call whose outcome is not stored
+(``done``) -- and stores every :class:`~blockx.worker.actor.task_run.SettledRows` of
+``handle.settled_batches()`` in one transaction, then ``await handle.result()``;
+``handle.cancel(reason)`` cancels it. :class:`ClusterWorker` stands in for the local
+:class:`~blockx.worker.app.Worker` behind that same interface:
+
+* :meth:`ClusterWorker.submit` starts the cluster driver on the task
+  (:func:`~blockx.cluster.driver.run_on_cluster`, ``docs/cluster.md``) and returns a
+  :class:`ClusterTaskHandle`. The driver writes in call order (its reorder buffer),
+  so what it hands over are contiguous call ranges -- rows, failures with the task's
+  call indices, counts -- exactly the ``SettledRows`` a local stream settles; the
+  handle queues them (a few at a time: a slow store slows the driver down, which
+  stops reading) for ``settled_batches()``.
+* Ray is joined (or started: ``auto``) once, at :meth:`ClusterWorker.start`, and left
+  at :meth:`ClusterWorker.close`. Every running task places its own node worker on
+  every Ray node (the driver's actors live as long as its task).
+* What a local worker has and a cluster has not (executors attached here, a local
+  call registry) reads as nothing: ``/readyz`` counts the cluster's nodes' executors
+  instead (:meth:`ClusterWorker.ready_executors`), ``/metrics``' worker series stay at
+  zero (the nodes' figures are in each task's summary).
+* :meth:`ClusterWorker.task_problem`: a task whose functions use ``Table`` while the
+  blockdb backend is SQLite (node-local) is refused when it is submitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from blockx.cluster.driver import (
+    ClusterOptions,
+    ClusterRun,
+    _alive_nodes,
+    _init_ray,
+    run_on_cluster,
+)
+
+__all__ = ["SETTLED_QUEUE", "ClusterTaskHandle", "ClusterWorker"]
+
+_log = logging.getLogger("blockx.cluster")
+
+#: Settled ranges a handle holds before the driver waits for its consumer.
+SETTLED_QUEUE: Final = 8
+_END: Final = object()
+
+
+class ClusterTaskHandle:
+    """One task on the cluster, as ``blockx serve`` drives a ``TaskHandle``."""
+
+    def __init__(self, service: ClusterWorker, task: Any) -> None:
+        self.task = task
+        self.run = ClusterRun()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(SETTLED_QUEUE)
+        loop = asyncio.get_running_loop()
+        self._result: asyncio.Future[Any] = loop.create_future()
+        self._runner = loop.create_task(self._drive(service), name=f"blockx-ray-{task.task_id}")
+
+    def __repr__(self) -> str:
+        state = "done" if self._result.done() else "running"
+        return f"ClusterTaskHandle({self.task.task_id!r}, {state}, {self.run!r})"
+
+    async def _drive(self, service: ClusterWorker) -> None:
+        try:
+            result = await run_on_cluster(
+                self.task,
+                service.worker_config,
+                service.io_config,
+                service.options,
+                None,
+                self.run,
+                on_settled=self._queue.put,
+                keep_ray=True,
+            )
+        except BaseException as exc:
+            if not self._result.done():
+                self._result.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            self._result.set_result(result)
+        finally:
+            try:
+                self._queue.put_nowait(_END)
+            except asyncio.QueueFull:
+                await self._queue.put(_END)
+
+    async def settled_batches(self) -> AsyncIterator[Any]:
+        """The task's settled call ranges, in call order, until it ends."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            yield item
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Cancel the task: no more calls are read, what is in flight ends; ``CANCELLED``."""
+        self.run.cancel(reason)
+
+    async def result(self) -> Any:
+        """The task's ``TaskResult`` (raises what broke the run)."""
+        return await asyncio.shield(self._result)
+
+
+class ClusterWorker:
+    """Stands in for the local ``Worker`` of ``blockx serve`` (module docstring)."""
+
+    def __init__(self, worker_config: Any, io_config: Any, options: ClusterOptions) -> None:
+        self.worker_config = worker_config
+        self.io_config = io_config
+        self.options = options
+        self.io_subsystems: list[Any] = []
+        self.handles: set[ClusterTaskHandle] = set()
+        self._started_ray = False
+        self._nodes: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"ClusterWorker({self.options.address!r}, tasks={len(self.handles)})"
+
+    async def start(self) -> None:
+        """Join Ray (or start it: ``auto``); on the loop's thread (Ray's signal handlers)."""
+        self._started_ray = _init_ray(self.options.address)
+        self._nodes = await asyncio.to_thread(_alive_nodes)
+
+    def submit(self, task: Any, *, collect: bool = False) -> ClusterTaskHandle:
+        if collect:
+            raise ValueError("a cluster task hands its rows over as they settle (collect=False)")
+        handle = ClusterTaskHandle(self, task)
+        self.handles.add(handle)
+        handle._runner.add_done_callback(lambda _t: self.handles.discard(handle))
+        return handle
+
+    def task_problem(self, functions: dict[str, str]) -> str | None:
+        """Why a task with these functions (id -> source) cannot run on the cluster."""
+        from blockx.cluster.tables import functions_using_table
+
+        users = functions_using_table(functions)
+        if not users or self.io_config.blockdb.effective_engine != "sqlite":
+            return None
+        return (
+            f"function{'s' if len(users) > 1 else ''} {', '.join(map(repr, users))} "
+            "use Table, and this server runs its tasks on a Ray cluster with the SQLite "
+            "blockdb backend, which is local to one machine. Start the server with a "
+            "PostgreSQL server all nodes reach: io.blockdb.engine: postgres and "
+            "io.blockdb.postgres_dsn (docs/cluster.md)"
+        )
+
+    async def refresh_nodes(self) -> None:
+        self._nodes = await asyncio.to_thread(_alive_nodes)
+
+    def ready_executors(self) -> int:
+        """The executors the cluster's nodes run (as last seen): 0 means not ready."""
+        per_node = self.options.executors_per_node
+        return sum(per_node or cpus for cpus in self._nodes.values())
+
+    def observe_io(self, io: Any) -> None:
+        self.io_subsystems.append(io)
+
+    # What a local worker has: nothing here (the metrics read zeros, not an error).
+    @property
+    def orchestrator(self) -> Any:
+        raise RuntimeError("a cluster service has no local worker")
+
+    @property
+    def pool(self) -> Any:
+        raise RuntimeError("a cluster service has no local worker")
+
+    @property
+    def adapter(self) -> Any:
+        raise RuntimeError("a cluster service has no local worker")
+
+    async def close(self) -> None:
+        for handle in list(self.handles):
+            handle.cancel("the server is closing")
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(handle._runner), 15.0)
+        if self._started_ray:
+            import ray
+
+            await asyncio.to_thread(ray.shutdown)
