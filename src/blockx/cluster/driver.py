@@ -460,7 +460,8 @@ class _Driver:
         from blockx.worker.api import TaskFailureInfo
 
         self.errors.append(failure)
-        self.unwritten_failures[failure.index] = failure
+        if self.on_settled is not None:  # handed over with its range
+            self.unwritten_failures[failure.index] = failure
         if self.fast_fail and self.failure is None:
             self.failure = TaskFailureInfo(
                 kind="CALL_FAILED",
@@ -612,8 +613,6 @@ class _Driver:
         from blockx.worker.json_values import rows_from_outputs
 
         if self.on_settled is None:
-            for index in range(first, end) if self.unwritten_failures else ():
-                self.unwritten_failures.pop(index, None)
             if outputs and self.on_rows is not None:
                 await self.on_rows(rows_from_outputs(outputs))
             return
