@@ -95,6 +95,11 @@ def test_a_task_runs_on_both_nodes_every_row_once_in_call_order(
         rows = server.rows(task_id)
         assert [r["i"] for r in rows] == ok  # each once, in call order
         assert len({r["node"] for r in rows}) == 2  # both nodes ran calls
+        nodes = status["summary"]["nodes"]  # per-node counts, as blockx run --ray's summary
+        assert set(nodes) == {r["node"] for r in rows}
+        assert sum(n["calls"] for n in nodes.values()) == 4000
+        assert all(n["executors"] == 2 and n["alive"] for n in nodes.values())
+        assert status["summary"]["node_lost"] == 0
         failures = server.request("GET", f"/v1/tasks/{task_id}/failures").lines()
         assert [f["index"] for f in failures] == [i for i in range(4000) if i % 11 == 3]
         assert all(f["kind"] == "user_error" and f["args"] == f["index"] for f in failures)

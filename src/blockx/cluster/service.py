@@ -109,6 +109,14 @@ class ClusterTaskHandle:
         """The task's ``TaskResult`` (raises what broke the run)."""
         return await asyncio.shield(self._result)
 
+    def summary_extra(self) -> dict[str, Any]:
+        """What the task's summary adds on a cluster (as ``blockx run --ray``'s
+        ``--summary-json``): per-node counts, ``node_lost``, the nodes' IO figures."""
+        extra: dict[str, Any] = {"nodes": self.run.nodes, "node_lost": self.run.node_lost}
+        if self.run.io_stats is not None:
+            extra["io"] = self.run.io_stats.as_dict()
+        return extra
+
 
 class ClusterWorker:
     """Stands in for the local ``Worker`` of ``blockx serve`` (module docstring)."""
