@@ -35,7 +35,7 @@ def _(i):
         raise ValueError(f"no {{i}}")
     if i % 89 == 0:
         time.sleep(0.03)  # uneven: calls end out of order across the nodes
-    return {{"i": i, "node": os.environ["{NODE_ID_ENV}"]}}
+    return {{"i": i, "node": os.environ["{NODE_ID_ENV}"], "pid": os.getpid()}}
 """
 
 
@@ -129,7 +129,10 @@ def test_a_task_runs_on_both_nodes_every_row_once_in_call_order(
         assert server.request("POST", f"/v1/tasks/{streamed}/close").status == 200
         status = server.wait_finished(streamed, timeout=240)
         assert status["state"] == "succeeded", status
-        assert [r["i"] for r in server.rows(streamed)] == [i for i in range(1500) if i % 11 != 3]
+        streamed_rows = server.rows(streamed)
+        assert [r["i"] for r in streamed_rows] == [i for i in range(1500) if i % 11 != 3]
+        # The node workers are the service's, shared by its tasks: the same executors.
+        assert {r["pid"] for r in streamed_rows} <= {r["pid"] for r in rows}
 
 
 def test_table_on_sqlite_is_refused_per_task_with_a_422(

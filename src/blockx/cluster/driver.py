@@ -58,8 +58,8 @@ from blockx.cluster.node import (
     NodeTaskSpec,
     OutputsMisaligned,
     merge_io,
-    node_worker_class,
 )
+from blockx.cluster.nodes import NodePool, alive_ray_nodes
 from blockx.cluster.placement import DEFAULT_REORDER_WINDOWS, LostCall, Placed, Placement
 
 __all__ = [
@@ -207,19 +207,6 @@ class _AsyncSource:
 _EMPTY: Final = object()
 
 
-class _Node:
-    __slots__ = ("actor", "executors", "node_id", "started")
-
-    def __init__(self, node_id: str, actor: Any, executors: int) -> None:
-        self.node_id = node_id
-        self.actor = actor
-        self.executors = executors
-        self.started = False
-
-    def __repr__(self) -> str:
-        return f"_Node({self.node_id[:8]}, executors={self.executors}, started={self.started})"
-
-
 def _init_ray(address: str) -> bool:
     """Join (or start, ``auto``) Ray; True when this call started it."""
     import ray
@@ -242,14 +229,7 @@ def _init_ray(address: str) -> bool:
 
 def _alive_nodes() -> dict[str, int]:
     """Alive Ray nodes with CPUs: ``{node_id: cpus}``."""
-    import ray
-
-    alive: dict[str, int] = {}
-    for n in ray.nodes():  # type: ignore[no-untyped-call]
-        cpus = int(n.get("Resources", {}).get("CPU", 0))
-        if n.get("Alive") and cpus > 0:
-            alive[n["NodeID"]] = cpus
-    return alive
+    return alive_ray_nodes()
 
 
 def _is_node_error(exc: BaseException) -> bool:
@@ -271,6 +251,7 @@ async def run_on_cluster(
     *,
     on_settled: Callable[[Any], Awaitable[None]] | None = None,
     keep_ray: bool = False,
+    pool: NodePool | None = None,
 ) -> Any:
     """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``.
 
@@ -278,11 +259,13 @@ async def run_on_cluster(
     ranges as :class:`~blockx.worker.actor.task_run.SettledRows` (rows, failures with
     the task's call indices, counts: what ``blockx serve`` stores in one transaction).
     ``task.calls`` may be a list, an iterable or an async iterable (with ``FLUSH``
-    markers). ``keep_ray``: a Ray instance this call starts is left running."""
+    markers). ``keep_ray``: a Ray instance this call starts is left running. ``pool``:
+    node workers shared with other runs (a service's; default: the run's own, stopped
+    at its end)."""
     if not ray_available():
         raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
     started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
-    driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run)
+    driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run, pool)
     driver.on_settled = on_settled
     cluster_run.driver = driver
     try:
@@ -305,7 +288,10 @@ class _Driver:
         options: ClusterOptions,
         on_rows: Callable[[list[Any]], Awaitable[None]] | None,
         cluster_run: ClusterRun,
+        pool: NodePool | None = None,
     ) -> None:
+        import secrets
+
         from blockx.worker.config import load_config
 
         self.task = task
@@ -334,7 +320,8 @@ class _Driver:
         )
         self.fast_fail = policy.failure == "fast_fail"
         self.spec = NodeTaskSpec(
-            key=task.task_id,
+            # Unique on the node: a shared node worker may run other tasks of the same id.
+            key=f"{task.task_id}@{secrets.token_hex(4)}",
             task_id=task.task_id,
             functions=dict(task.functions),
             instance=task.instance,
@@ -349,9 +336,14 @@ class _Driver:
             fid: hashlib.blake2b(src.encode(), digest_size=16).hexdigest()
             for fid, src in task.functions.items()
         }
-        self.nodes: dict[str, _Node] = {}
-        self.starting: dict[str, asyncio.Task[Any]] = {}
-        self.start_error: str | None = None
+        self.own_pool = pool is None
+        self.pool = (
+            pool
+            if pool is not None
+            else NodePool(self.worker_config, io_config, options.executors_per_node)
+        )
+        #: The node workers (the pool's), by node id.
+        self.nodes = self.pool.nodes
         self.in_flight: dict[asyncio.Future[Any], tuple[str, int]] = {}
         self.errors: list[Any] = []
         self.failure: Any = None
@@ -370,47 +362,21 @@ class _Driver:
     def _window(self, executors: int) -> int:
         return self.options.window_per_node or WINDOW_PER_EXECUTOR * max(1, executors)
 
-    async def _start_node(self, node_id: str, cpus: int) -> None:
-        from dataclasses import replace
-
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        executors = self.options.executors_per_node or cpus
-        config = replace(
-            self.worker_config, pool=replace(self.worker_config.pool, executor_count=executors)
-        )
-        cls = node_worker_class()
-        actor = cls.options(
-            num_cpus=0,
-            max_restarts=0,
-            max_concurrency=10_000,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(node_id, config, self.io_config)
-        node = _Node(node_id, actor, executors)
-        await actor.start.remote()
-        node.started = True
-        self.nodes[node_id] = node
-        self.placement.add_node(node_id, self._window(executors))
-        self.out.nodes[node_id] = {"calls": 0, "executors": executors, "alive": True}
-
     async def _watch_nodes(self) -> None:
-        alive = await asyncio.to_thread(_alive_nodes)
+        """Look at the Ray nodes (through the pool): a node gone is lost, a node whose
+        worker started joins the placement."""
+        alive = await self.pool.watch()
         for node_id, slot in list(self.placement.nodes.items()):
             if slot.alive and node_id not in alive:
                 self._lose_node(node_id, "the Ray node was removed")
-        for node_id, cpus in alive.items():
-            if node_id in self.nodes or node_id in self.starting:
-                continue
-            start = asyncio.get_running_loop().create_task(self._start_node(node_id, cpus))
-            self.starting[node_id] = start
-        for node_id, start in list(self.starting.items()):
-            if start.done():
-                del self.starting[node_id]
-                exc = start.exception()
-                if exc is not None:
-                    self.start_error = f"node {node_id[:8]}: {type(exc).__name__}: {exc}"
-                    _log.warning("node %s: its worker did not start: %r", node_id[:8], exc)
-                    self.nodes.setdefault(node_id, _Node(node_id, None, 0))  # not again
+        for node in self.pool.ready():
+            if node.node_id not in self.placement.nodes:
+                self.placement.add_node(node.node_id, self._window(node.executors))
+                self.out.nodes[node.node_id] = {
+                    "calls": 0,
+                    "executors": node.executors,
+                    "alive": True,
+                }
 
     def _lose_node(self, node_id: str, why: str) -> None:
         slot = self.placement.nodes.get(node_id)
@@ -427,6 +393,7 @@ class _Driver:
                 future.cancel()
         self.out.node_lost += slot.lost_calls - lost_before
         self._fail_lost(exhausted)
+        self.pool.forget(node_id)
         self.out.nodes.setdefault(node_id, {})["alive"] = False
 
     def _fail_lost(self, exhausted: list[LostCall]) -> None:
@@ -646,8 +613,8 @@ class _Driver:
         # first one up would take the first windows' worth of calls alone).
         await self._watch_nodes()
         last_watch = loop.time()
-        if self.starting:
-            await asyncio.wait(list(self.starting.values()), timeout=NO_NODE_TIMEOUT_S)
+        if self.pool.starting:
+            await self.pool.wait_started(NO_NODE_TIMEOUT_S)
             await self._watch_nodes()
         self.t0 = time.monotonic()  # the task's time: from its first call placed
         state = _LoopState(last_watch)
@@ -693,7 +660,8 @@ class _Driver:
         if not self.placement.alive_nodes():
             state.no_node_since = state.no_node_since if state.no_node_since is not None else now
             if now - state.no_node_since > NO_NODE_TIMEOUT_S:
-                why = f" (last start failure: {self.start_error})" if self.start_error else ""
+                error = self.pool.start_error
+                why = f" (last start failure: {error})" if error else ""
                 raise RuntimeError(
                     f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s{why}"
                 )
@@ -765,8 +733,9 @@ class _Driver:
             ("retries", "cache_hits", "singleflight_hits", "subcalls", "io_calls"), 0
         )
         io = IOStats()
-        for node_id, node in self.nodes.items():
-            if node.actor is None or not self.placement.nodes[node_id].alive:
+        for node_id, node in list(self.nodes.items()):
+            slot = self.placement.nodes.get(node_id)
+            if node.actor is None or slot is None or not slot.alive:
                 continue
             figures = self.out.nodes[node_id]
             for key in sorted(self.keys_used.get(node_id, ())):
@@ -814,22 +783,20 @@ class _Driver:
         )
 
     async def close(self) -> None:
-        import ray
-
         if self.async_source is not None:
             self.async_source.close()
-        for start in self.starting.values():
-            start.cancel()
         for future in self.in_flight:
             future.cancel()
-        for node in self.nodes.values():
-            if node.actor is None:
-                continue
-            try:
-                await asyncio.wait_for(node.actor.close.remote(), 10.0)
-            except Exception:
-                pass
-            try:
-                ray.kill(node.actor)
-            except Exception:
-                pass
+        if self.own_pool:
+            await self.pool.close()
+            return
+        # A shared pool's node workers stay: this run's streams on them are dropped
+        # (those finished by the result are gone already).
+        drops = [
+            node.actor.drop.remote(key)
+            for node_id, keys in self.keys_used.items()
+            if (node := self.nodes.get(node_id)) is not None and node.actor is not None
+            for key in keys
+        ]
+        if drops:
+            await asyncio.wait([asyncio.ensure_future(d) for d in drops], timeout=10.0)

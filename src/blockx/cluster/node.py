@@ -368,6 +368,13 @@ class NodeWorker:
         if task is not None:
             task.handle.cancel(reason)
 
+    async def drop(self, key: str) -> None:
+        """Forget the driver task ``key`` (its driver is gone): its stream is cancelled."""
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.handle.cancel("its driver ended")
+            task.queue.put_nowait(_END)
+
     async def finish(self, key: str) -> dict[str, Any] | None:
         """End the driver task's stream; its statistics (None: it never ran here)."""
         task = self.tasks.pop(key, None)

@@ -18,8 +18,11 @@ store (``FLUSH`` markers included), from the first call whose outcome is not sto
   handle queues them (a few at a time: a slow store slows the driver down, which
   stops reading) for ``settled_batches()``.
 * Ray is joined (or started: ``auto``) once, at :meth:`ClusterWorker.start`, and left
-  at :meth:`ClusterWorker.close`. Every running task places its own node worker on
-  every Ray node (the driver's actors live as long as its task).
+  at :meth:`ClusterWorker.close`. The node workers (one per Ray node, with its
+  executors: :class:`~blockx.cluster.nodes.NodePool`) are started there too and shared
+  by every task: each task is one stream of its own on every node worker, so the
+  call cache and executors are warm from one task to the next; a node that joins
+  gets a worker when a task's driver next looks at the nodes.
 * What a local worker has and a cluster has not (executors attached here, a local
   call registry) reads as nothing: ``/readyz`` counts the cluster's nodes' executors
   instead (:meth:`ClusterWorker.ready_executors`), ``/metrics``' worker series stay at
@@ -37,12 +40,13 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from blockx.cluster.driver import (
+    NO_NODE_TIMEOUT_S,
     ClusterOptions,
     ClusterRun,
-    _alive_nodes,
     _init_ray,
     run_on_cluster,
 )
+from blockx.cluster.nodes import NodePool
 
 __all__ = ["SETTLED_QUEUE", "ClusterTaskHandle", "ClusterWorker"]
 
@@ -79,6 +83,7 @@ class ClusterTaskHandle:
                 self.run,
                 on_settled=self._queue.put,
                 keep_ray=True,
+                pool=service.node_pool,
             )
         except BaseException as exc:
             if not self._result.done():
@@ -128,7 +133,8 @@ class ClusterWorker:
         self.io_subsystems: list[Any] = []
         self.handles: set[ClusterTaskHandle] = set()
         self._started_ray = False
-        self._nodes: dict[str, int] = {}
+        #: The node workers every task uses (started at :meth:`start`).
+        self.node_pool = NodePool(worker_config, io_config, options.executors_per_node)
 
     def __repr__(self) -> str:
         return f"ClusterWorker({self.options.address!r}, tasks={len(self.handles)})"
@@ -136,7 +142,8 @@ class ClusterWorker:
     async def start(self) -> None:
         """Join Ray (or start it: ``auto``); on the loop's thread (Ray's signal handlers)."""
         self._started_ray = _init_ray(self.options.address)
-        self._nodes = await asyncio.to_thread(_alive_nodes)
+        await self.node_pool.watch()
+        await self.node_pool.wait_started(NO_NODE_TIMEOUT_S)
 
     def submit(self, task: Any, *, collect: bool = False) -> ClusterTaskHandle:
         if collect:
@@ -161,13 +168,10 @@ class ClusterWorker:
             "io.blockdb.postgres_dsn (docs/cluster.md)"
         )
 
-    async def refresh_nodes(self) -> None:
-        self._nodes = await asyncio.to_thread(_alive_nodes)
-
     def ready_executors(self) -> int:
-        """The executors the cluster's nodes run (as last seen): 0 means not ready."""
-        per_node = self.options.executors_per_node
-        return sum(per_node or cpus for cpus in self._nodes.values())
+        """The executors of the node workers started on alive nodes (as last seen by a
+        task's driver, or at the start): 0 means not ready."""
+        return sum(node.executors for node in self.node_pool.ready())
 
     def observe_io(self, io: Any) -> None:
         self.io_subsystems.append(io)
@@ -190,6 +194,7 @@ class ClusterWorker:
             handle.cancel("the server is closing")
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(handle._runner), 15.0)
+        await self.node_pool.close()
         if self._started_ray:
             import ray
 
