@@ -16,9 +16,15 @@ policy, calls -- a list or any iterable) on a Ray cluster and returns its
 Every decision is :class:`~blockx.cluster.placement.Placement`'s (pure); this module
 does the Ray calls and the waiting. The loop:
 
+0. the node workers are a :class:`~blockx.cluster.nodes.NodePool`'s: the run's own
+   (``blockx run --ray``, stopped at its end) or a service's, shared by its runs
+   (``blockx serve --ray``, :mod:`blockx.cluster.service`);
 1. place the calls handed back by a loss, then read new calls while the budget
-   allows (a call's key: :func:`~blockx.worker.core.keys.call_key` of its function,
-   the function's source digest and its arguments' JSON);
+   allows (the calls: a list, an iterable, or an async iterable with ``FLUSH``
+   markers -- read ahead by :class:`~blockx.cluster.source.AsyncSource`, a ``FLUSH``
+   sends what the nodes buffered at once); a call's key is
+   :func:`~blockx.worker.core.keys.call_key` of its function, the function's source
+   digest and its arguments' JSON;
 2. send each node its batch (all it buffered once reading stops);
 3. wait for a reply (or :data:`NODE_POLL_S`): a reply's outputs (one per call) close
    their calls' slots in the placement's reorder buffer and its failures go to the
@@ -46,7 +52,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -61,6 +66,7 @@ from blockx.cluster.node import (
 )
 from blockx.cluster.nodes import NodePool, alive_ray_nodes
 from blockx.cluster.placement import DEFAULT_REORDER_WINDOWS, LostCall, Placed, Placement
+from blockx.cluster.source import EMPTY, AsyncSource
 
 __all__ = [
     "NODE_POLL_S",
@@ -154,57 +160,6 @@ class _LoopState:
 
     def __repr__(self) -> str:
         return f"_LoopState(cancelled_by={self.cancelled_by!r})"
-
-
-class _AsyncSource:
-    """An async call source (``blockx serve``'s, fed from its store) read ahead into a
-    bounded queue by a task of its own, so that the driver never waits on it while
-    nodes answer: :meth:`take` gives what arrived, ``FLUSH`` markers included."""
-
-    def __init__(self, source: Any, limit: int) -> None:
-        self.items: deque[Any] = deque()
-        self.limit = limit
-        self.ended = False
-        self.error: BaseException | None = None
-        #: Set when items arrived or the source ended; cleared by the reader.
-        self.ready = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
-        self.pump = asyncio.get_running_loop().create_task(self._pump(source))
-
-    def __repr__(self) -> str:
-        return f"_AsyncSource(queued={len(self.items)}, ended={self.ended})"
-
-    async def _pump(self, source: Any) -> None:
-        try:
-            async for item in source:
-                self.items.append(item)
-                self.ready.set()
-                if len(self.items) >= self.limit:
-                    self._room.clear()
-                    await self._room.wait()
-        except Exception as exc:
-            self.error = exc
-        finally:
-            self.ended = True
-            self.ready.set()
-
-    def take(self) -> Any:
-        """The next item, or :data:`_EMPTY` (nothing now; :attr:`ready` is cleared)."""
-        if self.items:
-            item = self.items.popleft()
-            if len(self.items) < self.limit:
-                self._room.set()
-            return item
-        if not self.ended:
-            self.ready.clear()
-        return _EMPTY
-
-    def close(self) -> None:
-        self.pump.cancel()
-
-
-_EMPTY: Final = object()
 
 
 def _init_ray(address: str) -> bool:
@@ -308,7 +263,7 @@ class _Driver:
         self.running: asyncio.Task[Any] | None = None
         #: A FLUSH of an async source was read: send what the nodes buffered now.
         self.flush_now = False
-        self.async_source: _AsyncSource | None = None
+        self.async_source: AsyncSource | None = None
         self.looping = False
         policy = task.policy
         max_attempts = policy.max_attempts or self.worker_config.dispatcher.default_max_attempts
@@ -489,7 +444,7 @@ class _Driver:
                 return
             if pending is not None:
                 call = pending.take()
-                if call is _EMPTY:
+                if call is EMPTY:
                     if pending.ended:
                         if pending.error is not None:
                             raise pending.error
@@ -605,7 +560,7 @@ class _Driver:
         calls = self.task.calls
         source: Any = None
         if hasattr(calls, "__aiter__"):
-            self.async_source = _AsyncSource(calls, READ_SLICE)
+            self.async_source = AsyncSource(calls, READ_SLICE)
         else:
             source = iter(calls)
         loop = asyncio.get_running_loop()
