@@ -218,3 +218,30 @@ def test_table_is_refused_on_sqlite_only(tmp_path: Path) -> None:
     assert problem("table.yaml", "io.blockdb.engine=postgres", dsn) is None
     assert problem("table.yaml", dsn) is None  # auto with a DSN: PostgreSQL
     assert problem("plain.yaml", "io.blockdb.engine=sqlite") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--ray", "auto"], "pip install 'blockx[ray]'"),
+        (["--executors-per-node", "2"], "--executors-per-node N: a positive integer, with --ray"),
+    ],
+)
+def test_serve_ray_refuses_to_start_without_ray_or_with_a_lone_option(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """``blockx serve --ray`` without Ray installed, or ``--executors-per-node`` without
+    ``--ray``: exit 2 before anything starts, saying why."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # import ray raises ImportError
+        "from blockx.cli import main\n"
+        f"sys.exit(main(['serve', '--port', '0', '--data-dir', 'data', *{args!r}]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
+    assert "listening" not in done.stderr

@@ -94,6 +94,8 @@ def test_20000_calls_with_subcalls_cached_calls_and_postgres_tables_on_3_nodes(
     mains = [r for r in rows if "i" in r]
     sames = [r for r in rows if "k" in r]
     assert len(rows) == 20_000
+    # In call order, as blockx run writes them.
+    assert [r.get("i", -1) for r in rows] == [j if j % 10 != 5 else -1 for j in range(20_000)]
     assert Counter(r["i"] for r in mains) == Counter(j for j in range(20_000) if j % 10 != 5)
     assert all(r["sq"] == (r["i"] % 100) ** 2 for r in mains)
     # Every 10th call wrote to the shared PostgreSQL table and read its own write back.
@@ -179,7 +181,7 @@ def test_a_node_removed_mid_task_loses_no_row_and_its_calls_are_retried(
 
     assert result.success, result.errors[:3]
     calls = result.stats.calls
-    assert Counter(r["i"] for r in rows) == Counter(range(calls))  # each row once
+    assert [r["i"] for r in rows] == list(range(calls))  # each row once, in call order
     assert cluster_run.node_lost > 0
     assert result.stats.retries >= cluster_run.node_lost
     assert cluster_run.nodes[victim_id]["alive"] is False
@@ -213,7 +215,7 @@ def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
 
     assert new_node_rows.is_set()
     assert result.success
-    assert Counter(r["i"] for r in rows) == Counter(range(result.stats.calls))
+    assert [r["i"] for r in rows] == list(range(result.stats.calls))
     new = {r["node"] for r in rows} - before
     assert len(new) == 1
     assert cluster_run.nodes[new.pop()]["calls"] > 0
@@ -251,6 +253,7 @@ def test_a_cancelled_run_stops_and_reports_cancelled(sim_cluster: Any) -> None:
     assert result.stats.calls < 1_000_000
     counts = Counter(r["i"] for r in rows)
     assert counts and max(counts.values()) == 1
+    assert [r["i"] for r in rows] == sorted(counts)  # in call order
     s = result.stats
     assert s.succeeded + s.cancelled + s.failed <= s.calls
 
@@ -277,7 +280,7 @@ def test_failures_come_back_with_the_task_indices_and_fast_fail_stops_the_run(
     assert [e.index for e in result.errors] == list(range(0, 3000, 7))
     assert all(e.args == e.index and e.kind == "user_error" for e in result.errors)
     assert all(f"no {e.index}" in e.message and e.attempts == 1 for e in result.errors)
-    assert sorted(r["i"] for r in rows) == [i for i in range(3000) if i % 7]
+    assert [r["i"] for r in rows] == [i for i in range(3000) if i % 7]
     assert result.stats.failed == len(result.errors)
 
     stop = Task(
@@ -292,3 +295,135 @@ def test_failures_come_back_with_the_task_indices_and_fast_fail_stops_the_run(
     assert result.failure.call_index is not None and result.failure.call_index % 7 == 6
     assert result.stats.calls < 1_000_000  # it stopped reading
     assert len({r["i"] for r in rows}) == len(rows)
+    assert [r["i"] for r in rows] == sorted(r["i"] for r in rows)
+
+
+STRAGGLER = """
+import os, time
+def straggle(p):
+    if p.get("wait_for"):
+        for _ in range(2400):  # at most 120 s
+            if os.path.exists(p["wait_for"]):
+                break
+            time.sleep(0.05)
+    return {"i": p["i"]}
+"""
+
+
+def test_a_straggler_stops_the_reading_at_the_reorder_limit_and_rows_stay_in_order(
+    sim_cluster: Any, tmp_path: Any
+) -> None:
+    """Call 0 waits (for a file) while thousands of fast calls settle on the other nodes
+    behind it: their rows wait for call 0 in the reorder buffer, which never holds more
+    than its limit -- the reading stops instead. The file is created once the driver was
+    seen waiting at the limit; then every row comes, in call order."""
+    release = tmp_path / "release"
+    calls = [Call("straggle", {"i": 0, "wait_for": str(release)})]
+    calls += [Call("straggle", {"i": i}) for i in range(1, 5_001)]
+    task = Task(functions={"straggle": STRAGGLER}, calls=calls)
+    options = ClusterOptions(address=sim_cluster.address, window_per_node=64, min_batch=8)
+    rows: list[Any] = []
+    cluster_run = ClusterRun()
+
+    async def collect(batch: list[Any]) -> None:
+        rows.extend(batch)
+
+    async def main() -> Any:
+        run = asyncio.ensure_future(
+            run_on_cluster(task, None, IOConfig(), options, collect, cluster_run)
+        )
+        while cluster_run.reorder_stalls == 0 and not run.done():
+            await asyncio.sleep(0.05)
+        stalled_at = cluster_run.unwritten
+        release.touch()
+        return stalled_at, await run
+
+    stalled_at, result = asyncio.run(asyncio.wait_for(main(), 240))
+    assert result.success, result.errors[:3]
+    limit = cluster_run.reorder_limit
+    assert limit == 2 * 3 * 64  # reorder_windows x the 3 nodes' windows
+    assert cluster_run.reorder_stalls > 0 and stalled_at >= limit - 64
+    assert cluster_run.unwritten_peak <= limit
+    assert [r["i"] for r in rows] == list(range(5_001))
+
+
+ORDER_TASK = """\
+functions:
+  work:
+    source: |
+      import time
+      def work(p):
+          i = p["i"]
+          if i % 13 == 0:
+              raise ValueError(f"no {i}")
+          if i % 97 == 0:
+              time.sleep(0.05)  # uneven durations: calls end out of order
+          return {"i": i, "sq": function.call("square", i % 50), "s": "x" * (i % 7)}
+  square:
+    source: |
+      def square(x):
+          return x * x
+calls_file: calls.jsonl
+policy: {failure: continue, max_attempts: 1}
+"""
+
+
+def test_cluster_rows_equal_local_rows_byte_for_byte(sim_cluster: Any, tmp_path: Any) -> None:
+    """The same task through ``blockx run`` and ``blockx run --ray`` on 3 nodes: the same
+    output file, byte for byte (rows in call order; failed calls have none)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "task.yaml").write_text(ORDER_TASK)
+    with open(tmp_path / "calls.jsonl", "w") as f:
+        for i in range(6000):
+            f.write(json.dumps({"function": "work", "args": {"i": i}}) + "\n")
+    env = dict(os.environ)
+    src = Path(__file__).resolve().parents[2] / "src"
+    env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("RAY_ADDRESS", None)
+    outs = []
+    for name, extra in (("local", []), ("cluster", ["--ray", sim_cluster.address])):
+        done = subprocess.run(
+            [sys.executable, "-m", "blockx", "run", "task.yaml", "-o", f"{name}.jsonl", *extra],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert done.returncode == 1, done.stderr  # 1: some calls failed (continue)
+        outs.append((tmp_path / f"{name}.jsonl").read_bytes())
+    local, cluster = outs
+    assert local.count(b"\n") == 6000 - len(range(0, 6000, 13))
+    assert cluster == local
+
+
+def test_outputs_that_do_not_match_their_calls_fail_the_run_loudly(sim_cluster: Any) -> None:
+    """A node whose task dropped its outputs (``max_collected_output_bytes`` reached: it
+    settles calls without outputs) cannot say which row is whose: the run fails, naming
+    it, instead of writing rows against the wrong calls."""
+    from dataclasses import replace
+
+    from blockx.cluster.node import OutputsMisaligned
+    from blockx.worker.config import load_config
+
+    config = load_config()
+    config = replace(
+        config, dispatcher=replace(config.dispatcher, max_collected_output_bytes=2_000)
+    )
+    task = Task(
+        functions={"slow": SLOW},
+        calls=[Call("slow", {"i": i}) for i in range(2_000)],
+        policy=TaskPolicy(failure="continue"),
+    )
+    options = ClusterOptions(address=sim_cluster.address, min_batch=16)
+
+    async def collect(batch: list[Any]) -> None:
+        pass
+
+    with pytest.raises(OutputsMisaligned, match="outputs for"):
+        asyncio.run(run_on_cluster(task, config, IOConfig(), options, collect, ClusterRun()))

@@ -160,9 +160,11 @@ def test_a_node_that_joins_takes_a_share_of_new_keys() -> None:
 def test_every_call_ends_exactly_once_whatever_is_lost(
     seed: int, calls: int, nodes: int, window: int, max_attempts: int
 ) -> None:
-    """A random schedule of placements, sends, answers, lost batches, lost and new nodes:
-    every call is settled once or failed once (node_lost), never both, never twice;
-    no window is ever exceeded."""
+    """A random schedule of placements, sends, answers, lost batches, lost and new nodes,
+    a stop (the unsent calls cancelled): every call is settled once or failed once
+    (node_lost) or cancelled unsent, never two of these, never twice; no window is ever
+    exceeded; the rows leave in call order, each once, and the calls read and not
+    written never exceed the reorder limit (the pointer never sticks: all written)."""
     rng = random.Random(seed)
     p = Placement(max_attempts=max_attempts, min_batch=2, max_batch=16)
     names = iter(f"n{i}" for i in range(10_000))
@@ -171,21 +173,38 @@ def test_every_call_ends_exactly_once_whatever_is_lost(
     in_flight: list[tuple[int, str]] = []
     settled: Counter[int] = Counter()
     failed: Counter[int] = Counter()
+    cancelled: set[int] = set()
+    written: list[int] = []
     read = 0
+    stopped = False
+    limit_seen = 0
     for _step in range(10_000):
-        if read == calls and not in_flight and not p.retry and p.outstanding == 0:
+        written.extend(p.take_writable())
+        limit_seen = max(limit_seen, p.reorder_limit)
+        if (read == calls or stopped) and not in_flight and not p.retry and p.outstanding == 0:
             break
         if not p.alive_nodes():
             p.add_node(next(names), window)
         p.place_retries()
-        while read < calls and p.has_room() and rng.random() < 0.8:
+        while read < calls and not stopped and p.has_room() and rng.random() < 0.8:
             assert p.place(_call(read, f"k{rng.randrange(50)}")) is not None
             read += 1
+            assert p.unwritten <= p.reorder_limit
+            limit_seen = max(limit_seen, p.reorder_limit)
+        if not stopped and rng.random() < 0.002:  # fast_fail or a signal: nothing more sent
+            stopped = True
+            before = {c.index for n in p.alive_nodes() for c in n.buffered} | {
+                c.index for c in p.retry
+            }
+            assert p.cancel_unsent() == len(before)
+            cancelled |= before
         # the running sums has_room reads agree with the nodes
         alive = p.alive_nodes()
         assert p.outstanding == sum(n.outstanding for n in alive)
         assert p.budget == max(1, sum(n.window for n in alive) // 2)
-        assert p.room() == (0 if p.retry else max(0, p.budget - p.outstanding))
+        assert p.room() == (
+            0 if p.retry else max(0, min(p.budget - p.outstanding, p.reorder_limit - p.unwritten))
+        )
         for slot in alive:
             assert slot.outstanding <= slot.window
             batch = p.take_batch(slot.node_id, flush=rng.random() < 0.5 or read == calls)
@@ -198,7 +217,9 @@ def test_every_call_ends_exactly_once_whatever_is_lost(
         if roll < 0.8:
             slot = p.nodes[node]
             batch = slot.in_flight.get(bid)
-            got = p.settle(bid, node)
+            # The output of a call: its index (the row), None for a failed call (no row).
+            outputs = None if batch is None else [c.index for c in batch.calls]
+            got = p.settle(bid, node, outputs)
             if got is not None:
                 assert batch is got
                 settled.update(c.index for c in got.calls)
@@ -210,8 +231,15 @@ def test_every_call_ends_exactly_once_whatever_is_lost(
                 p.add_node(next(names), window)
     else:
         raise AssertionError("the schedule did not end")
-    assert set(settled) | set(failed) == set(range(calls))
+    written.extend(p.take_writable())
+    assert set(settled) | set(failed) | cancelled == set(range(read))
     assert not set(settled) & set(failed)
+    assert not (set(settled) | set(failed)) & cancelled
+    assert stopped or read == calls
+    # Rows in call order, each once: exactly the settled calls'; nothing left behind.
+    assert written == sorted(settled)
+    assert p.next_to_write == read and not p.ended and p.unwritten == 0
+    assert 0 < p.unwritten_peak <= max(limit_seen, p.reorder_limit)
     assert all(n == 1 for n in settled.values())
     assert all(n == 1 for n in failed.values())
 
@@ -247,3 +275,51 @@ def test_a_batch_never_mixes_calls_of_different_node_lost_counts() -> None:
     assert [c.index for c in first.calls] == list(range(10)) and first.lost_attempts == 1
     assert [c.index for c in second.calls] == list(range(10, 20))
     assert second.lost_attempts == 0
+
+
+def test_rows_leave_in_call_order_and_a_straggler_stops_the_reading_at_the_limit() -> None:
+    """Batch 1 (call 0) straggles while node b settles thousands of calls: their rows wait
+    for call 0, the reading stops at the reorder limit (calls read and not written), and
+    once call 0 settles every row leaves in call order."""
+    p = Placement(max_attempts=3, min_batch=1, max_batch=1, reorder_windows=2)
+    p.add_node("a", 1)  # holds the straggler: its window is full from then on
+    p.add_node("b", 8)
+    assert p.reorder_limit == 18
+    straggler = p.place(_call(0, "x"))
+    assert straggler is not None
+    first = p.take_batch(straggler.node_id, flush=True)
+    assert first is not None and first.calls[0].index == 0
+    read, written = 1, []
+    for _ in range(5_000):
+        read = _fill(p, read, 1)
+        for slot in p.alive_nodes():
+            batch = p.take_batch(slot.node_id, flush=True)
+            if batch is not None and batch.batch_id != first.batch_id:
+                assert p.settle(batch.batch_id, slot.node_id, [c.index for c in batch.calls])
+        written.extend(p.take_writable())
+        assert p.unwritten <= p.reorder_limit
+    assert written == []  # nothing passes call 0
+    assert read == p.reorder_limit and p.unwritten_peak == p.reorder_limit
+    assert not p.has_room()
+    assert p.settle(first.batch_id, first.node_id, [b"0"]) is first
+    assert p.take_writable() == [b"0", *range(1, read)]
+    assert p.unwritten == 0 and p.has_room()
+
+
+def test_lost_exhausted_and_cancelled_calls_close_their_slots() -> None:
+    """A call out of node_lost attempts and calls cancelled unsent have no row, but the
+    pointer moves past them."""
+    p = Placement(max_attempts=1, min_batch=4, max_batch=4)
+    p.add_node("a", 100)
+    p.add_node("b", 100)
+    _fill(p, 0, 10)
+    a = p.take_batch("a", flush=True)
+    b = p.take_batch("b", flush=True)
+    assert a is not None and b is not None
+    lost = p.lose_node("a")  # max_attempts=1: its sent calls fail, its buffered come back
+    assert {x.placed.index for x in lost} == {c.index for c in a.calls}
+    assert p.settle(b.batch_id, "b", [f"r{c.index}" for c in b.calls]) is b
+    unsent = p.cancel_unsent()
+    assert unsent == 10 - len(a.calls) - len(b.calls)
+    assert p.take_writable() == [f"r{c.index}" for c in b.calls]
+    assert p.next_to_write == 10 and p.unwritten == 0

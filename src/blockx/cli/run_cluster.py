@@ -12,8 +12,8 @@ driver (:func:`blockx.cluster.driver.run_on_cluster`, ``docs/cluster.md``):
    node would have tables of its own) -- the message says to configure
    ``io.blockdb.engine: postgres`` and its DSN;
 2. the run: Ray joined (or started: ``auto``), the calls streamed to the nodes; rows
-   go to the same :class:`~blockx.cli.output.RowWriter` as they arrive (a batch's rows
-   in call order, batches in the order they settle); SIGINT/SIGTERM cancel the run
+   go to the same :class:`~blockx.cli.output.RowWriter` in call order (the driver's
+   reorder buffer), as a local run writes them; SIGINT/SIGTERM cancel the run
    as they cancel a local one;
 3. the verdict (:func:`blockx.cli.run.verdict`): the same failure report, summary,
    ``--errors`` and ``--summary-json``, plus the per-node figures (``"nodes"``).

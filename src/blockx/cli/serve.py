@@ -125,6 +125,22 @@ def add_serve_parser(commands: Any, formatter_class: Any, add_config_options: An
         help="a streamed task's calls stored and not yet done before POST .../calls waits "
         "(back-pressure; default 65,536)",
     )
+    # Cluster mode (docs/cluster.md): the tasks run on a Ray cluster.
+    serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the tasks on a Ray cluster, one BlockX worker per node (docs/cluster.md): "
+        "auto starts a local Ray instance, an address (HEAD_IP:6379) joins a cluster; "
+        "needs blockx[ray]",
+    )
+    serve.add_argument(
+        "--executors-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --ray: executors on every node (default: the node's CPUs)",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log the worker's own messages")
     serve.add_argument(
         "--log-format",
@@ -264,6 +280,14 @@ def serve_command(args: argparse.Namespace) -> int:
                 raise _Refused(f"{name} {value}: expected a positive integer")
         if args.drain_timeout < 0 or args.retention <= 0:
             raise _Refused("--drain-timeout must be >= 0 and --retention > 0")
+        if args.executors_per_node is not None and (args.executors_per_node < 1 or not args.ray):
+            raise _Refused("--executors-per-node N: a positive integer, with --ray")
+        if args.ray:
+            from blockx.cli.run_cluster import RAY_MISSING
+            from blockx.cluster.driver import ray_available
+
+            if not ray_available():
+                raise _Refused(RAY_MISSING)
         root: Path | None = None
         if args.functions_root:
             root = Path(args.functions_root).resolve()
@@ -334,7 +358,18 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     store_thread = StoreThread(store)
-    worker = Worker(settings.worker, tracing=Tracing.from_env(args.trace_file))
+    worker: Any
+    if args.ray:  # the tasks run on a Ray cluster (docs/cluster.md)
+        from blockx.cluster.driver import ClusterOptions
+        from blockx.cluster.service import ClusterWorker
+
+        worker = ClusterWorker(
+            settings.worker,
+            settings.io,
+            ClusterOptions(address=args.ray, executors_per_node=args.executors_per_node),
+        )
+    else:
+        worker = Worker(settings.worker, tracing=Tracing.from_env(args.trace_file))
     io = IOSubsystem(settings.io)
     runner: web.AppRunner | None = None
     try:

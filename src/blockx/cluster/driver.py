@@ -4,24 +4,34 @@ Theory of operation
 -------------------
 :func:`run_on_cluster` runs one task (a :class:`~blockx.worker.api.Task`: functions,
 policy, calls -- a list or any iterable) on a Ray cluster and returns its
-:class:`~blockx.worker.api.TaskResult`, handing rows to ``on_rows`` as results arrive::
+:class:`~blockx.worker.api.TaskResult`, handing rows to ``on_rows`` in call order::
 
     driver (this loop)                          Ray node k
     ray.nodes() -> Placement.add_node  ------>  NodeWorker actor (pinned, node affinity)
     read calls under Placement.budget           +-- blockx Worker, N executors
     Placement.place (HRW / least loaded)        +-- one streamed task per driver task
-    Placement.take_batch -> run_batch.remote -> settles the batch, replies rows
+    Placement.take_batch -> run_batch.remote -> settles the batch, replies outputs
     settle / lose_batch / lose_node  <-------   (RayActorError: the node is lost)
 
 Every decision is :class:`~blockx.cluster.placement.Placement`'s (pure); this module
 does the Ray calls and the waiting. The loop:
 
+0. the node workers are a :class:`~blockx.cluster.nodes.NodePool`'s: the run's own
+   (``blockx run --ray``, stopped at its end) or a service's, shared by its runs
+   (``blockx serve --ray``, :mod:`blockx.cluster.service`);
 1. place the calls handed back by a loss, then read new calls while the budget
-   allows (a call's key: :func:`~blockx.worker.core.keys.call_key` of its function,
-   the function's source digest and its arguments' JSON);
+   allows (the calls: a list, an iterable, or an async iterable with ``FLUSH``
+   markers -- read ahead by :class:`~blockx.cluster.source.AsyncSource`, a ``FLUSH``
+   sends what the nodes buffered at once); a call's key is
+   :func:`~blockx.worker.core.keys.call_key` of its function, the function's source
+   digest and its arguments' JSON;
 2. send each node its batch (all it buffered once reading stops);
-3. wait for a reply (or :data:`NODE_POLL_S`): a reply's rows go to ``on_rows`` and
-   its failures to the result (indices mapped back to the task's); a method call
+3. wait for a reply (or :data:`NODE_POLL_S`): a reply's outputs (one per call) close
+   their calls' slots in the placement's reorder buffer and its failures go to the
+   result (indices mapped back to the task's); the rows of the contiguous prefix of
+   ended calls go to ``on_rows``, decoded in one call -- rows come in call order, as
+   with ``blockx run``, and reading waits while too many calls are unwritten (a
+   straggler); a method call
    that raised loses its node (every batch in flight there: a ``node_lost``
    attempt each, re-dispatched or failed when out of attempts);
 4. every :data:`NODE_POLL_S`, look at ``ray.nodes()``: a node gone is lost, a node
@@ -48,8 +58,15 @@ from typing import Any, Final
 
 import orjson
 
-from blockx.cluster.node import BatchReply, NodeTaskSpec, merge_io, node_worker_class
-from blockx.cluster.placement import LostCall, Placed, Placement
+from blockx.cluster.node import (
+    BatchReply,
+    NodeTaskSpec,
+    OutputsMisaligned,
+    merge_io,
+)
+from blockx.cluster.nodes import NodePool, alive_ray_nodes
+from blockx.cluster.placement import DEFAULT_REORDER_WINDOWS, LostCall, Placed, Placement
+from blockx.cluster.source import EMPTY, AsyncSource
 
 __all__ = [
     "NODE_POLL_S",
@@ -95,6 +112,8 @@ class ClusterOptions:
     window_per_node: int | None = None
     min_batch: int = 64
     max_batch: int = 2048
+    #: Calls read and not yet written stay under this many windows' sums.
+    reorder_windows: int = DEFAULT_REORDER_WINDOWS
 
 
 @dataclass(slots=True)
@@ -105,9 +124,30 @@ class ClusterRun:
     node_lost: int = 0
     batches: int = 0
     io_stats: Any = None
+    #: The reorder buffer (rows written in call order): calls read and not written now,
+    #: the most at once, its limit then, and the turns reading waited for a write.
+    unwritten: int = 0
+    unwritten_peak: int = 0
+    reorder_limit: int = 0
+    reorder_stalls: int = 0
+    #: The run's driver while it runs (:meth:`cancel` reaches it).
+    driver: Any = None
+    #: Why the run was cancelled (:meth:`cancel`; before it started: at its start).
+    cancel_requested: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the task with ``reason`` (as a signal cancels it): no more calls are
+        read, what is in flight ends, the result is ``CANCELLED``."""
+        if self.cancel_requested is None:
+            self.cancel_requested = reason
+        if self.driver is not None:
+            self.driver.cancel(reason)
 
     def __repr__(self) -> str:
-        return f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, lost={self.node_lost})"
+        return (
+            f"ClusterRun(nodes={len(self.nodes)}, batches={self.batches}, "
+            f"lost={self.node_lost}, unwritten={self.unwritten}/{self.reorder_limit})"
+        )
 
 
 class _LoopState:
@@ -120,19 +160,6 @@ class _LoopState:
 
     def __repr__(self) -> str:
         return f"_LoopState(cancelled_by={self.cancelled_by!r})"
-
-
-class _Node:
-    __slots__ = ("actor", "executors", "node_id", "started")
-
-    def __init__(self, node_id: str, actor: Any, executors: int) -> None:
-        self.node_id = node_id
-        self.actor = actor
-        self.executors = executors
-        self.started = False
-
-    def __repr__(self) -> str:
-        return f"_Node({self.node_id[:8]}, executors={self.executors}, started={self.started})"
 
 
 def _init_ray(address: str) -> bool:
@@ -157,14 +184,7 @@ def _init_ray(address: str) -> bool:
 
 def _alive_nodes() -> dict[str, int]:
     """Alive Ray nodes with CPUs: ``{node_id: cpus}``."""
-    import ray
-
-    alive: dict[str, int] = {}
-    for n in ray.nodes():  # type: ignore[no-untyped-call]
-        cpus = int(n.get("Resources", {}).get("CPU", 0))
-        if n.get("Alive") and cpus > 0:
-            alive[n["NodeID"]] = cpus
-    return alive
+    return alive_ray_nodes()
 
 
 def _is_node_error(exc: BaseException) -> bool:
@@ -181,19 +201,34 @@ async def run_on_cluster(
     worker_config: Any,
     io_config: Any,
     options: ClusterOptions,
-    on_rows: Callable[[list[Any]], Awaitable[None]],
+    on_rows: Callable[[list[Any]], Awaitable[None]] | None,
     cluster_run: ClusterRun,
+    *,
+    on_settled: Callable[[Any], Awaitable[None]] | None = None,
+    keep_ray: bool = False,
+    pool: NodePool | None = None,
 ) -> Any:
-    """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``."""
+    """Run ``task`` on the cluster (see the module docstring); its ``TaskResult``.
+
+    ``on_rows`` takes the rows in call order; or ``on_settled`` takes contiguous call
+    ranges as :class:`~blockx.worker.actor.task_run.SettledRows` (rows, failures with
+    the task's call indices, counts: what ``blockx serve`` stores in one transaction).
+    ``task.calls`` may be a list, an iterable or an async iterable (with ``FLUSH``
+    markers). ``keep_ray``: a Ray instance this call starts is left running. ``pool``:
+    node workers shared with other runs (a service's; default: the run's own, stopped
+    at its end)."""
     if not ray_available():
         raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
     started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
-    driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run)
+    driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run, pool)
+    driver.on_settled = on_settled
+    cluster_run.driver = driver
     try:
         return await driver.run()
     finally:
+        cluster_run.driver = None
         await driver.close()
-        if started_ray:
+        if started_ray and not keep_ray:
             import ray
 
             await asyncio.to_thread(ray.shutdown)
@@ -206,9 +241,12 @@ class _Driver:
         worker_config: Any,
         io_config: Any,
         options: ClusterOptions,
-        on_rows: Callable[[list[Any]], Awaitable[None]],
+        on_rows: Callable[[list[Any]], Awaitable[None]] | None,
         cluster_run: ClusterRun,
+        pool: NodePool | None = None,
     ) -> None:
+        import secrets
+
         from blockx.worker.config import load_config
 
         self.task = task
@@ -216,15 +254,29 @@ class _Driver:
         self.io_config = io_config
         self.options = options
         self.on_rows = on_rows
+        self.on_settled: Callable[[Any], Awaitable[None]] | None = None
         self.out = cluster_run
+        #: Failures of calls not written yet, by call index (handed over with their range).
+        self.unwritten_failures: dict[int, Any] = {}
+        #: Why the run is cancelled (:meth:`cancel`), and the task running it.
+        self.cancel_reason: str | None = None
+        self.running: asyncio.Task[Any] | None = None
+        #: A FLUSH of an async source was read: send what the nodes buffered now.
+        self.flush_now = False
+        self.async_source: AsyncSource | None = None
+        self.looping = False
         policy = task.policy
         max_attempts = policy.max_attempts or self.worker_config.dispatcher.default_max_attempts
         self.placement = Placement(
-            max_attempts=max_attempts, min_batch=options.min_batch, max_batch=options.max_batch
+            max_attempts=max_attempts,
+            min_batch=options.min_batch,
+            max_batch=options.max_batch,
+            reorder_windows=options.reorder_windows,
         )
         self.fast_fail = policy.failure == "fast_fail"
         self.spec = NodeTaskSpec(
-            key=task.task_id,
+            # Unique on the node: a shared node worker may run other tasks of the same id.
+            key=f"{task.task_id}@{secrets.token_hex(4)}",
             task_id=task.task_id,
             functions=dict(task.functions),
             instance=task.instance,
@@ -235,9 +287,14 @@ class _Driver:
         self.specs: dict[int, NodeTaskSpec] = {0: self.spec}
         #: The node task keys each node was sent batches of.
         self.keys_used: dict[str, set[str]] = {}
-        self.nodes: dict[str, _Node] = {}
-        self.starting: dict[str, asyncio.Task[Any]] = {}
-        self.start_error: str | None = None
+        self.own_pool = pool is None
+        self.pool = (
+            pool
+            if pool is not None
+            else NodePool(self.worker_config, io_config, options.executors_per_node)
+        )
+        #: The node workers (the pool's), by node id.
+        self.nodes = self.pool.nodes
         self.in_flight: dict[asyncio.Future[Any], tuple[str, int]] = {}
         self.errors: list[Any] = []
         self.failure: Any = None
@@ -256,47 +313,21 @@ class _Driver:
     def _window(self, executors: int) -> int:
         return self.options.window_per_node or WINDOW_PER_EXECUTOR * max(1, executors)
 
-    async def _start_node(self, node_id: str, cpus: int) -> None:
-        from dataclasses import replace
-
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        executors = self.options.executors_per_node or cpus
-        config = replace(
-            self.worker_config, pool=replace(self.worker_config.pool, executor_count=executors)
-        )
-        cls = node_worker_class()
-        actor = cls.options(
-            num_cpus=0,
-            max_restarts=0,
-            max_concurrency=10_000,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(node_id, config, self.io_config)
-        node = _Node(node_id, actor, executors)
-        await actor.start.remote()
-        node.started = True
-        self.nodes[node_id] = node
-        self.placement.add_node(node_id, self._window(executors))
-        self.out.nodes[node_id] = {"calls": 0, "executors": executors, "alive": True}
-
     async def _watch_nodes(self) -> None:
-        alive = await asyncio.to_thread(_alive_nodes)
+        """Look at the Ray nodes (through the pool): a node gone is lost, a node whose
+        worker started joins the placement."""
+        alive = await self.pool.watch()
         for node_id, slot in list(self.placement.nodes.items()):
             if slot.alive and node_id not in alive:
                 self._lose_node(node_id, "the Ray node was removed")
-        for node_id, cpus in alive.items():
-            if node_id in self.nodes or node_id in self.starting:
-                continue
-            start = asyncio.get_running_loop().create_task(self._start_node(node_id, cpus))
-            self.starting[node_id] = start
-        for node_id, start in list(self.starting.items()):
-            if start.done():
-                del self.starting[node_id]
-                exc = start.exception()
-                if exc is not None:
-                    self.start_error = f"node {node_id[:8]}: {type(exc).__name__}: {exc}"
-                    _log.warning("node %s: its worker did not start: %r", node_id[:8], exc)
-                    self.nodes.setdefault(node_id, _Node(node_id, None, 0))  # not again
+        for node in self.pool.ready():
+            if node.node_id not in self.placement.nodes:
+                self.placement.add_node(node.node_id, self._window(node.executors))
+                self.out.nodes[node.node_id] = {
+                    "calls": 0,
+                    "executors": node.executors,
+                    "alive": True,
+                }
 
     def _lose_node(self, node_id: str, why: str) -> None:
         slot = self.placement.nodes.get(node_id)
@@ -313,6 +344,7 @@ class _Driver:
                 future.cancel()
         self.out.node_lost += slot.lost_calls - lost_before
         self._fail_lost(exhausted)
+        self.pool.forget(node_id)
         self.out.nodes.setdefault(node_id, {})["alive"] = False
 
     def _fail_lost(self, exhausted: list[LostCall]) -> None:
@@ -334,10 +366,20 @@ class _Driver:
                 )
             )
 
+    def cancel(self, reason: str) -> None:
+        """Cancel the run (its result: ``CANCELLED`` with ``reason``)."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        # Before its loop (nodes starting) the run sees the reason when the loop starts.
+        if self.looping and self.running is not None and not self.running.done():
+            self.running.cancel()
+
     def _add_error(self, failure: Any) -> None:
         from blockx.worker.api import TaskFailureInfo
 
         self.errors.append(failure)
+        if self.on_settled is not None:  # handed over with its range
+            self.unwritten_failures[failure.index] = failure
         if self.fast_fail and self.failure is None:
             self.failure = TaskFailureInfo(
                 kind="CALL_FAILED",
@@ -353,9 +395,7 @@ class _Driver:
             return
         self.stop_reading = True
         # Calls not sent yet are not run: the calls read count them cancelled.
-        self.cancelled += self.placement.drop_buffered()
-        self.cancelled += len(self.placement.retry)
-        self.placement.retry.clear()
+        self.cancelled += self.placement.cancel_unsent()
         for node in self.nodes.values():
             if node.actor is not None:
                 for key in self.keys_used.get(node.node_id, ()):
@@ -390,15 +430,32 @@ class _Driver:
         return function_id.encode() + b"\0" + data
 
     def _read(self, source: Any) -> None:
+        from blockx.worker.api import FLUSH
+
         placement = self.placement
-        for _ in range(min(READ_SLICE, placement.room())):
-            if self.stop_reading:
+        pending = self.async_source
+        for _ in range(READ_SLICE):
+            if self.stop_reading or not placement.has_room():
+                if placement.unwritten >= placement.reorder_limit:
+                    self.out.reorder_stalls += 1
                 return
-            try:
-                call = next(source)
-            except StopIteration:
-                self.exhausted = True
-                return
+            if pending is not None:
+                call = pending.take()
+                if call is EMPTY:
+                    if pending.ended:
+                        if pending.error is not None:
+                            raise pending.error
+                        self.exhausted = True
+                    return
+                if call is FLUSH:
+                    self.flush_now = True
+                    continue
+            else:
+                try:
+                    call = next(source)
+                except StopIteration:
+                    self.exhausted = True
+                    return
             if isinstance(call, tuple):
                 function_id, args = call
             else:
@@ -408,7 +465,8 @@ class _Driver:
             placement.place(Placed(index, self._key(function_id, args), (function_id, args)))
 
     def _send(self) -> None:
-        flush = self.exhausted or self.stop_reading
+        flush = self.exhausted or self.stop_reading or self.flush_now
+        self.flush_now = False
         for slot in self.placement.alive_nodes():
             while True:
                 batch = self.placement.take_batch(slot.node_id, flush=flush)
@@ -425,12 +483,12 @@ class _Driver:
                 self.in_flight[future] = (slot.node_id, batch.batch_id)
                 self.out.batches += 1
 
-    def _settled(self, node_id: str, reply: BatchReply) -> list[Any]:
+    def _settled(self, node_id: str, reply: BatchReply) -> None:
         from blockx.worker.api import CallFailure
 
-        batch = self.placement.settle(reply.batch_id, node_id)
+        batch = self.placement.settle(reply.batch_id, node_id, reply.outputs)
         if batch is None:
-            return []
+            return
         self.succeeded += reply.succeeded
         self.cancelled += reply.cancelled
         self.out.nodes[node_id]["calls"] = self.out.nodes[node_id].get("calls", 0) + len(
@@ -453,20 +511,68 @@ class _Driver:
                     retryable=retryable,
                 )
             )
-        return reply.rows
+
+    async def _write(self) -> None:
+        """Hand the rows of the calls that ended, in call order, to ``on_rows``: the
+        contiguous prefix of the reorder buffer, decoded in one call."""
+
+        placement = self.placement
+        first = placement.next_to_write
+        outputs = placement.take_writable()
+        out = self.out
+        out.unwritten = placement.unwritten
+        out.unwritten_peak = placement.unwritten_peak
+        out.reorder_limit = max(out.reorder_limit, placement.reorder_limit)
+        await self._hand_over(first, placement.next_to_write, outputs)
+
+    async def _hand_over(self, first: int, end: int, outputs: list[Any]) -> None:
+        """The rows of calls ``first..end`` (their outputs, in call order) to the caller."""
+        from blockx.worker.json_values import rows_from_outputs
+
+        if self.on_settled is None:
+            if outputs and self.on_rows is not None:
+                await self.on_rows(rows_from_outputs(outputs))
+            return
+        if end <= first:
+            return
+        from blockx.worker.actor.task_run import SettledRows
+
+        pending = self.unwritten_failures
+        failures = [pending.pop(i) for i in range(first, end) if i in pending] if pending else []
+        await self.on_settled(
+            SettledRows(
+                first_call=first,
+                call_count=end - first,
+                outputs=outputs,
+                failures=failures,
+                succeeded=len(outputs),
+                cancelled=end - first - len(outputs) - len(failures),
+            )
+        )
 
     async def run(self) -> Any:
-        source = iter(self.task.calls)
+        self.running = asyncio.current_task()
+        calls = self.task.calls
+        source: Any = None
+        if hasattr(calls, "__aiter__"):
+            self.async_source = AsyncSource(calls, READ_SLICE)
+        else:
+            source = iter(calls)
         loop = asyncio.get_running_loop()
         # The nodes alive at the start all start before the first call is placed (the
         # first one up would take the first windows' worth of calls alone).
         await self._watch_nodes()
         last_watch = loop.time()
-        if self.starting:
-            await asyncio.wait(list(self.starting.values()), timeout=NO_NODE_TIMEOUT_S)
+        if self.pool.starting:
+            await self.pool.wait_started(NO_NODE_TIMEOUT_S)
             await self._watch_nodes()
         self.t0 = time.monotonic()  # the task's time: from its first call placed
         state = _LoopState(last_watch)
+        reason = self.cancel_reason or self.out.cancel_requested
+        if reason is not None:  # cancelled before it ran
+            state.cancelled_by = self.cancel_reason = reason
+            self._stop(reason)
+        self.looping = True
         while True:
             try:
                 if await self._step(source, state):
@@ -474,11 +580,25 @@ class _Driver:
             except asyncio.CancelledError:
                 # A signal (or the caller): stop reading, cancel the nodes' tasks, wait
                 # for what is in flight (it ends cancelled), report CANCELLED.
-                state.cancelled_by = state.cancelled_by or "cancelled by the caller"
+                state.cancelled_by = (
+                    state.cancelled_by or self.cancel_reason or "cancelled by the caller"
+                )
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
                 self._stop(state.cancelled_by)
+        await self._write()
+        rest = self.placement.take_rest()
+        if rest or self.placement.next_to_write < self.placement.read_count:
+            _log.warning(
+                "calls %d..%d never ended: their rows are missing",
+                self.placement.next_to_write,
+                self.placement.read_count,
+            )
+        if rest:
+            await self._hand_over(self.placement.read_count, self.placement.read_count, rest)
+        if self.async_source is not None:
+            self.async_source.close()
         return await self._result(state.cancelled_by)
 
     async def _step(self, source: Any, state: _LoopState) -> bool:
@@ -490,7 +610,8 @@ class _Driver:
         if not self.placement.alive_nodes():
             state.no_node_since = state.no_node_since if state.no_node_since is not None else now
             if now - state.no_node_since > NO_NODE_TIMEOUT_S:
-                why = f" (last start failure: {self.start_error})" if self.start_error else ""
+                error = self.pool.start_error
+                why = f" (last start failure: {error})" if error else ""
                 raise RuntimeError(
                     f"no Ray node could run the task for {NO_NODE_TIMEOUT_S:.0f} s{why}"
                 )
@@ -500,6 +621,7 @@ class _Driver:
         if not self.stop_reading and not self.exhausted:
             self._read(source)
         self._send()
+        await self._write()
         if (
             (self.exhausted or self.stop_reading)
             and not self.in_flight
@@ -507,12 +629,30 @@ class _Driver:
             and self.placement.outstanding == 0
         ):
             return True
-        if not self.in_flight:
+        source = self.async_source
+        waiting_for_calls = (
+            source is not None
+            and not source.ended
+            and not source.items
+            and not self.stop_reading
+            and self.placement.has_room()
+        )
+        if not self.in_flight and not waiting_for_calls:
             await asyncio.sleep(0 if self.placement.has_room() else NODE_POLL_S / 5)
             return False
-        done, _ = await asyncio.wait(
-            self.in_flight, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
-        )
+        waiters: set[asyncio.Future[Any]] = set(self.in_flight)
+        ready: asyncio.Future[Any] | None = None
+        if waiting_for_calls and source is not None:
+            ready = asyncio.ensure_future(source.ready.wait())
+            waiters.add(ready)
+        try:
+            done, _ = await asyncio.wait(
+                waiters, timeout=NODE_POLL_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if ready is not None and not ready.done():
+                ready.cancel()
+        done.discard(ready)
         for future in done:
             exc = None if future.cancelled() else future.exception()
             entry = self.in_flight.pop(future, None)
@@ -520,9 +660,9 @@ class _Driver:
                 continue
             node_id, batch_id = entry
             if exc is None:
-                rows = self._settled(node_id, future.result())
-                if rows:
-                    await self.on_rows(rows)
+                self._settled(node_id, future.result())
+            elif isinstance(exc, OutputsMisaligned):
+                raise exc
             elif _is_node_error(exc):
                 self._lose_node(node_id, type(exc).__name__)
             else:
@@ -532,6 +672,7 @@ class _Driver:
                 self._fail_lost(self.placement.lose_batch(batch_id, node_id))
                 self.out.node_lost += slot.lost_calls - before
                 _log.warning("node %s: batch %d failed: %r", node_id[:8], batch_id, exc)
+        await self._write()
         return False
 
     async def _result(self, cancelled_by: str | None) -> Any:
@@ -542,8 +683,9 @@ class _Driver:
             ("retries", "cache_hits", "singleflight_hits", "subcalls", "io_calls"), 0
         )
         io = IOStats()
-        for node_id, node in self.nodes.items():
-            if node.actor is None or not self.placement.nodes[node_id].alive:
+        for node_id, node in list(self.nodes.items()):
+            slot = self.placement.nodes.get(node_id)
+            if node.actor is None or slot is None or not slot.alive:
                 continue
             figures = self.out.nodes[node_id]
             for key in sorted(self.keys_used.get(node_id, ())):
@@ -591,20 +733,20 @@ class _Driver:
         )
 
     async def close(self) -> None:
-        import ray
-
-        for start in self.starting.values():
-            start.cancel()
+        if self.async_source is not None:
+            self.async_source.close()
         for future in self.in_flight:
             future.cancel()
-        for node in self.nodes.values():
-            if node.actor is None:
-                continue
-            try:
-                await asyncio.wait_for(node.actor.close.remote(), 10.0)
-            except Exception:
-                pass
-            try:
-                ray.kill(node.actor)
-            except Exception:
-                pass
+        if self.own_pool:
+            await self.pool.close()
+            return
+        # A shared pool's node workers stay: this run's streams on them are dropped
+        # (those finished by the result are gone already).
+        drops = [
+            node.actor.drop.remote(key)
+            for node_id, keys in self.keys_used.items()
+            if (node := self.nodes.get(node_id)) is not None and node.actor is not None
+            for key in keys
+        ]
+        if drops:
+            await asyncio.wait([asyncio.ensure_future(d) for d in drops], timeout=10.0)

@@ -17,8 +17,11 @@ construction. :meth:`NodeWorker.run_batch` queues a batch's calls and then ``FLU
 (the stream commits them at once, and no stream batch ever spans two driver batches),
 then waits for the settled batches that cover them
 (:meth:`~blockx.worker.handle.TaskHandle.settled_batches`, in call order) and returns
-their rows, failures and counts in one reply. :meth:`NodeWorker.finish` ends the
-stream and returns the task's statistics.
+one entry per call of the batch, in batch order -- its raw JSON output, or None for a
+call that failed or was cancelled (:func:`outputs_per_call`, which checks that the
+outputs match the succeeded calls) -- with the failures and counts, in one reply: the
+driver decodes the outputs when it writes them, in call order across nodes.
+:meth:`NodeWorker.finish` ends the stream and returns the task's statistics.
 
 The node's task runs with ``failure: continue`` whatever the driver's policy: the
 driver applies ``fast_fail`` itself (a failure on one node stops the whole run), and a
@@ -33,6 +36,7 @@ import asyncio
 import os
 import pickle
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -41,9 +45,11 @@ __all__ = [
     "BatchReply",
     "NodeTaskSpec",
     "NodeWorker",
+    "OutputsMisaligned",
     "io_operations",
     "merge_io",
     "node_worker_class",
+    "outputs_per_call",
 ]
 
 #: The executors' environment variable holding the node's Ray node id.
@@ -65,28 +71,89 @@ class NodeTaskSpec:
 
 @dataclass(frozen=True, slots=True)
 class BatchReply:
-    """What a node answers for one batch: rows in call order, failures by the batch's
+    """What a node answers for one batch: one entry per call in batch order (its raw JSON
+    output, None for a call that failed or was cancelled), the failures by the batch's
     call offset (``(offset, kind, message, stack, attempts, retryable)``), counts."""
 
     batch_id: int
-    rows: list[Any]
+    outputs: list[bytes | None]
     failures: list[tuple[int, str, str, str | None, int, bool]]
     succeeded: int
     cancelled: int
 
 
+class OutputsMisaligned(RuntimeError):
+    """A settled batch's outputs do not match its succeeded calls (a broken invariant:
+    the run must stop, not guess which row belongs to which call)."""
+
+
+def outputs_per_call(
+    first_call: int,
+    call_count: int,
+    outputs: Sequence[bytes],
+    failed: Iterable[int],
+    cancelled: int,
+) -> list[bytes | None]:
+    """One entry per call of a settled stream batch ``[first_call, first_call +
+    call_count)``: its output, or None for a failed (``failed``: stream indices) or
+    cancelled call.
+
+    ``outputs`` are the succeeded calls' outputs in call order, so they must number
+    ``call_count - len(failed) - cancelled`` (else :class:`OutputsMisaligned`). Which
+    calls were cancelled is not reported (only while the stream is cancelled): their
+    None entries are put last, after the succeeded calls' outputs in call order --
+    the rows' order is kept either way.
+    """
+    failed_at = {i - first_call for i in failed}
+    expected = call_count - len(failed_at) - cancelled
+    if len(outputs) != expected or any(not 0 <= i < call_count for i in failed_at):
+        raise OutputsMisaligned(
+            f"calls {first_call}..{first_call + call_count}: {len(outputs)} outputs for "
+            f"{call_count} calls, {len(failed_at)} failed and {cancelled} cancelled "
+            f"({expected} expected)"
+        )
+    if not failed_at and not cancelled:
+        return list(outputs)
+    entries: list[bytes | None] = []
+    it = iter(outputs)
+    for offset in range(call_count):
+        entries.append(None if offset in failed_at else next(it, None))
+    return entries
+
+
 class _Pending:
-    __slots__ = ("bid", "cancelled", "count", "failures", "future", "rows", "start", "succeeded")
+    __slots__ = (
+        "bid",
+        "cancelled",
+        "count",
+        "failures",
+        "future",
+        "outputs",
+        "start",
+        "succeeded",
+    )
 
     def __init__(self, bid: int, start: int, count: int, future: asyncio.Future[BatchReply]):
         self.bid = bid
         self.start = start
         self.count = count
         self.future = future
-        self.rows: list[Any] = []
+        self.outputs: list[bytes | None] = []
         self.failures: list[tuple[int, str, str, str | None, int, bool]] = []
         self.succeeded = 0
         self.cancelled = 0
+
+    def __repr__(self) -> str:
+        return f"_Pending(batch {self.bid}, calls {self.start}+{self.count})"
+
+    def reply(self) -> BatchReply:
+        # Calls the stream never took (it ended first) were cancelled: None entries.
+        outputs = self.outputs
+        rest = self.count - len(outputs)
+        if rest > 0:
+            outputs.extend([None] * rest)
+            self.cancelled += self.count - self.succeeded - len(self.failures) - self.cancelled
+        return BatchReply(self.bid, outputs, self.failures, self.succeeded, self.cancelled)
 
 
 class _NodeTask:
@@ -140,46 +207,52 @@ class _NodeTask:
     async def _consume(self) -> None:
         try:
             async for settled in self.handle.settled_batches():
-                end = settled.first_call + settled.call_count
-                first = self.pending[0] if self.pending else None
-                for f in settled.failures:
-                    owner = next(
-                        (p for p in self.pending if p.start <= f.index < p.start + p.count), first
+                # A stream batch never spans two driver batches (each ends with FLUSH).
+                owner = self.pending[0] if self.pending else None
+                if owner is None or not (
+                    owner.start <= settled.first_call
+                    and settled.first_call + settled.call_count <= owner.start + owner.count
+                ):
+                    raise OutputsMisaligned(f"{settled!r} is not within {owner!r}")
+                owner.outputs.extend(
+                    outputs_per_call(
+                        settled.first_call,
+                        settled.call_count,
+                        settled.outputs,
+                        [f.index for f in settled.failures],
+                        settled.cancelled,
                     )
-                    if owner is not None:
-                        owner.failures.append(
-                            (
-                                f.index - owner.start,
-                                f.kind,
-                                f.message,
-                                f.stack,
-                                f.attempts,
-                                f.retryable,
-                            )
+                )
+                for f in settled.failures:
+                    owner.failures.append(
+                        (
+                            f.index - owner.start,
+                            f.kind,
+                            f.message,
+                            f.stack,
+                            f.attempts,
+                            f.retryable,
                         )
-                if first is not None:
-                    first.rows.extend(settled.rows)
-                    first.succeeded += settled.succeeded
-                    first.cancelled += settled.cancelled
-                while self.pending and self.pending[0].start + self.pending[0].count <= end:
-                    done = self.pending.popleft()
-                    if not done.future.done():
-                        done.future.set_result(
-                            BatchReply(
-                                done.bid, done.rows, done.failures, done.succeeded, done.cancelled
-                            )
-                        )
+                    )
+                owner.succeeded += settled.succeeded
+                owner.cancelled += settled.cancelled
+                if len(owner.outputs) >= owner.count:
+                    self.pending.popleft()
+                    if not owner.future.done():
+                        owner.future.set_result(owner.reply())
             # The stream ended (cancelled, or its source closed): calls it never took
             # are cancelled, and their batches answered as such.
             while self.pending:
                 p = self.pending.popleft()
                 if not p.future.done():
-                    rest = p.count - p.succeeded - len(p.failures)
-                    p.future.set_result(BatchReply(p.bid, p.rows, p.failures, p.succeeded, rest))
+                    p.future.set_result(p.reply())
         except BaseException as exc:
             for p in self.pending:
                 if not p.future.done():
-                    p.future.set_exception(RuntimeError(f"the node's task broke down: {exc!r}"))
+                    if isinstance(exc, OutputsMisaligned):
+                        p.future.set_exception(exc)
+                    else:
+                        p.future.set_exception(RuntimeError(f"the node's task broke down: {exc!r}"))
             raise
 
     async def finish(self) -> dict[str, Any]:
@@ -285,7 +358,7 @@ class NodeWorker:
     async def run_batch(
         self, spec: NodeTaskSpec, bid: int, calls: list[tuple[str, Any]] | bytes
     ) -> BatchReply:
-        """Run one batch of the driver task ``spec.key``; its rows once all settled.
+        """Run one batch of the driver task ``spec.key``; its outputs once all settled.
         ``calls``: ``(function_id, args)`` pairs, or the driver's pickle of them (trusted:
         the driver is the process that placed this actor)."""
         pairs: list[tuple[str, Any]] = (
@@ -302,6 +375,13 @@ class NodeWorker:
         task = self.tasks.get(key)
         if task is not None:
             task.handle.cancel(reason)
+
+    async def drop(self, key: str) -> None:
+        """Forget the driver task ``key`` (its driver is gone): its stream is cancelled."""
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.handle.cancel("its driver ended")
+            task.queue.put_nowait(_END)
 
     async def finish(self, key: str) -> dict[str, Any] | None:
         """End the driver task's stream; its statistics (None: it never ran here)."""

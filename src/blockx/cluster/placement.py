@@ -31,6 +31,13 @@ values, so that it can be tested call by call without a cluster:
   attempts ran out. Calls buffered and never sent are handed back without an attempt.
   A batch holds calls of one count of ``node_lost`` attempts (:attr:`Batch.lost_attempts`)
   so that the node runs them with what is left of ``max_attempts``.
+* **Rows in call order** (:meth:`Placement.take_writable`): every call that ended --
+  settled with its output, failed for good (``node_lost``) or cancelled unsent -- closes
+  its slot; the outputs of the contiguous prefix of closed slots leave together, so
+  rows are written in call order whatever order the nodes answer in. The reorder
+  buffer is bounded: the calls read and not yet written (:attr:`Placement.unwritten`)
+  stay under ``reorder_windows`` times the windows' sum (:meth:`Placement.has_room`),
+  so a straggler stops the reading, not the memory.
 * **Fairness** (:class:`FairInterleave`): calls of several tasks are taken round
   robin over their ``instance`` (FIFO within one), as the core shares executors.
 """
@@ -38,7 +45,7 @@ values, so that it can be tested call by call without a cluster:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any, Final
@@ -46,6 +53,7 @@ from typing import Any, Final
 __all__ = [
     "DEFAULT_MAX_BATCH",
     "DEFAULT_MIN_BATCH",
+    "DEFAULT_REORDER_WINDOWS",
     "Batch",
     "FairInterleave",
     "LostCall",
@@ -59,6 +67,8 @@ __all__ = [
 DEFAULT_MIN_BATCH: Final = 64
 #: The largest batch, in calls.
 DEFAULT_MAX_BATCH: Final = 2048
+#: Calls read and not yet written (the reorder buffer) stay under this many windows' sums.
+DEFAULT_REORDER_WINDOWS: Final = 2
 
 
 _MASK: Final = (1 << 64) - 1
@@ -164,9 +174,21 @@ class Placement:
         max_attempts: int,
         min_batch: int = DEFAULT_MIN_BATCH,
         max_batch: int = DEFAULT_MAX_BATCH,
+        reorder_windows: int = DEFAULT_REORDER_WINDOWS,
     ) -> None:
-        if max_attempts < 1 or min_batch < 1 or max_batch < min_batch:
-            raise ValueError("max_attempts >= 1 and 1 <= min_batch <= max_batch expected")
+        if max_attempts < 1 or min_batch < 1 or max_batch < min_batch or reorder_windows < 1:
+            raise ValueError(
+                "max_attempts >= 1, reorder_windows >= 1 and 1 <= min_batch <= max_batch expected"
+            )
+        self.reorder_windows = reorder_windows
+        #: The reorder buffer: outputs (None: no row) of ended calls from
+        #: :attr:`next_to_write` on, by call index.
+        self.ended: dict[int, Any] = {}
+        self.next_to_write = 0
+        #: One past the highest call index placed (calls are read in index order).
+        self.read_count = 0
+        #: The most calls read and not written at once.
+        self.unwritten_peak = 0
         self.max_attempts = max_attempts
         self.min_batch = min_batch
         self.max_batch = max_batch
@@ -226,28 +248,33 @@ class Placement:
         holds twice its share -- a slow or hot node -- not in the steady state."""
         return max(1, self._windows // 2)
 
+    @property
+    def reorder_limit(self) -> int:
+        """The most calls read and not yet written: ``reorder_windows`` windows' sums."""
+        return max(1, self.reorder_windows * self._windows)
+
+    @property
+    def unwritten(self) -> int:
+        """Calls read whose rows are not written yet (in flight, or waiting for earlier ones)."""
+        return self.read_count - self.next_to_write
+
     def has_room(self) -> bool:
-        """Whether a new call can be placed now (calls handed back by a loss first)."""
-        return (
-            not self.retry and self._outstanding < max(1, self._windows // 2) and bool(self._alive)
-        )
+        """Whether a new call can be placed now (calls handed back by a loss first, and
+        the reorder buffer under its limit)."""
+        return self.room() > 0
 
     def room(self) -> int:
-        """How many new calls can be placed now (``has_room`` for a whole slice)."""
+        """How many new calls can be placed now: under the budget and the reorder limit
+        (``has_room`` for a whole slice)."""
         if self.retry or not self._alive:
             return 0
-        return max(0, max(1, self._windows // 2) - self._outstanding)
-
-    def drop_buffered(self) -> int:
-        """Forget every alive node's buffered (placed, never sent) calls; how many."""
-        dropped = 0
-        for slot in self._alive:
-            n = len(slot.buffered)
-            slot.outstanding -= n
-            slot.buffered = []
-            dropped += n
-        self._outstanding -= dropped
-        return dropped
+        return max(
+            0,
+            min(
+                max(1, self._windows // 2) - self._outstanding,
+                self.reorder_limit - (self.read_count - self.next_to_write),
+            ),
+        )
 
     @staticmethod
     def _batch_cap(window: int) -> int:
@@ -287,6 +314,11 @@ class Placement:
         slot.buffered.append(call)
         slot.outstanding += 1
         self._outstanding += 1
+        if call.index >= self.read_count:
+            self.read_count = call.index + 1
+            unwritten = self.read_count - self.next_to_write
+            if unwritten > self.unwritten_peak:
+                self.unwritten_peak = unwritten
         return slot
 
     def place_retries(self) -> int:
@@ -338,9 +370,12 @@ class Placement:
 
     # --- results and losses ---------------------------------------------------------------
 
-    def settle(self, batch_id: int, node_id: str) -> Batch | None:
-        """A node answered ``batch_id``: its calls are done. None (drop the answer) when
-        that batch was written off already or its calls were settled before."""
+    def settle(
+        self, batch_id: int, node_id: str, outputs: Sequence[Any] | None = None
+    ) -> Batch | None:
+        """A node answered ``batch_id``: its calls are done, their slots closed with
+        ``outputs`` (one per call, in batch order; None: none has a row). None (drop the
+        answer) when that batch was written off already or its calls were settled before."""
         slot = self.nodes.get(node_id)
         batch = None if slot is None else slot.in_flight.pop(batch_id, None)
         if batch is None or slot is None:
@@ -353,9 +388,13 @@ class Placement:
         if any(c.index in self.done for c in batch.calls):
             self.duplicates_dropped += 1
             return None
-        for c in batch.calls:
+        if outputs is not None and len(outputs) != len(batch.calls):
+            raise ValueError(f"{batch!r} answered with {len(outputs)} outputs")
+        ended = self.ended
+        for offset, c in enumerate(batch.calls):
             self.done.add(c.index)
             self.lost_attempts.pop(c.index, None)
+            ended[c.index] = None if outputs is None else outputs[offset]
         slot.settled_calls += len(batch.calls)
         return batch
 
@@ -399,11 +438,55 @@ class Placement:
             self.lost_attempts[c.index] = attempts
             if attempts >= self.max_attempts:
                 self.done.add(c.index)
+                self.ended[c.index] = None
                 exhausted.append(LostCall(c, attempts))
             else:
                 back.append(c)
         self.retry.extendleft(reversed(back))
         return exhausted
+
+    # --- the reorder buffer ----------------------------------------------------------------
+
+    def cancel_unsent(self) -> int:
+        """The run stops: the calls buffered on the nodes and those handed back by losses
+        are never sent; their slots close without a row. Returns how many."""
+        dropped = 0
+        for slot in self._alive:
+            for c in slot.buffered:
+                self.ended[c.index] = None
+            n = len(slot.buffered)
+            dropped += n
+            slot.outstanding -= n
+            self._outstanding -= n
+            slot.buffered = []
+        for c in self.retry:
+            self.ended[c.index] = None
+        dropped += len(self.retry)
+        self.retry.clear()
+        return dropped
+
+    def take_writable(self) -> list[Any]:
+        """The outputs of the contiguous run of ended calls from :attr:`next_to_write` on,
+        in call order (the calls without a row left out); the pointer moves past them."""
+        ended = self.ended
+        index = self.next_to_write
+        out: list[Any] = []
+        while index in ended:
+            output = ended.pop(index)
+            if output is not None:
+                out.append(output)
+            index += 1
+        self.next_to_write = index
+        return out
+
+    def take_rest(self) -> list[Any]:
+        """At the very end: whatever is left in the reorder buffer, in call order (empty
+        when every call read ended, the normal case)."""
+        out = [self.ended[i] for i in sorted(self.ended) if self.ended[i] is not None]
+        if self.ended:
+            self.next_to_write = max(self.next_to_write, max(self.ended) + 1)
+        self.ended.clear()
+        return out
 
 
 class FairInterleave:

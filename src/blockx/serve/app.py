@@ -190,7 +190,12 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
     async def readyz(_request: web.Request) -> web.Response:
         if manager.draining:
             return problem(503, "draining", "Draining", "the server is shutting down")
-        attached = len(options.worker.adapter.attached_executor_ids())
+        cluster_executors = getattr(options.worker, "ready_executors", None)  # --ray
+        attached = (
+            cluster_executors()
+            if cluster_executors is not None
+            else len(options.worker.adapter.attached_executor_ids())
+        )
         if not attached:
             return problem(503, "not-ready", "Not ready", "no executor attached yet")
         return _json({"status": "ready", "executors": attached})
@@ -242,6 +247,10 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
         except DocumentError as exc:
             return _invalid(exc, "the task is not valid")
         spec = orjson.loads(checked.spec_json)
+        task_problem = getattr(options.worker, "task_problem", None)  # --ray: Table on SQLite
+        refused = task_problem(dict(spec["functions"])) if task_problem is not None else None
+        if refused is not None:
+            return problem(422, "not-on-this-cluster", "Cannot run on the cluster", refused)
         if not spec.get("task_id"):  # made here, so that a resumed run keeps it
             spec["task_id"] = f"task-{secrets.token_hex(6)}"
         try:

@@ -569,6 +569,9 @@ class TaskManager:
         stats_of_io = getattr(scope, "stats", None)
         if stats_of_io is not None:
             summary["io"] = stats_of_io.as_dict()
+        cluster = getattr(live.handle, "summary_extra", None)  # --ray: nodes, node_lost, io
+        if cluster is not None:
+            summary.update(cluster())
         return summary
 
     async def _finish(

@@ -57,31 +57,55 @@ class SettledRows:
     order, the calls that finally failed among them and its counts. A one-shot task's
     rows come as one of these covering every call. A consumer that persists outcomes
     (``blockx serve``) records a whole one of these at a time.
+
+    :attr:`outputs` are the raw JSON outputs of the *succeeded* calls, in call order
+    (``BatchSettled.outputs``; empty when the task dropped its outputs); :attr:`rows`
+    are them decoded, on first access only (a consumer that forwards the raw outputs,
+    the cluster's node worker, never pays for decoding).
     """
 
-    __slots__ = ("call_count", "cancelled", "failures", "first_call", "rows", "succeeded")
+    __slots__ = (
+        "_rows",
+        "call_count",
+        "cancelled",
+        "failures",
+        "first_call",
+        "outputs",
+        "succeeded",
+    )
 
     def __init__(
         self,
         *,
         first_call: int,
         call_count: int,
-        rows: list[Any],
         failures: list[CallFailure],
         succeeded: int,
         cancelled: int,
+        rows: list[Any] | None = None,
+        outputs: Sequence[bytes] = (),
     ) -> None:
         self.first_call = first_call
         self.call_count = call_count
-        self.rows = rows
+        self._rows = rows
+        self.outputs = outputs
         self.failures = failures
         self.succeeded = succeeded
         self.cancelled = cancelled
 
+    @property
+    def rows(self) -> list[Any]:
+        """The outputs decoded (once, on first access), or the rows given."""
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = rows_from_outputs(self.outputs)
+        return rows
+
     def __repr__(self) -> str:
+        rows = len(self._rows) if self._rows is not None else len(self.outputs)
         return (
             f"SettledRows(calls {self.first_call}..{self.first_call + self.call_count}, "
-            f"rows={len(self.rows)}, failed={len(self.failures)}, cancelled={self.cancelled})"
+            f"rows={rows}, failed={len(self.failures)}, cancelled={self.cancelled})"
         )
 
 
@@ -206,22 +230,23 @@ class TaskRun:
         self.changed.set()
 
     def batch_settled(self, settled: BatchSettled) -> None:
-        """``BatchSettled``: decode its rows, record its failures, release its credit."""
+        """``BatchSettled``: record its failures, release its credit; its rows are decoded
+        now when collected, else by the consumer (:attr:`SettledRows.rows`)."""
         first, calls = self.batch_starts.pop(settled.batch_idx, (0, []))
         self.stream_counts[0] += settled.succeeded_count
         self.stream_counts[1] += settled.cancelled_count
         failures = [self._failure(failed, calls, first) for failed in settled.failed_calls]
         self.failures.extend(failures)
-        rows = rows_from_outputs(settled.outputs)
         if self.collect:
-            self.rows.extend(rows)
+            self.rows.extend(rows_from_outputs(settled.outputs))
             self.released_batches += 1
         else:
+            # Decoded by the consumer, on first access to its rows (not in the actor's turn).
             self._consumer_rows.append(
                 SettledRows(
                     first_call=first,
                     call_count=settled.call_count,
-                    rows=rows,
+                    outputs=settled.outputs,
                     failures=failures,
                     succeeded=settled.succeeded_count,
                     cancelled=settled.cancelled_count,
@@ -296,6 +321,7 @@ class TaskRun:
                     first_call=0,
                     call_count=converged.total_count if converged is not None else len(rows),
                     rows=rows,
+                    outputs=outputs,
                     failures=list(self.failures),
                     succeeded=converged.succeeded_count if converged is not None else len(rows),
                     cancelled=converged.cancelled_count if converged is not None else 0,
