@@ -84,7 +84,7 @@ NODE_POLL_S: Final = 0.5
 #: Calls read from the source between two looks at the replies.
 READ_SLICE: Final = 4096
 #: A node's credit window per executor (calls placed and not settled).
-WINDOW_PER_EXECUTOR: Final = 2048
+WINDOW_PER_EXECUTOR: Final = 8192
 #: How long the driver waits for a node when none is alive (s) before it gives up.
 NO_NODE_TIMEOUT_S: Final = 60.0
 
