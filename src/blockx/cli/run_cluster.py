@@ -68,7 +68,7 @@ def table_problem(checked: Checked) -> str | None:
 
 def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
     """``blockx run --ray``: check, run on the cluster, give the verdict; the exit status."""
-    from blockx.cluster.driver import ray_available
+    from blockx.cluster.nodes import ray_available
 
     if not ray_available():
         print_problems(console, [RAY_MISSING])

@@ -284,7 +284,7 @@ def serve_command(args: argparse.Namespace) -> int:
             raise _Refused("--executors-per-node N: a positive integer, with --ray")
         if args.ray:
             from blockx.cli.run_cluster import RAY_MISSING
-            from blockx.cluster.driver import ray_available
+            from blockx.cluster.nodes import ray_available
 
             if not ray_available():
                 raise _Refused(RAY_MISSING)

@@ -64,7 +64,14 @@ from blockx.cluster.node import (
     OutputsMisaligned,
     merge_io,
 )
-from blockx.cluster.nodes import NodePool, alive_ray_nodes
+from blockx.cluster.nodes import (
+    NodePool,
+    RayMissing,
+    alive_ray_nodes,
+    init_ray,
+    is_node_error,
+    ray_available,
+)
 from blockx.cluster.placement import DEFAULT_REORDER_WINDOWS, LostCall, Placed, Placement
 from blockx.cluster.source import EMPTY, AsyncSource
 
@@ -87,18 +94,6 @@ READ_SLICE: Final = 4096
 WINDOW_PER_EXECUTOR: Final = 8192
 #: How long the driver waits for a node when none is alive (s) before it gives up.
 NO_NODE_TIMEOUT_S: Final = 60.0
-
-
-class RayMissing(RuntimeError):
-    """``ray`` cannot be imported."""
-
-
-def ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,38 +157,9 @@ class _LoopState:
         return f"_LoopState(cancelled_by={self.cancelled_by!r})"
 
 
-def _init_ray(address: str) -> bool:
-    """Join (or start, ``auto``) Ray; True when this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
-    quiet = logging.getLogger("ray")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # its start-up notes would be mixed into the CLI's stderr
-    try:
-        if address == "auto":  # always a fresh local instance, never a stale one's address
-            ray.init(address="local", include_dashboard=False, **kwargs)
-        else:
-            ray.init(address=address, **kwargs)
-    finally:
-        quiet.setLevel(level)
-    return True
-
-
 def _alive_nodes() -> dict[str, int]:
     """Alive Ray nodes with CPUs: ``{node_id: cpus}``."""
     return alive_ray_nodes()
-
-
-def _is_node_error(exc: BaseException) -> bool:
-    import ray.exceptions as rex
-
-    return isinstance(
-        exc,
-        (rex.RayActorError, rex.ActorDiedError, rex.NodeDiedError, rex.ObjectLostError),
-    )
 
 
 async def run_on_cluster(
@@ -219,7 +185,7 @@ async def run_on_cluster(
     at its end)."""
     if not ray_available():
         raise RayMissing("ray is not installed: pip install 'blockx[ray]'")
-    started_ray = _init_ray(options.address)  # on the loop's thread: Ray's signal handlers
+    started_ray = init_ray(options.address)  # on the loop's thread: Ray's signal handlers
     driver = _Driver(task, worker_config, io_config, options, on_rows, cluster_run, pool)
     driver.on_settled = on_settled
     cluster_run.driver = driver
@@ -663,7 +629,7 @@ class _Driver:
                 self._settled(node_id, future.result())
             elif isinstance(exc, OutputsMisaligned):
                 raise exc
-            elif _is_node_error(exc):
+            elif is_node_error(exc):
                 self._lose_node(node_id, type(exc).__name__)
             else:
                 # The node's task broke down: the batch's calls are lost with it.

@@ -24,9 +24,60 @@ from typing import Any
 
 from blockx.cluster.node import node_worker_class
 
-__all__ = ["NodePool", "PooledNode", "alive_ray_nodes"]
+__all__ = [
+    "NodePool",
+    "PooledNode",
+    "RayMissing",
+    "alive_ray_nodes",
+    "init_ray",
+    "is_node_error",
+    "ray_available",
+]
 
 _log = logging.getLogger("blockx.cluster")
+
+
+class RayMissing(RuntimeError):
+    """``ray`` cannot be imported."""
+
+
+def ray_available() -> bool:
+    """Whether ``ray`` can be imported (``pip install 'blockx[ray]'``)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def init_ray(address: str) -> bool:
+    """Join (or start, ``auto``) Ray; True when this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
+    quiet = logging.getLogger("ray")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its start-up notes would be mixed into the CLI's stderr
+    try:
+        if address == "auto":  # always a fresh local instance, never a stale one's address
+            ray.init(address="local", include_dashboard=False, **kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+    finally:
+        quiet.setLevel(level)
+    return True
+
+
+def is_node_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (a method call's) means the node or its actor is gone."""
+    import ray.exceptions as rex
+
+    return isinstance(
+        exc,
+        (rex.RayActorError, rex.ActorDiedError, rex.NodeDiedError, rex.ObjectLostError),
+    )
 
 
 def alive_ray_nodes() -> dict[str, int]:

@@ -43,10 +43,9 @@ from blockx.cluster.driver import (
     NO_NODE_TIMEOUT_S,
     ClusterOptions,
     ClusterRun,
-    _init_ray,
     run_on_cluster,
 )
-from blockx.cluster.nodes import NodePool
+from blockx.cluster.nodes import NodePool, init_ray
 
 __all__ = ["SETTLED_QUEUE", "ClusterTaskHandle", "ClusterWorker"]
 
@@ -141,7 +140,7 @@ class ClusterWorker:
 
     async def start(self) -> None:
         """Join Ray (or start it: ``auto``); on the loop's thread (Ray's signal handlers)."""
-        self._started_ray = _init_ray(self.options.address)
+        self._started_ray = init_ray(self.options.address)
         await self.node_pool.watch()
         await self.node_pool.wait_started(NO_NODE_TIMEOUT_S)
 
