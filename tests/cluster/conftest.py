@@ -7,7 +7,6 @@ tests are skipped with that reason -- never otherwise.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "io"))
 
-from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
+from pg_cluster import pg_dsn  # noqa: F401 - the shared session fixture
 
 RAY_MISSING = "ray is not installed: pip install 'blockx[ray]'"
 
@@ -65,25 +64,3 @@ def sim_cluster() -> Iterator[SimCluster]:
         yield cluster
     finally:
         cluster.shutdown()
-
-
-@pytest.fixture(scope="session")
-def cluster_pg_dsn() -> Iterator[str]:
-    """A PostgreSQL server for the session (``BLOCKX_TEST_PG_DSN``: an existing one)."""
-    external = os.environ.get("BLOCKX_TEST_PG_DSN", "").strip()
-    if external:
-        yield external
-        return
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip(INSTALL_HINT)
-    pg = PgCluster(bin_dir)
-    try:
-        pg.start()
-    except Exception:
-        pg.stop()
-        raise
-    try:
-        yield pg.dsn
-    finally:
-        pg.stop()

@@ -4,40 +4,14 @@ and the ``engine`` parameter that runs the table-store suites on SQLite and Post
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from jsonrpc_node import FakeNode
-from pg_cluster import INSTALL_HINT, PgCluster, find_pg_bin
+from pg_cluster import pg_dsn  # noqa: F401 - the shared session fixture
 
 _prefixes = itertools.count(1)
-
-
-@pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """The DSN of a PostgreSQL server started for this test session (skips without one).
-
-    ``BLOCKX_TEST_PG_DSN`` points the tests at an existing server instead.
-    """
-    external = os.environ.get("BLOCKX_TEST_PG_DSN", "").strip()
-    if external:
-        yield external
-        return
-    bin_dir = find_pg_bin()
-    if bin_dir is None:
-        pytest.skip(INSTALL_HINT)
-    cluster = PgCluster(bin_dir)
-    try:
-        cluster.start()
-    except Exception:
-        cluster.stop()
-        raise
-    try:
-        yield cluster.dsn
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -20,6 +20,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+
+import pytest
 
 INSTALL_HINT = (
     "PostgreSQL server binaries (initdb, pg_ctl) were not found on PATH nor under "
@@ -131,3 +134,29 @@ class PgCluster:
                 self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", timeout=60)
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The DSN of a PostgreSQL server started for this test session (skips without one).
+
+    ``BLOCKX_TEST_PG_DSN`` points the tests at an existing server instead. The conftests
+    that need it import it (tests/io, tests/cluster).
+    """
+    external = os.environ.get("BLOCKX_TEST_PG_DSN", "").strip()
+    if external:
+        yield external
+        return
+    bin_dir = find_pg_bin()
+    if bin_dir is None:
+        pytest.skip(INSTALL_HINT)
+    cluster = PgCluster(bin_dir)
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    try:
+        yield cluster.dsn
+    finally:
+        cluster.stop()

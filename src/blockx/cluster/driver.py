@@ -431,7 +431,9 @@ class _Driver:
             placement.place(Placed(index, self._key(function_id, args), (function_id, args)))
 
     def _send(self) -> None:
-        flush = self.exhausted or self.stop_reading or self.flush_now
+        flush = (
+            self.exhausted or self.stop_reading or self.flush_now or not self.placement.has_room()
+        )
         self.flush_now = False
         for slot in self.placement.alive_nodes():
             while True:
