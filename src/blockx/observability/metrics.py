@@ -36,6 +36,8 @@ The series (docs/observability.md has them with their meaning):
 ``blockx_rows_total``                        counter
 ``blockx_cluster_nodes``                     gauge (cluster mode only: node workers started)
 ``blockx_cluster_node_calls_total``          counter; ``node`` (cluster mode only)
+``blockx_cluster_batches_total``             counter (``blockx run --ray`` only)
+``blockx_cluster_node_lost_total``           counter (``blockx run --ray`` only)
 ===========================================  =================================================
 
 Cluster mode (``blockx serve --ray``, ``blockx run --ray --metrics-port``): there is no
@@ -160,6 +162,19 @@ class WorkerCollector(Collector):
         for node_id, node in sorted(nodes.items()):
             calls.add_metric([node_id], node.get("calls", 0))
         yield calls
+        # blockx run --ray's driver (absent under blockx serve --ray: per task there)
+        if "batches" in cluster:
+            yield CounterMetricFamily(
+                "blockx_cluster_batches_total",
+                "Batches of calls sent to the node workers (actor method calls).",
+                cluster["batches"],
+            )
+        if "node_lost" in cluster:
+            yield CounterMetricFamily(
+                "blockx_cluster_node_lost_total",
+                "Calls dispatched again because their node (or its worker) was lost.",
+                cluster["node_lost"],
+            )
 
     @staticmethod
     def _calls(calls: dict[str, Any], attempts: dict[str, Any]) -> Iterator[Metric]:
