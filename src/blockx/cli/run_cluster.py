@@ -313,6 +313,7 @@ async def _run(options: RunOptions, console: Console, checked: Checked, parts: R
             spans.finish(getattr(outcome, "result", None), cluster.nodes)
         if server is not None:
             await server.stop()
+        metrics.close()
         await pool.close()
         if started_ray:
             import ray

@@ -156,6 +156,11 @@ class ClusterMetrics:
         """The sum as of the latest refresh (no await: for a collector's scrape)."""
         return self.snapshot
 
+    def close(self) -> None:
+        """Stop a refresh under way (the node workers are going)."""
+        if self._running is not None and not self._running.done():
+            self._running.cancel()
+
     async def refresh(self) -> dict[str, Any]:
         """Ask every started node worker for its snapshot; the new sum."""
         running = self._running

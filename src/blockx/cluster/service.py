@@ -227,6 +227,7 @@ class ClusterWorker:
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
+        self.metrics.close()
         for handle in list(self.handles):
             handle.cancel("the server is closing")
             with contextlib.suppress(BaseException):
