@@ -107,15 +107,23 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
     reader.start()
+
+    def exited() -> None:
+        if proc.poll() is not None:
+            raise AssertionError(f"blockx run ended ({proc.returncode}):\n{''.join(lines)}")
+
     try:
         found = wait_for(
-            lambda: next(
-                (
-                    m
-                    for line in list(lines)
-                    if (m := re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", line))
-                ),
-                None,
+            lambda: (
+                exited()
+                or next(
+                    (
+                        m
+                        for line in list(lines)
+                        if (m := re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", line))
+                    ),
+                    None,
+                )
             ),
             180,
             "the metrics address",
@@ -123,7 +131,7 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
         port = int(found.group(1))
         # During the run (the calls from GATE_AT on wait at the gate): the nodes' series.
         during = wait_for(
-            lambda: (m := _scrape(port)) and _root_succeeded(m) >= GATE_AT and m,
+            lambda: exited() or ((m := _scrape(port)) and _root_succeeded(m) >= GATE_AT and m),
             180,
             "the calls before the gate in /metrics",
         )
@@ -143,7 +151,7 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
     err = "".join(lines)
     assert "ignored" not in err and "not supported" not in err, err
     # the progress line, forced on (text mode turned its \r into \n)
-    assert re.search(r"\d calls/s  retries \d+  failed \d+[^\n]*\x1b\[K", err), err
+    assert re.search(r"\d calls/s  retries \d+  failed \d+[^\n]*  2 nodes\x1b\[K", err), err
     assert re.search(rf"\d+/{CALLS}  ", err), err  # its total, from the calls file
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["i"] for r in rows] == list(range(CALLS))

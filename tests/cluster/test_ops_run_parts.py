@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from blockx.cli.run_cluster import DriverSpans, driver_counts
+from blockx.cli.run_cluster import driver_counts
 from blockx.cluster.driver import ClusterRun
+from blockx.cluster.spans import DriverSpans
 from blockx.observability.tracing import JsonLinesSink, Tracing
 from blockx.worker.api import TaskFailureInfo, TaskResult, TaskStats
 
@@ -55,6 +56,7 @@ def test_the_driver_writes_a_task_span_and_a_node_span_per_node(tmp_path: Path) 
         "n2": {"calls": 4, "executors": 2, "batches": 1, "lost_calls": 2, "alive": False},
     }
     assert spans.finish(_result(True), nodes) == 3
+    spans.close()
     written = _spans(path)
     task = written[-1]  # children first, as the worker writes them
     assert task["name"] == "task" and task["parent_span_id"] is None
@@ -74,8 +76,12 @@ def test_the_driver_writes_a_task_span_and_a_node_span_per_node(tmp_path: Path) 
 
 def test_a_cancelled_run_and_a_zero_sample_ratio(tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
-    DriverSpans(Tracing([JsonLinesSink(path)]), "t1").finish(_result(False), {})
+    cancelled = DriverSpans(Tracing([JsonLinesSink(path)]), "t1")
+    cancelled.finish(_result(False), {})
+    cancelled.close()
     assert [s["attributes"]["blockx.outcome"] for s in _spans(path)] == ["cancelled"]
     off = tmp_path / "off.jsonl"
-    assert DriverSpans(Tracing([JsonLinesSink(off)], sample_ratio=0.0), "t1").finish(None, {}) == 0
+    unsampled = DriverSpans(Tracing([JsonLinesSink(off)], sample_ratio=0.0), "t1")
+    assert unsampled.finish(None, {}) == 0
+    unsampled.close()
     assert off.read_text() == ""

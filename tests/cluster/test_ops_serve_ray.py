@@ -2,7 +2,8 @@
 the cluster while the service is idle gets its node worker at once (``/readyz``'s
 executors grow with no task running), and ``/metrics``' worker series are the
 cluster's -- every node worker's figures summed, a ``blockx_cluster_*`` series per
-node -- consistent with the task that ran (root calls succeeded == rows).
+node -- consistent with the task that ran (root calls succeeded == rows); ``--trace-file``
+gets each task's driver spans.
 
 A simulated cluster of its own (one raylet, ``num_cpus=1``; a second one added by the
 test); the server is a real ``blockx serve`` process joining it.
@@ -10,6 +11,7 @@ test); the server is a real ``blockx serve`` process joining it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,8 +75,15 @@ def _node_calls(metrics: dict[Any, float]) -> dict[str, float]:
 def test_an_idle_service_takes_a_new_node_and_its_metrics_are_the_clusters(
     cluster1: SimCluster, tmp_path: Path
 ) -> None:
+    trace = tmp_path / "trace.jsonl"
     with Server(
-        tmp_path / "data", "--ray", cluster1.address, "--executors-per-node", "1"
+        tmp_path / "data",
+        "--ray",
+        cluster1.address,
+        "--executors-per-node",
+        "1",
+        "--trace-file",
+        str(trace),
     ) as server:
         assert _ready_executors(server) == 1
         idle = _metrics(server)
@@ -92,6 +101,7 @@ def test_an_idle_service_takes_a_new_node_and_its_metrics_are_the_clusters(
         calls = 2000
         task_id = server.submit(
             {
+                "task_id": "ops-watched",
                 "functions": {"work": {"source": WORK}, "twice": {"source": TWICE}},
                 "calls": [{"function": "work", "args": i} for i in range(calls)],
             }
@@ -112,3 +122,16 @@ def test_an_idle_service_takes_a_new_node_and_its_metrics_are_the_clusters(
         assert set(per_node) == used and sum(per_node.values()) == calls
         assert all(count > 0 for count in per_node.values())
         assert metrics[("blockx_tasks", (("state", "succeeded"),))] == 1
+
+        # --trace-file: the task's driver spans (a task span, a node span per node)
+        spans = [json.loads(line) for line in trace.read_text().splitlines()]
+        (task,) = [s for s in spans if s["name"] == "task"]
+        assert task["attributes"]["blockx.task_id"] == "ops-watched"  # the task's own id
+        assert task["attributes"]["blockx.outcome"] == "succeeded"
+        assert task["attributes"]["blockx.calls"] == calls
+        nodes = {
+            s["attributes"]["blockx.ray_node_id"]: s["attributes"]["blockx.calls"]
+            for s in spans
+            if s["name"] == "node" and s["parent_span_id"] == task["span_id"]
+        }
+        assert set(nodes) == used and sum(nodes.values()) == calls

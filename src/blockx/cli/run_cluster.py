@@ -25,22 +25,21 @@ to the driver: ``pool=``), so that what watches the run can read the node worker
   (:class:`~blockx.cli.console.Progress`), fed from the driver's counters
   (:func:`driver_counts`: calls ended, retries -- ``node_lost`` re-dispatches, and
   the nodes' own once they reported them -- and failed) and the pool's started node
-  workers' executors;
+  workers' executors, with the number of node workers at its end (``2 nodes``);
 * ``--metrics-port``: ``GET /metrics`` on 127.0.0.1 (the same
   :class:`~blockx.observability.metrics.MetricsServer` as a local run's) with the
   local series' names, read from the node workers at each scrape and summed
   (:class:`~blockx.cluster.metrics.ClusterMetrics`), plus ``blockx_cluster_*``;
 * ``--trace-file`` (and OTLP, as configured by the environment): the driver's own
-  spans (:class:`DriverSpans`): one ``task`` span for the run and one ``node`` span
-  per node worker it used, its child. The nodes' ``call``/``io``/``execute`` spans
-  are not written: on a real cluster a node cannot reach a file on the driver's
-  machine (docs/cluster.md).
+  spans (:class:`~blockx.cluster.spans.DriverSpans`): one ``task`` span for the run
+  and one ``node`` span per node worker it used, its child. The nodes' ``call``,
+  ``io``, ``execute`` spans are not written: on a real cluster a node cannot reach a
+  file on the driver's machine (docs/cluster.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -52,7 +51,6 @@ from blockx.cli.run_input import Checked, RunOptions, check_input
 
 __all__ = [
     "RAY_MISSING",
-    "DriverSpans",
     "RunParts",
     "driver_counts",
     "run_on_ray",
@@ -157,102 +155,12 @@ def _shows_progress(options: RunOptions, console: Console) -> bool:
     return bool(show) and not options.quiet and not console.json
 
 
-class DriverSpans:
-    """The driver's spans of a cluster run (module docstring): a ``task`` span from
-    the start to the end, and a ``node`` span per node worker the run used -- from when
-    the run first saw it to the end, with its figures (``blockx.ray_node_id``,
-    ``blockx.calls``, ``blockx.executors``, ``blockx.batches``, ``blockx.lost_calls``,
-    ``blockx.alive``). Written at the end, to the sinks of a
-    :class:`~blockx.observability.tracing.Tracing` (none when its sample ratio is 0)."""
-
-    def __init__(self, tracing: Any, task_id: str | None) -> None:
-        self.tracing = tracing
-        self.task_id = task_id
-        self.rng = random.Random()
-        self.started_ns = time.time_ns()
-        #: When each node was first seen in the run's figures (ns).
-        self.node_seen: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        return f"DriverSpans({self.task_id!r}, nodes={len(self.node_seen)})"
-
-    def look(self, nodes: dict[str, Any]) -> None:
-        """Note the nodes the run uses now (each tick)."""
-        now = time.time_ns()
-        for node_id in list(nodes):
-            self.node_seen.setdefault(node_id, now)
-
-    def finish(self, result: Any, nodes: dict[str, dict[str, Any]]) -> int:
-        """Write the spans of the run that ended with ``result`` (a ``TaskResult``, None:
-        it broke down) and close the sinks; how many spans were written."""
-        from blockx.observability.tracing import SpanRecord
-
-        sinks = list(self.tracing.sinks)
-        written = 0
-        try:
-            if self.tracing.sample_ratio <= 0.0:
-                return 0
-            self.look(nodes)
-            now = time.time_ns()
-            outcome = "unfinished"
-            calls = 0
-            task_id = self.task_id or ""
-            if result is not None:
-                task_id = result.task_id
-                calls = result.stats.calls
-                outcome = "succeeded" if result.success else result.failure.kind.lower()
-            task = SpanRecord(
-                "task",
-                self.rng.getrandbits(128) or 1,
-                self.rng.getrandbits(64) or 1,
-                0,
-                self.started_ns,
-                {
-                    "blockx.task_id": task_id,
-                    "blockx.outcome": outcome,
-                    "blockx.calls": calls,
-                    "blockx.cluster_nodes": len(nodes),
-                },
-            )
-            spans = []
-            for node_id, figures in sorted(nodes.items()):
-                span = SpanRecord(
-                    "node",
-                    task.trace_id,
-                    self.rng.getrandbits(64) or 1,
-                    task.span_id,
-                    self.node_seen.get(node_id, self.started_ns),
-                    {
-                        "blockx.task_id": task_id,
-                        "blockx.ray_node_id": node_id,
-                        **{
-                            f"blockx.{name}": figures.get(name)
-                            for name in ("calls", "executors", "batches", "lost_calls", "alive")
-                        },
-                    },
-                )
-                span.end_ns = max(now, span.start_ns)
-                spans.append(span)
-            task.end_ns = max(now, task.start_ns)
-            for span in [*spans, task]:
-                for sink in sinks:
-                    sink.emit(span)
-                written += 1
-            return written
-        finally:
-            for sink in sinks:
-                try:
-                    sink.flush()
-                finally:
-                    sink.close()
-
-
 async def _watch_run(
     cluster: Any,
     pool: Any,
     progress: Any,
     console: Console,
-    spans: DriverSpans | None,
+    spans: Any,
     executors_per_node: int | None,
 ) -> None:
     """The run's ticker: the progress line and the spans' view of the nodes."""
@@ -269,7 +177,9 @@ async def _watch_run(
             attached = sum(node.executors for node in pool.ready())
             expected = sum(executors_per_node or cpus for cpus in pool.alive.values())
             progress.executors = max(expected, attached)
-            console.show_progress(progress.render(done, retries, failed, attached))
+            nodes = len(pool.ready())
+            line = progress.render(done, retries, failed, attached)
+            console.show_progress(f"{line}  {nodes} node{'s' if nodes != 1 else ''}")
         await asyncio.sleep(PROGRESS_INTERVAL_S)
 
 
@@ -278,6 +188,7 @@ async def _run(options: RunOptions, console: Console, checked: Checked, parts: R
     from blockx.cluster.driver import ClusterRun
     from blockx.cluster.metrics import ClusterMetrics
     from blockx.cluster.nodes import NodePool, init_ray
+    from blockx.cluster.spans import DriverSpans
     from blockx.observability.tracing import Tracing
 
     settings = checked.settings
@@ -310,7 +221,10 @@ async def _run(options: RunOptions, console: Console, checked: Checked, parts: R
             await asyncio.gather(ticker, return_exceptions=True)
             console.clear_progress()
         if spans is not None:
-            spans.finish(getattr(outcome, "result", None), cluster.nodes)
+            try:
+                spans.finish(getattr(outcome, "result", None), cluster.nodes)
+            finally:
+                spans.close()
         if server is not None:
             await server.stop()
         metrics.close()

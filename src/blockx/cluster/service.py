@@ -33,6 +33,9 @@ store (``FLUSH`` markers included), from the first call whose outcome is not sto
   node workers' own snapshots, summed (:class:`~blockx.cluster.metrics.ClusterMetrics`,
   fetched again at each scrape: :meth:`ClusterWorker.refresh_metrics`), with
   ``blockx_cluster_*`` series per node (docs/observability.md).
+* ``--trace-file`` (and OTLP): each task's driver spans, a ``task`` span and a
+  ``node`` span per node it used (:class:`~blockx.cluster.spans.DriverSpans`); the
+  calls' spans happen on the nodes and are not written.
 * :meth:`ClusterWorker.task_problem`: a task whose functions use ``Table`` while the
   blockdb backend is SQLite (node-local) is refused when it is submitted.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from blockx.cluster.driver import (
@@ -53,6 +56,7 @@ from blockx.cluster.driver import (
 )
 from blockx.cluster.metrics import ClusterMetrics
 from blockx.cluster.nodes import NodePool, init_ray
+from blockx.cluster.spans import DriverSpans
 
 __all__ = ["SETTLED_QUEUE", "WATCH_S", "ClusterTaskHandle", "ClusterWorker"]
 
@@ -81,6 +85,15 @@ class ClusterTaskHandle:
         return f"ClusterTaskHandle({self.task.task_id!r}, {state}, {self.run!r})"
 
     async def _drive(self, service: ClusterWorker) -> None:
+        spans = DriverSpans(service.tracing, self.task.task_id) if service.tracing else None
+        on_settled: Callable[[Any], Awaitable[None]] = self._queue.put
+        if spans is not None:
+
+            async def on_settled(settled: Any) -> None:
+                spans.look(self.run.nodes)
+                await self._queue.put(settled)
+
+        result: Any = None
         try:
             result = await run_on_cluster(
                 self.task,
@@ -89,7 +102,7 @@ class ClusterTaskHandle:
                 service.options,
                 None,
                 self.run,
-                on_settled=self._queue.put,
+                on_settled=on_settled,
                 keep_ray=True,
                 pool=service.node_pool,
             )
@@ -101,6 +114,8 @@ class ClusterTaskHandle:
         else:
             self._result.set_result(result)
         finally:
+            if spans is not None:
+                spans.finish(result, self.run.nodes)
             try:
                 self._queue.put_nowait(_END)
             except asyncio.QueueFull:
@@ -134,8 +149,12 @@ class ClusterTaskHandle:
 class ClusterWorker:
     """Stands in for the local ``Worker`` of ``blockx serve`` (module docstring)."""
 
-    def __init__(self, worker_config: Any, io_config: Any, options: ClusterOptions) -> None:
+    def __init__(
+        self, worker_config: Any, io_config: Any, options: ClusterOptions, *, tracing: Any = None
+    ) -> None:
         self.worker_config = worker_config
+        #: ``--trace-file`` / OTLP: each task's driver spans (:mod:`blockx.cluster.spans`).
+        self.tracing = tracing
         self.io_config = io_config
         self.options = options
         self.io_subsystems: list[Any] = []
@@ -233,6 +252,8 @@ class ClusterWorker:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(handle._runner), 15.0)
         await self.node_pool.close()
+        if self.tracing is not None:
+            DriverSpans(self.tracing, None).close()
         if self._started_ray:
             import ray
 
