@@ -104,3 +104,48 @@ def test_no_node_yet_reads_zeros() -> None:
     text = body.decode()
     assert "blockx_cluster_nodes 0.0" in text
     assert 'blockx_calls_total{kind="root",outcome="succeeded"} 0.0' in text
+
+
+class _Actor:
+    """Answers ``metrics.remote()`` as a node worker does (an awaitable of its dict)."""
+
+    def __init__(self, node_id: str, pid: int, snap: dict[str, Any]) -> None:
+        self.node_id, self.pid, self.snap = node_id, pid, snap
+        self.metrics = self
+
+    def remote(self) -> Any:
+        async def answer() -> dict[str, Any]:
+            return {"node_id": self.node_id, "pid": self.pid, "snapshot": self.snap}
+
+        return answer()
+
+
+def test_a_node_worker_gone_or_replaced_keeps_its_counters_not_its_gauges() -> None:
+    import asyncio
+
+    from blockx.cluster.metrics import ClusterMetrics
+    from blockx.cluster.nodes import NodePool, PooledNode
+
+    pool = NodePool(None, None, None)
+
+    def node(node_id: str, pid: int, snap: dict[str, Any]) -> None:
+        pool.nodes[node_id] = PooledNode(node_id, _Actor(node_id, pid, snap), 1)
+        pool.alive[node_id] = 1
+
+    async def scenario() -> None:
+        metrics = ClusterMetrics(pool)
+        node("aaaaaaaa11", 100, _node(10, inflight=1))
+        node("bbbbbbbb22", 200, _node(5, inflight=1))
+        snap = await metrics.refresh()
+        assert snap["calls"]["succeeded"] == 15 and snap["calls"]["inflight"] == 2
+        # a new actor on node a (another pid, counters from 0); node b removed
+        node("aaaaaaaa11", 101, _node(1))
+        del pool.alive["bbbbbbbb22"]
+        snap = await metrics.refresh()
+        assert snap["calls"]["succeeded"] == 16  # 10 (a's old worker) + 1 + 5 (b's last)
+        assert snap["calls"]["inflight"] == 0  # gauges: the live node workers only
+        assert [e["executor"] for e in snap["executors"]] == ["aaaaaaaa/e0"]
+        assert snap["cluster"]["nodes"]["bbbbbbbb22"]["alive"] is False
+        assert metrics.current() is snap
+
+    asyncio.run(scenario())

@@ -170,19 +170,21 @@ class ClusterMetrics:
 
     async def _refresh(self) -> dict[str, Any]:
         ready = {node.node_id: node for node in self.pool.ready()}
-        asks = {
-            node_id: asyncio.ensure_future(node.actor.metrics.remote())
-            for node_id, node in ready.items()
-        }
+        asks: dict[str, asyncio.Future[Any]] = {}
+        for node_id, node in ready.items():
+            try:
+                asks[node_id] = asyncio.ensure_future(node.actor.metrics.remote())
+            except Exception as failed:  # Ray going away: its last snapshot stays
+                _log.debug("node %s: no metrics: %r", node_id[:8], failed)
         if asks:
             await asyncio.wait(list(asks.values()), timeout=NODE_METRICS_TIMEOUT_S)
         for node_id, ask in asks.items():
             if not ask.done():
                 ask.cancel()
                 continue
-            exc = None if ask.cancelled() else ask.exception()
-            if exc is not None:
-                _log.debug("node %s: no metrics: %r", node_id[:8], exc)
+            error = None if ask.cancelled() else ask.exception()
+            if error is not None or ask.cancelled():
+                _log.debug("node %s: no metrics: %r", node_id[:8], error)
                 continue
             answer = ask.result()
             pid, snap = int(answer.get("pid", 0)), answer.get("snapshot") or {}
