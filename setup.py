@@ -51,7 +51,7 @@ STAMP = Path("blockx") / "_native_build.json"
 #: ``io/read_answer`` (an ``asyncio.Future`` subclass), ``io/handler`` and
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
 #: ``io/answers``), the error modules, and what is not per call (pool,
-#: spawner, sandbox, rpc, postgres, config);
+#: spawner, sandbox, postgres, config);
 #: the wire -- ``messages`` (the slow paths' validation, not per call), ``schema`` (msgspec
 #: Structs, whose ``tag=`` mypyc drops), ``type_params`` (a branch for type checkers
 #: only, which mypyc would take for unreachable), ``errors``.

@@ -83,7 +83,7 @@ _log = logging.getLogger("blockx.tracing")
 #: Environment variable naming the trace file (as ``--trace-file``).
 ENV_TRACE_FILE: Final = "BLOCKX_TRACE_FILE"
 _MASK64: Final = (1 << 64) - 1
-_SPAN_NAMES: Final = frozenset({"task", "call", "io", "subcall", "execute"})
+_SPAN_NAMES: Final = frozenset({"task", "call", "io", "subcall", "execute", "node"})
 #: ``executeSpan`` members an executor sends (blockx/executor/tracing.py).
 _HEX32_LEN: Final = 32
 _HEX16_LEN: Final = 16
@@ -611,5 +611,5 @@ class CallTracer:
 
 
 def is_span_name(name: str) -> bool:
-    """One of the five span names BlockX writes."""
+    """One of the span names BlockX writes (``node``: a cluster run's, docs/cluster.md)."""
     return name in _SPAN_NAMES
