@@ -421,10 +421,13 @@ class NodeWorker:
 
     async def start(self) -> dict[str, Any]:
         """Start the worker and its executors; returns the node's id, executors, pid."""
-        from blockx.worker.app import Worker
+        from blockx.worker.app import Worker, tune_gc
         from blockx.worker.io.registry import IOSubsystem
 
         os.environ[NODE_ID_ENV] = self.node_id  # the executors inherit it
+        # The actor's process is the node's worker process: the GC setting `blockx run`
+        # gives its own (at CPython's default a collection every few dozen calls).
+        tune_gc()
         self.io = IOSubsystem(self.io_config)
         self.worker = Worker(self.worker_config)
         self.worker.observe_io(self.io)
