@@ -646,8 +646,9 @@ class _Driver:
             node_id, batch_id = entry
             if exc is None:
                 reply = future.result()
-                if reply.figures is not None:
-                    self._note_figures(node_id, reply.figures)
+                figures = getattr(reply, "figures", None)  # None from an older node
+                if figures is not None:
+                    self._note_figures(node_id, figures)
                 self._settled(node_id, reply)
             elif isinstance(exc, OutputsMisaligned):
                 raise exc
