@@ -98,6 +98,7 @@ NATIVE_MODULES = [
     "blockx/worker/io/blockdb_sqlite.py",
     "blockx/worker/io/cache.py",
     "blockx/worker/io/registry.py",
+    "blockx/worker/io/rpc.py",
     "blockx/worker/io/scope.py",
     "blockx/worker/io/stats.py",
     "blockx/executor/call_runner.py",

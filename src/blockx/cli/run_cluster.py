@@ -17,6 +17,24 @@ driver (:func:`blockx.cluster.driver.run_on_cluster`, ``docs/cluster.md``):
    as they cancel a local one;
 3. the verdict (:func:`blockx.cli.run.verdict`): the same failure report, summary,
    ``--errors`` and ``--summary-json``, plus the per-node figures (``"nodes"``).
+
+The run joins Ray and owns its :class:`~blockx.cluster.nodes.NodePool` itself (handed
+to the driver: ``pool=``), so that what watches the run can read the node workers:
+
+* ``--progress`` (or a terminal): the progress line of ``blockx run``
+  (:class:`~blockx.cli.console.Progress`), fed from the driver's counters
+  (:func:`driver_counts`: calls ended, retries -- ``node_lost`` re-dispatches, and
+  the nodes' own once they reported them -- and failed) and the pool's started node
+  workers' executors, with the number of node workers at its end (``2 nodes``);
+* ``--metrics-port``: ``GET /metrics`` on 127.0.0.1 (the same
+  :class:`~blockx.observability.metrics.MetricsServer` as a local run's) with the
+  local series' names, read from the node workers at each scrape and summed
+  (:class:`~blockx.cluster.metrics.ClusterMetrics`), plus ``blockx_cluster_*``;
+* ``--trace-file`` (and OTLP, as configured by the environment): the driver's own
+  spans (:class:`~blockx.cluster.spans.DriverSpans`): one ``task`` span for the run
+  and one ``node`` span per node worker it used, its child. The nodes' ``call``,
+  ``io``, ``execute`` spans are not written: on a real cluster a node cannot reach a
+  file on the driver's machine (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -31,7 +49,13 @@ from blockx.cli.console import Console, print_problems
 from blockx.cli.exit_codes import EXIT_FAILED, EXIT_USAGE, INTERRUPTED_STATUS
 from blockx.cli.run_input import Checked, RunOptions, check_input
 
-__all__ = ["RAY_MISSING", "RunParts", "run_on_ray", "table_problem"]
+__all__ = [
+    "RAY_MISSING",
+    "RunParts",
+    "driver_counts",
+    "run_on_ray",
+    "table_problem",
+]
 
 RAY_MISSING: Final = (
     "--ray needs Ray, which is not installed: pip install 'blockx[ray]' (docs/cluster.md)"
@@ -76,19 +100,6 @@ def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
     checked = check_input(options, console)
     if isinstance(checked, int):
         return checked
-    unsupported = [
-        name
-        for name, value in (
-            ("--metrics-port", options.metrics_port),
-            ("--trace-file", options.trace_file),
-            ("--progress", options.progress),
-        )
-        if value
-    ]
-    if unsupported:
-        console.print(
-            f"blockx: warning: {', '.join(unsupported)} not supported with --ray yet: ignored"
-        )
     problem = table_problem(checked)
     if problem is not None:
         checked.sink.close(timeout=0.0)
@@ -122,10 +133,148 @@ def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
     return parts.verdict(options, console, checked, outcome)
 
 
+def driver_counts(cluster: Any) -> tuple[int, int, int] | None:
+    """``(calls ended, retries, failed)`` of a running cluster run (a
+    :class:`~blockx.cluster.driver.ClusterRun`) from its driver's counters; None once
+    (or before) its driver runs. Retries: the calls re-dispatched after a node loss,
+    plus the nodes' own retries as far as they reported them."""
+    driver = getattr(cluster, "driver", None)
+    if driver is None:
+        return None
+    failed = len(getattr(driver, "errors", ()))
+    done = int(getattr(driver, "succeeded", 0)) + failed + int(getattr(driver, "cancelled", 0))
+    retries = int(cluster.node_lost) + sum(
+        int(node.get("retries", 0)) for node in list(cluster.nodes.values())
+    )
+    return done, retries, failed
+
+
+def _shows_progress(options: RunOptions, console: Console) -> bool:
+    # as blockx.cli.run's: a terminal or --progress, never mixed into JSON lines
+    show = options.progress if options.progress is not None else console.tty
+    return bool(show) and not options.quiet and not console.json
+
+
+async def _watch_run(
+    cluster: Any,
+    pool: Any,
+    progress: Any,
+    console: Console,
+    spans: Any,
+    executors_per_node: int | None,
+) -> None:
+    """The run's ticker: the progress line and the spans' view of the nodes."""
+    from blockx.cli.console import PROGRESS_INTERVAL_S
+
+    while True:
+        if spans is not None:
+            spans.look(cluster.nodes)
+        if progress is not None:
+            counts = driver_counts(cluster)
+            if counts is not None:
+                progress.last = counts
+            done, retries, failed = progress.last or (0, 0, 0)
+            attached = sum(node.executors for node in pool.ready())
+            expected = sum(executors_per_node or cpus for cpus in pool.alive.values())
+            progress.executors = max(expected, attached)
+            nodes = len(pool.ready())
+            line = progress.render(done, retries, failed, attached)
+            console.show_progress(f"{line}  {nodes} node{'s' if nodes != 1 else ''}")
+        await asyncio.sleep(PROGRESS_INTERVAL_S)
+
+
 async def _run(options: RunOptions, console: Console, checked: Checked, parts: RunParts) -> Any:
+    from blockx.cli.console import Progress
+    from blockx.cluster.driver import ClusterRun
+    from blockx.cluster.metrics import ClusterMetrics
+    from blockx.cluster.nodes import NodePool, init_ray
+    from blockx.cluster.spans import DriverSpans
+    from blockx.observability.tracing import Tracing
+
+    settings = checked.settings
+    address = options.ray or "auto"
+    started_ray = init_ray(address)  # on the loop's thread: Ray's signal handlers
+    pool = NodePool(settings.worker, settings.io, options.executors_per_node)
+    cluster = ClusterRun()
+    metrics = ClusterMetrics(pool)
+    server: Any = None
+    ticker: asyncio.Task[None] | None = None
+    tracing = Tracing.from_env(options.trace_file)
+    spans = DriverSpans(tracing, checked.spec.task_id) if tracing is not None else None
+    outcome: Any = None
+    try:
+        if options.metrics_port is not None:
+            server = await _metrics_server(options.metrics_port, metrics, cluster, console)
+        progress = (
+            Progress(console, checked.total, 0) if _shows_progress(options, console) else None
+        )
+        if progress is not None or spans is not None:
+            ticker = asyncio.get_running_loop().create_task(
+                _watch_run(cluster, pool, progress, console, spans, options.executors_per_node),
+                name="blockx-ray-ticker",
+            )
+        outcome = await _run_task(options, console, checked, parts, pool, cluster)
+        return outcome
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            console.clear_progress()
+        if spans is not None:
+            try:
+                spans.finish(getattr(outcome, "result", None), cluster.nodes)
+            finally:
+                spans.close()
+        if server is not None:
+            await server.stop()
+        metrics.close()
+        await pool.close()
+        if started_ray:
+            import ray
+
+            await asyncio.to_thread(ray.shutdown)
+
+
+async def _metrics_server(port: int, metrics: Any, cluster: Any, console: Console) -> Any:
+    """``--metrics-port`` of a cluster run: the node workers' series summed, refreshed at
+    each scrape, and the driver's (``blockx_cluster_batches_total``,
+    ``blockx_cluster_node_lost_total``)."""
+    from blockx.observability.metrics import MetricsServer, make_registry
+
+    def snapshot() -> dict[str, Any]:
+        snap = metrics.current()
+        return {
+            **snap,
+            "cluster": {
+                **snap["cluster"],
+                "batches": cluster.batches,
+                "node_lost": cluster.node_lost,
+            },
+        }
+
+    def tasks() -> dict[str, int]:
+        return {"running": 1} if cluster.driver is not None else {}
+
+    server = MetricsServer(
+        make_registry(None, tasks=tasks, snapshot=snapshot), port=port, refresh=metrics.refresh
+    )
+    await server.start()
+    if port == 0:
+        console.print(f"blockx: metrics at http://127.0.0.1:{server.port}/metrics")
+    return server
+
+
+async def _run_task(
+    options: RunOptions,
+    console: Console,
+    checked: Checked,
+    parts: RunParts,
+    pool: Any,
+    cluster: Any,
+) -> Any:
     from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
     from blockx.cli.report import RunOutcome
-    from blockx.cluster.driver import ClusterOptions, ClusterRun, run_on_cluster
+    from blockx.cluster.driver import ClusterOptions, run_on_cluster
 
     spec, settings, sink = checked.spec, checked.settings, checked.sink
     outcome = RunOutcome()
@@ -135,7 +284,6 @@ async def _run(options: RunOptions, console: Console, checked: Checked, parts: R
     interruption = parts.interruption(outcome, main, console)
     interruption.install(loop)
     t0 = time.monotonic()
-    cluster = ClusterRun()
 
     async def on_rows(rows: list[Any]) -> None:
         if outcome.output_closed:
@@ -162,6 +310,8 @@ async def _run(options: RunOptions, console: Console, checked: Checked, parts: R
                 ),
                 on_rows,
                 cluster,
+                keep_ray=True,  # _run shuts down a Ray it started, after the pool
+                pool=pool,
             )
         finally:
             outcome.nodes = cluster.nodes

@@ -367,6 +367,7 @@ async def _serve(
             settings.worker,
             settings.io,
             ClusterOptions(address=args.ray, executors_per_node=args.executors_per_node),
+            tracing=Tracing.from_env(args.trace_file),  # the drivers' spans (docs/cluster.md)
         )
     else:
         worker = Worker(settings.worker, tracing=Tracing.from_env(args.trace_file))

@@ -485,6 +485,16 @@ class NodeWorker:
     def ping(self) -> str:
         return self.node_id
 
+    async def metrics(self) -> dict[str, Any]:
+        """This node worker's own metric values, read on its event loop (where they are
+        written): ``node_id``, ``pid`` (a new actor on the node: a new pid) and
+        ``snapshot`` (:func:`~blockx.observability.snapshot.worker_snapshot`, empty before
+        the worker started). Summed over the nodes by :mod:`blockx.cluster.metrics`."""
+        from blockx.observability.snapshot import worker_snapshot
+
+        snapshot = worker_snapshot(self.worker) if self.worker is not None else {}
+        return {"node_id": self.node_id, "pid": os.getpid(), "snapshot": snapshot}
+
 
 def node_worker_class() -> Any:
     """The Ray actor class (``ray`` imported here, at run time only)."""

@@ -21,12 +21,21 @@ store (``FLUSH`` markers included), from the first call whose outcome is not sto
   at :meth:`ClusterWorker.close`. The node workers (one per Ray node, with its
   executors: :class:`~blockx.cluster.nodes.NodePool`) are started there too and shared
   by every task: each task is one stream of its own on every node worker, so the
-  call cache and executors are warm from one task to the next; a node that joins
-  gets a worker when a task's driver next looks at the nodes.
-* What a local worker has and a cluster has not (executors attached here, a local
-  call registry) reads as nothing: ``/readyz`` counts the cluster's nodes' executors
-  instead (:meth:`ClusterWorker.ready_executors`), ``/metrics``' worker series stay at
-  zero (the nodes' figures are in each task's summary).
+  call cache and executors are warm from one task to the next.
+* While the service runs -- idle or not -- a watcher looks at the Ray nodes every
+  :data:`WATCH_S` (:meth:`NodePool.watch <blockx.cluster.nodes.NodePool.watch>`): a
+  node that joins gets its node worker at once, so ``/readyz``
+  (:meth:`ClusterWorker.ready_executors`: the node workers' executors) and
+  ``/metrics`` see it and the next task starts there from its first batch (a running
+  task's driver adds it as it looks at the nodes itself). The same turn refreshes
+  the metrics.
+* ``/metrics``' worker series (and the dashboard's counters) are the cluster's: the
+  node workers' own snapshots, summed (:class:`~blockx.cluster.metrics.ClusterMetrics`,
+  fetched again at each scrape: :meth:`ClusterWorker.refresh_metrics`), with
+  ``blockx_cluster_*`` series per node (docs/observability.md).
+* ``--trace-file`` (and OTLP): each task's driver spans, a ``task`` span and a
+  ``node`` span per node it used (:class:`~blockx.cluster.spans.DriverSpans`); the
+  calls' spans happen on the nodes and are not written.
 * :meth:`ClusterWorker.task_problem`: a task whose functions use ``Table`` while the
   blockdb backend is SQLite (node-local) is refused when it is submitted.
 """
@@ -36,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
 from blockx.cluster.driver import (
@@ -45,15 +54,19 @@ from blockx.cluster.driver import (
     ClusterRun,
     run_on_cluster,
 )
+from blockx.cluster.metrics import ClusterMetrics
 from blockx.cluster.nodes import NodePool, init_ray
+from blockx.cluster.spans import DriverSpans
 
-__all__ = ["SETTLED_QUEUE", "ClusterTaskHandle", "ClusterWorker"]
+__all__ = ["SETTLED_QUEUE", "WATCH_S", "ClusterTaskHandle", "ClusterWorker"]
 
 _log = logging.getLogger("blockx.cluster")
 
 #: Settled ranges a handle holds before the driver waits for its consumer.
 SETTLED_QUEUE: Final = 8
 _END: Final = object()
+#: How often the service looks at the Ray nodes (and refreshes the metrics), in s.
+WATCH_S: Final = 2.0
 
 
 class ClusterTaskHandle:
@@ -72,6 +85,15 @@ class ClusterTaskHandle:
         return f"ClusterTaskHandle({self.task.task_id!r}, {state}, {self.run!r})"
 
     async def _drive(self, service: ClusterWorker) -> None:
+        spans = DriverSpans(service.tracing, self.task.task_id) if service.tracing else None
+        on_settled: Callable[[Any], Awaitable[None]] = self._queue.put
+        if spans is not None:
+
+            async def on_settled(settled: Any) -> None:
+                spans.look(self.run.nodes)
+                await self._queue.put(settled)
+
+        result: Any = None
         try:
             result = await run_on_cluster(
                 self.task,
@@ -80,7 +102,7 @@ class ClusterTaskHandle:
                 service.options,
                 None,
                 self.run,
-                on_settled=self._queue.put,
+                on_settled=on_settled,
                 keep_ray=True,
                 pool=service.node_pool,
             )
@@ -92,6 +114,8 @@ class ClusterTaskHandle:
         else:
             self._result.set_result(result)
         finally:
+            if spans is not None:
+                spans.finish(result, self.run.nodes)
             try:
                 self._queue.put_nowait(_END)
             except asyncio.QueueFull:
@@ -125,8 +149,12 @@ class ClusterTaskHandle:
 class ClusterWorker:
     """Stands in for the local ``Worker`` of ``blockx serve`` (module docstring)."""
 
-    def __init__(self, worker_config: Any, io_config: Any, options: ClusterOptions) -> None:
+    def __init__(
+        self, worker_config: Any, io_config: Any, options: ClusterOptions, *, tracing: Any = None
+    ) -> None:
         self.worker_config = worker_config
+        #: ``--trace-file`` / OTLP: each task's driver spans (:mod:`blockx.cluster.spans`).
+        self.tracing = tracing
         self.io_config = io_config
         self.options = options
         self.io_subsystems: list[Any] = []
@@ -134,6 +162,9 @@ class ClusterWorker:
         self._started_ray = False
         #: The node workers every task uses (started at :meth:`start`).
         self.node_pool = NodePool(worker_config, io_config, options.executors_per_node)
+        #: The node workers' metric values, summed (``/metrics``, the dashboard).
+        self.metrics = ClusterMetrics(self.node_pool)
+        self._watcher: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"ClusterWorker({self.options.address!r}, tasks={len(self.handles)})"
@@ -143,6 +174,29 @@ class ClusterWorker:
         self._started_ray = init_ray(self.options.address)
         await self.node_pool.watch()
         await self.node_pool.wait_started(NO_NODE_TIMEOUT_S)
+        self._watcher = asyncio.get_running_loop().create_task(
+            self._watch(), name="blockx-ray-watch"
+        )
+
+    async def _watch(self) -> None:
+        """Every :data:`WATCH_S`: look at the Ray nodes (a node that joined gets its node
+        worker, idle or not), then refresh the metrics."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            try:
+                await self.node_pool.watch()
+                await self.metrics.refresh()
+            except Exception as exc:  # Ray's GCS busy, a node going: the next turn
+                _log.warning("looking at the Ray nodes failed: %r", exc)
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """The cluster's worker series as of the latest refresh (the node workers'
+        snapshots summed: :mod:`blockx.cluster.metrics`)."""
+        return self.metrics.current()
+
+    async def refresh_metrics(self) -> dict[str, Any]:
+        """Fetch every node worker's snapshot now (a scrape of ``/metrics``)."""
+        return await self.metrics.refresh()
 
     def submit(self, task: Any, *, collect: bool = False) -> ClusterTaskHandle:
         if collect:
@@ -168,14 +222,14 @@ class ClusterWorker:
         )
 
     def ready_executors(self) -> int:
-        """The executors of the node workers started on alive nodes (as last seen by a
-        task's driver, or at the start): 0 means not ready."""
+        """The executors of the node workers started on alive nodes (as last seen, at
+        most :data:`WATCH_S` ago): 0 means not ready."""
         return sum(node.executors for node in self.node_pool.ready())
 
     def observe_io(self, io: Any) -> None:
         self.io_subsystems.append(io)
 
-    # What a local worker has: nothing here (the metrics read zeros, not an error).
+    # What a local worker has: nothing here (the metrics read the nodes': metrics_snapshot).
     @property
     def orchestrator(self) -> Any:
         raise RuntimeError("a cluster service has no local worker")
@@ -189,11 +243,17 @@ class ClusterWorker:
         raise RuntimeError("a cluster service has no local worker")
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        self.metrics.close()
         for handle in list(self.handles):
             handle.cancel("the server is closing")
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(handle._runner), 15.0)
         await self.node_pool.close()
+        if self.tracing is not None:
+            DriverSpans(self.tracing, None).close()
         if self._started_ray:
             import ray
 

@@ -34,7 +34,18 @@ The series (docs/observability.md has them with their meaning):
 ``blockx_executor_heartbeat_age_seconds``    gauge; ``executor``
 ``blockx_tasks``                             gauge; ``state``
 ``blockx_rows_total``                        counter
+``blockx_cluster_nodes``                     gauge (cluster mode only: node workers started)
+``blockx_cluster_node_calls_total``          counter; ``node`` (cluster mode only)
+``blockx_cluster_batches_total``             counter (``blockx run --ray`` only)
+``blockx_cluster_node_lost_total``           counter (``blockx run --ray`` only)
 ===========================================  =================================================
+
+Cluster mode (``blockx serve --ray``, ``blockx run --ray --metrics-port``): there is no
+local worker; the collector is given ``snapshot=`` instead, a callable returning the
+node workers' snapshots summed (:mod:`blockx.cluster.metrics`), which adds a
+``cluster`` key read by the two ``blockx_cluster_*`` series. A server whose snapshot
+must be fetched first (from the nodes) is given ``refresh=``, awaited before a scrape
+is rendered.
 
 Serving: ``blockx serve`` answers ``GET /metrics`` with :func:`render` (its collector
 counts tasks from its store: ``tasks=``); ``Worker(metrics_port=PORT)`` (``blockx run
@@ -46,7 +57,7 @@ them. It is started with the worker and stopped with it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -86,6 +97,8 @@ IO_RESULTS: Final = ("ok", "error", "cached", "joined", "abandoned", "local")
 _CACHES: Final = ("call", "io")
 
 TaskCounts = Callable[[], Mapping[str, int]]
+Snapshot = Callable[[], dict[str, Any]]
+Refresh = Callable[[], Awaitable[Any]]
 
 
 def _le(bound: float) -> str:
@@ -96,12 +109,16 @@ class WorkerCollector(Collector):
     """Every series, built from one :func:`worker_snapshot` per scrape.
 
     ``tasks``: where ``blockx_tasks`` comes from (default: ``worker.task_counts()``);
-    ``blockx serve`` gives its store's counts.
+    ``blockx serve`` gives its store's counts. ``snapshot``: where the counters come
+    from (default: :func:`worker_snapshot` of ``worker``; cluster mode: the nodes').
     """
 
-    def __init__(self, worker: Any, *, tasks: TaskCounts | None = None) -> None:
+    def __init__(
+        self, worker: Any, *, tasks: TaskCounts | None = None, snapshot: Snapshot | None = None
+    ) -> None:
         self._worker = worker
         self._tasks = tasks
+        self._snapshot = snapshot
 
     def __repr__(self) -> str:
         return f"WorkerCollector({self._worker!r})"
@@ -110,7 +127,7 @@ class WorkerCollector(Collector):
         return iter(())  # unchecked: the series are built at scrape time
 
     def collect(self) -> Iterator[Metric]:
-        snap = worker_snapshot(self._worker)
+        snap = self._snapshot() if self._snapshot is not None else worker_snapshot(self._worker)
         calls = snap["calls"]
         yield from self._calls(calls, snap["attempts"])
         yield from self._caches(snap["cache"])
@@ -125,6 +142,39 @@ class WorkerCollector(Collector):
         yield CounterMetricFamily(
             "blockx_rows_total", "Rows (successful root calls' outputs) produced.", snap["rows"]
         )
+        cluster = snap.get("cluster")
+        if cluster is not None:
+            yield from self._cluster(cluster)
+
+    @staticmethod
+    def _cluster(cluster: dict[str, Any]) -> Iterator[Metric]:
+        nodes: dict[str, dict[str, Any]] = cluster.get("nodes", {})
+        yield GaugeMetricFamily(
+            "blockx_cluster_nodes",
+            "Node workers started on alive Ray nodes.",
+            sum(1 for node in nodes.values() if node.get("alive")),
+        )
+        calls = CounterMetricFamily(
+            "blockx_cluster_node_calls_total",
+            "Root calls ended on each Ray node (its node worker's, since it started).",
+            labels=["node"],
+        )
+        for node_id, node in sorted(nodes.items()):
+            calls.add_metric([node_id], node.get("calls", 0))
+        yield calls
+        # blockx run --ray's driver (absent under blockx serve --ray: per task there)
+        if "batches" in cluster:
+            yield CounterMetricFamily(
+                "blockx_cluster_batches_total",
+                "Batches of calls sent to the node workers (actor method calls).",
+                cluster["batches"],
+            )
+        if "node_lost" in cluster:
+            yield CounterMetricFamily(
+                "blockx_cluster_node_lost_total",
+                "Calls dispatched again because their node (or its worker) was lost.",
+                cluster["node_lost"],
+            )
 
     @staticmethod
     def _calls(calls: dict[str, Any], attempts: dict[str, Any]) -> Iterator[Metric]:
@@ -287,10 +337,12 @@ class WorkerCollector(Collector):
         )
 
 
-def make_registry(worker: Any, *, tasks: TaskCounts | None = None) -> CollectorRegistry:
+def make_registry(
+    worker: Any, *, tasks: TaskCounts | None = None, snapshot: Snapshot | None = None
+) -> CollectorRegistry:
     """A registry of its own holding one :class:`WorkerCollector` of ``worker``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(worker, tasks=tasks))
+    registry.register(WorkerCollector(worker, tasks=tasks, snapshot=snapshot))
     return registry
 
 
@@ -309,10 +361,19 @@ def metrics_response(registry: CollectorRegistry, request: web.Request) -> web.R
 
 class MetricsServer:
     """``GET /metrics`` on ``127.0.0.1:port`` (0: a free port), an aiohttp site on the
-    running event loop (a scrape reads the counters on the loop's thread)."""
+    running event loop (a scrape reads the counters on the loop's thread). ``refresh``:
+    awaited before each scrape is rendered (cluster mode: the nodes' figures fetched)."""
 
-    def __init__(self, registry: CollectorRegistry, *, port: int, host: str = METRICS_HOST):
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        port: int,
+        host: str = METRICS_HOST,
+        refresh: Refresh | None = None,
+    ):
         self._registry = registry
+        self._refresh = refresh
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
@@ -330,6 +391,8 @@ class MetricsServer:
         """Listen (raises ``OSError`` when the port cannot be bound)."""
 
         async def metrics(request: web.Request) -> web.Response:
+            if self._refresh is not None:
+                await self._refresh()
             return metrics_response(self._registry, request)
 
         app = web.Application()

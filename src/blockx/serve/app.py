@@ -206,9 +206,14 @@ def make_app(manager: TaskManager, options: ServeOptions) -> web.Application:
 
     options.worker.observe_io(manager.io)
     task_counts: dict[str, int] = {}
-    registry = make_registry(options.worker, tasks=lambda: task_counts)
+    # --ray: the node workers' series, summed, fetched from the nodes at each scrape
+    refresh = getattr(options.worker, "refresh_metrics", None)
+    snapshot = getattr(options.worker, "metrics_snapshot", None)
+    registry = make_registry(options.worker, tasks=lambda: task_counts, snapshot=snapshot)
 
     async def metrics(request: web.Request) -> web.Response:
+        if refresh is not None:
+            await refresh()
         counts = await manager.store.call(manager.store.store.counts_by_state)
         task_counts.clear()
         task_counts.update(counts)

@@ -300,8 +300,9 @@ class Dashboard:
         worker = getattr(self.options, "worker", None)
         if worker is None:
             return {"executors": []}
+        cluster = getattr(worker, "metrics_snapshot", None)  # --ray: the nodes', summed
         try:
-            return self._worker_snapshot(worker)
+            return cluster() if cluster is not None else self._worker_snapshot(worker)
         except Exception:  # a worker not started yet, or stopping
             _log.debug("worker snapshot failed", exc_info=True)
             return {"executors": []}

@@ -52,6 +52,7 @@ from typing import Any
 
 from .backend import Reply
 from .blockdb import MAX_BATCH, Delete, GetRow, GetRows, Scan, TableOp, Upsert
+from .read_answer import BackendAnswer
 
 __all__ = ["PostgresEngine"]
 
@@ -120,7 +121,8 @@ class PostgresEngine:
 
     def _queue_read(self, op: GetRow) -> asyncio.Future[Reply]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
+        # Answered straight into the scope's flight (read_answer.BackendAnswer).
+        future: asyncio.Future[Reply] = BackendAnswer(loop=loop)
         reads = self._reads
         if not reads:
             loop.call_soon(self._flush_reads)

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from .backend import Reply
 from .blockdb import Delete, GetRow, GetRows, Scan, TableOp, Upsert
+from .read_answer import BackendAnswer
 
 __all__ = ["SQLiteEngine"]
 
@@ -115,7 +116,8 @@ class SQLiteEngine:
 
     def submit(self, op: TableOp) -> asyncio.Future[Reply]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
+        # Answered straight into the scope's flight (read_answer.BackendAnswer).
+        future: asyncio.Future[Reply] = BackendAnswer(loop=loop)
         if self._closed:
             future.set_result(Reply.failure("blockdb: the SQLite engine is closed", retryable=True))
             return future

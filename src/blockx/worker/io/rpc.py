@@ -92,6 +92,7 @@ from .backend import IORequestError, PreparedRequest, Reply
 from .config import RpcConfig
 from .http_client import HttpClient, HttpClientError
 from .rate_limit import TokenBucket, is_rate_limit_error, retry_after_s
+from .read_answer import BackendAnswer
 
 __all__ = ["IMMUTABLE_AT_BLOCK", "VOLATILE_METHODS", "RpcBackend", "RpcStats", "immutable_read"]
 
@@ -288,7 +289,8 @@ class _ChainClient:
 
     def submit(self, method: str, params: list[Any]) -> asyncio.Future[Reply]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
+        # Answered straight into the scope's flight (read_answer.BackendAnswer).
+        future = BackendAnswer(loop=loop)
         self._pending.append(_Request(method, params, future))
         config = self.backend.config
         if len(self._pending) >= self.bucket.max_batch(config.max_batch):
@@ -312,9 +314,15 @@ class _ChainClient:
             task = loop.create_task(self._send(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # Not a done callback per request (a loop turn each when answered): the
+            # futures' own cancel hook.
             abandoned = partial(self._request_done, task, batch)
             for request in batch:
-                request.future.add_done_callback(abandoned)
+                future = request.future
+                if isinstance(future, BackendAnswer):
+                    future.on_cancel = abandoned
+                else:
+                    future.add_done_callback(abandoned)
 
     @staticmethod
     def _request_done(

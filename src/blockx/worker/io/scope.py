@@ -65,7 +65,7 @@ from blockx.wire import keys
 from .backend import IOBackend, IORequestError, PreparedRequest, Reply
 from .cache import ReadCache, canonical_params, estimate_size
 from .handler import IOResult, IOReturn, io_error
-from .read_answer import ReadAnswer
+from .read_answer import BackendAnswer, ReadAnswer
 from .stats import IOStats, OperationStats
 
 __all__ = ["TaskIOScope"]
@@ -184,7 +184,10 @@ class _Flight:
         pending = self.pending
         if pending is None or pending.done():
             return  # the answer is here or on its way: it still fills the cache
-        pending.remove_done_callback(self._backend_done)
+        if isinstance(pending, BackendAnswer):
+            pending.forget_delivery()
+        else:
+            pending.remove_done_callback(self._backend_done)
         self.pending = None
         scope = self.scope
         scope._running.discard(self)
@@ -220,7 +223,10 @@ class _Flight:
             _log.exception("IO backend %s raised starting %s", self.backend, prepared)
             self.finish(_bug_reply(self.backend, prepared.operation, exc))
             return
-        pending.add_done_callback(self._backend_done)
+        if isinstance(pending, BackendAnswer):
+            pending.deliver_to(self._backend_done)  # answered at once, no loop turn
+        else:
+            pending.add_done_callback(self._backend_done)
         if not pending.done():
             self.pending = pending
             self.scope._running.add(self)
