@@ -34,3 +34,6 @@ def test_the_cluster_bench_runs_at_a_tiny_size() -> None:
     assert "part 1: 300 trivial calls, 1 executors: --ray/local = " in out
     assert "part 2: 1 node(s): " in out and "part 2: 2 node(s): " in out
     assert "calls per actor method call" in out
+    # Each run's CPU by process kind (the figures themselves are not looked at).
+    assert "local  CPU s for 300 calls (start-up included): " in out and "executors " in out
+    assert "--ray  CPU s for 300 calls (start-up included): " in out and "node actor " in out

@@ -406,30 +406,3 @@ def test_cluster_rows_equal_local_rows_byte_for_byte(sim_cluster: Any, tmp_path:
     local, cluster = outs
     assert local.count(b"\n") == 6000 - len(range(0, 6000, 13))
     assert cluster == local
-
-
-def test_outputs_that_do_not_match_their_calls_fail_the_run_loudly(sim_cluster: Any) -> None:
-    """A node whose task dropped its outputs (``max_collected_output_bytes`` reached: it
-    settles calls without outputs) cannot say which row is whose: the run fails, naming
-    it, instead of writing rows against the wrong calls."""
-    from dataclasses import replace
-
-    from blockx.cluster.node import OutputsMisaligned
-    from blockx.worker.config import load_config
-
-    config = load_config()
-    config = replace(
-        config, dispatcher=replace(config.dispatcher, max_collected_output_bytes=2_000)
-    )
-    task = Task(
-        functions={"slow": SLOW},
-        calls=[Call("slow", {"i": i}) for i in range(2_000)],
-        policy=TaskPolicy(failure="continue"),
-    )
-    options = ClusterOptions(address=sim_cluster.address, min_batch=16)
-
-    async def collect(batch: list[Any]) -> None:
-        pass
-
-    with pytest.raises(OutputsMisaligned, match="outputs for"):
-        asyncio.run(run_on_cluster(task, config, IOConfig(), options, collect, ClusterRun()))

@@ -23,6 +23,13 @@ outputs match the succeeded calls) -- with the failures and counts, in one reply
 driver decodes the outputs when it writes them, in call order across nodes.
 :meth:`NodeWorker.finish` ends the stream and returns the task's statistics.
 
+Every reply also carries the node task's *figures so far* (:meth:`_NodeTask.figures`:
+its cumulative retries, cache and singleflight hits, sub-calls, IO calls and IO
+counters -- counters only, a few hundred bytes), so that a node lost mid-task has
+reported what it did up to its last reply. Cumulative counters only grow: the driver
+keeps their elementwise maximum over the replies and ``finish`` (:func:`merge_figures`),
+whatever order they arrive in, and counts nothing twice.
+
 The node's task runs with ``failure: continue`` whatever the driver's policy: the
 driver applies ``fast_fail`` itself (a failure on one node stops the whole run), and a
 node never stops a stream other nodes still feed.
@@ -47,6 +54,7 @@ __all__ = [
     "NodeWorker",
     "OutputsMisaligned",
     "io_operations",
+    "merge_figures",
     "merge_io",
     "node_worker_class",
     "outputs_per_call",
@@ -80,6 +88,9 @@ class BatchReply:
     failures: list[tuple[int, str, str, str | None, int, bool]]
     succeeded: int
     cancelled: int
+    #: The node task's cumulative figures when it answered (:meth:`_NodeTask.figures`);
+    #: None from a node that sends none.
+    figures: dict[str, Any] | None = None
 
 
 class OutputsMisaligned(RuntimeError):
@@ -146,14 +157,14 @@ class _Pending:
     def __repr__(self) -> str:
         return f"_Pending(batch {self.bid}, calls {self.start}+{self.count})"
 
-    def reply(self) -> BatchReply:
+    def reply(self, figures: dict[str, Any] | None = None) -> BatchReply:
         # Calls the stream never took (it ended first) were cancelled: None entries.
         outputs = self.outputs
         rest = self.count - len(outputs)
         if rest > 0:
             outputs.extend([None] * rest)
             self.cancelled += self.count - self.succeeded - len(self.failures) - self.cancelled
-        return BatchReply(self.bid, outputs, self.failures, self.succeeded, self.cancelled)
+        return BatchReply(self.bid, outputs, self.failures, self.succeeded, self.cancelled, figures)
 
 
 class _NodeTask:
@@ -163,6 +174,9 @@ class _NodeTask:
         from blockx.worker.api import Task
 
         self.spec = spec
+        self.worker = worker
+        #: The core's counters as last read (the core forgets the task when it ends).
+        self.core_counts: dict[str, int] = dict.fromkeys(CORE_COUNTERS, 0)
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.position = 0
         self.pending: deque[_Pending] = deque()
@@ -239,13 +253,13 @@ class _NodeTask:
                 if len(owner.outputs) >= owner.count:
                     self.pending.popleft()
                     if not owner.future.done():
-                        owner.future.set_result(owner.reply())
+                        owner.future.set_result(owner.reply(self.figures()))
             # The stream ended (cancelled, or its source closed): calls it never took
             # are cancelled, and their batches answered as such.
             while self.pending:
                 p = self.pending.popleft()
                 if not p.future.done():
-                    p.future.set_result(p.reply())
+                    p.future.set_result(p.reply(self.figures()))
         except BaseException as exc:
             for p in self.pending:
                 if not p.future.done():
@@ -254,6 +268,29 @@ class _NodeTask:
                     else:
                         p.future.set_exception(RuntimeError(f"the node's task broke down: {exc!r}"))
             raise
+
+    def figures(self) -> dict[str, Any]:
+        """The task's cumulative figures on this node so far: ``{"key", "stats": {name:
+        count} (:data:`FIGURES`), "io": io_operations}`` -- read from the core's live
+        counters of the task (the last read once it has ended) and the task's IO scope."""
+        counts = self.core_counts
+        try:
+            state = self.worker.orchestrator.core.task_state(self.handle.run_state.task_id)
+        except Exception:  # the worker is closing
+            state = None
+        if state is not None:
+            counts["retries"] = int(state.retries)
+            counts["cache_hits"] = int(state.cache_hits)
+            counts["singleflight_hits"] = int(state.singleflight_hits)
+        run = self.handle.run_state
+        stats = dict(counts)
+        stats["subcalls"] = int(run.subcalls)
+        stats["io_calls"] = int(run.io_calls)
+        return {
+            "key": self.spec.key,
+            "stats": stats,
+            "io": io_operations(getattr(self.scope, "stats", None)),
+        }
 
     async def finish(self) -> dict[str, Any]:
         self.queue.put_nowait(_END)
@@ -272,7 +309,50 @@ class _NodeTask:
             "io_calls": s.io_calls,
             "wall_time_s": s.wall_time_s,
         }
-        return {"stats": stats, "io": io_operations(getattr(self.scope, "stats", None))}
+        return {
+            "key": self.spec.key,
+            "stats": stats,
+            "io": io_operations(getattr(self.scope, "stats", None)),
+        }
+
+
+#: The core's live counters of a task that a node reports with every reply.
+CORE_COUNTERS: Final = ("retries", "cache_hits", "singleflight_hits")
+#: The figures a node reports (:meth:`_NodeTask.figures`), summed over nodes by the driver.
+FIGURES: Final = (*CORE_COUNTERS, "subcalls", "io_calls")
+
+
+def merge_figures(last: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """The later of two cumulative figures of one node task (:meth:`_NodeTask.figures`
+    or ``finish``'s), whatever order they arrived in: every counter only grows, so the
+    elementwise maximum (of the stats, of every IO operation's counters and latency
+    histogram) is the latest."""
+    if last is None:
+        return {"key": new.get("key"), "stats": dict(new["stats"]), "io": list(new["io"])}
+    stats = dict(last["stats"])
+    for name, value in new["stats"].items():
+        old = stats.get(name)
+        stats[name] = value if old is None else max(old, value)
+    ops: dict[tuple[str, str], tuple[dict[str, float], list[int]]] = {
+        (backend, operation): (dict(counters), list(hist))
+        for backend, operation, counters, hist in last["io"]
+    }
+    for backend, operation, counters, hist in new["io"]:
+        mine = ops.get((backend, operation))
+        if mine is None:
+            ops[(backend, operation)] = (dict(counters), list(hist))
+            continue
+        for name, value in counters.items():
+            mine[0][name] = max(mine[0].get(name, value), value)
+        longest, other = (mine[1], hist) if len(mine[1]) >= len(hist) else (list(hist), mine[1])
+        for i, n in enumerate(other):
+            longest[i] = max(longest[i], n)
+        ops[(backend, operation)] = (mine[0], longest)
+    return {
+        "key": last.get("key"),
+        "stats": stats,
+        "io": [(b, o, c, h) for (b, o), (c, h) in ops.items()],
+    }
 
 
 #: The additive counters of an IO operation's statistics (``max_ms``: the largest).
@@ -341,10 +421,13 @@ class NodeWorker:
 
     async def start(self) -> dict[str, Any]:
         """Start the worker and its executors; returns the node's id, executors, pid."""
-        from blockx.worker.app import Worker
+        from blockx.worker.app import Worker, tune_gc
         from blockx.worker.io.registry import IOSubsystem
 
         os.environ[NODE_ID_ENV] = self.node_id  # the executors inherit it
+        # The actor's process is the node's worker process: the GC setting `blockx run`
+        # gives its own (at CPython's default a collection every few dozen calls).
+        tune_gc()
         self.io = IOSubsystem(self.io_config)
         self.worker = Worker(self.worker_config)
         self.worker.observe_io(self.io)

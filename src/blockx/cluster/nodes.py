@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from blockx.cluster.node import node_worker_class
 
@@ -50,6 +50,18 @@ def ray_available() -> bool:
     return True
 
 
+#: Ray's settings for a local instance started by ``--ray auto`` (:func:`init_ray`): no
+#: idle worker prestarted (the node worker is the only actor; its executors are its own
+#: children), no metrics collection or task events (nobody reads them, and their agents'
+#: reporting took CPU from the executors on a small machine).
+AUTO_SYSTEM_CONFIG: Final[dict[str, Any]] = {
+    "prestart_worker_first_driver": False,
+    "enable_worker_prestart": False,
+    "enable_metrics_collection": False,
+    "task_events_report_interval_ms": 0,
+}
+
+
 def init_ray(address: str) -> bool:
     """Join (or start, ``auto``) Ray; True when this call started it."""
     import ray
@@ -62,7 +74,12 @@ def init_ray(address: str) -> bool:
     quiet.setLevel(logging.ERROR)  # its start-up notes would be mixed into the CLI's stderr
     try:
         if address == "auto":  # always a fresh local instance, never a stale one's address
-            ray.init(address="local", include_dashboard=False, **kwargs)
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _system_config=dict(AUTO_SYSTEM_CONFIG),
+                **kwargs,
+            )
         else:
             ray.init(address=address, **kwargs)
     finally:
@@ -140,6 +157,8 @@ class NodePool:
             .options(
                 num_cpus=0,
                 max_restarts=0,
+                # Task events per method call: nobody reads them (the driver counts).
+                enable_task_events=False,
                 max_concurrency=10_000,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             )

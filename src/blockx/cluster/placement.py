@@ -65,8 +65,8 @@ __all__ = [
 
 #: The first batch sent to a node, in calls.
 DEFAULT_MIN_BATCH: Final = 64
-#: The largest batch, in calls.
-DEFAULT_MAX_BATCH: Final = 2048
+#: The largest batch, in calls (a node's stream takes up to 8,192 calls as one batch).
+DEFAULT_MAX_BATCH: Final = 4096
 #: Calls read and not yet written (the reorder buffer) stay under this many windows' sums.
 DEFAULT_REORDER_WINDOWS: Final = 2
 

@@ -431,7 +431,14 @@ class Worker:
             mode=TaskMode.STREAM if stream else TaskMode.ONE_SHOT,
             calls=calls,
             debug=policy.debug,
-            max_output_bytes=policy.max_output_bytes,
+            # A collected stream keeps every row for the result: the worker's
+            # max_collected_output_bytes applies to it here (the core limits one-shot
+            # tasks only; a stream handed out batch by batch has no such limit).
+            max_output_bytes=(
+                policy.max_output_bytes
+                if policy.max_output_bytes is not None or not (stream and collect)
+                else self.config.dispatcher.max_collected_output_bytes or None
+            ),
             deadline_ms=policy.deadline_ms,
             collect=collect,
             window=self.config.stream_build.max_outstanding_batches,

@@ -362,7 +362,10 @@ class DispatcherSettings:
         kind=NON_NEGATIVE,
         env="MAX_COLLECTED_OUTPUT_BYTES",
         seed_env=True,
-        doc="A task whose outputs exceed this stops with ``OUTPUT_BYTES_EXCEEDED`` (0 = no limit).",
+        doc="A task whose outputs are collected for its result (a one-shot task, or a "
+        "stream run with ``run_task``) stops with ``OUTPUT_BYTES_EXCEEDED`` once they exceed "
+        "this (0 = no limit); streams handed out batch by batch (``blockx run`` with a calls "
+        "file, ``blockx serve``, cluster nodes) are not subject to it.",
     )
     call_cache_max_entries: int = knob(
         65_536,

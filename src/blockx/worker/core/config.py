@@ -81,8 +81,9 @@ class DispatcherConfig:
     instance_fairness: bool = False
     #: Binds served to one instance before it is re-picked (0/1 = every call).
     instance_fairness_quantum: int = 0
-    #: A task whose root outputs exceed this many bytes in total stops with
-    #: ``OUTPUT_BYTES_EXCEEDED`` and drops its outputs (0 = no limit).
+    #: A one-shot task whose root outputs exceed this many bytes in total stops with
+    #: ``OUTPUT_BYTES_EXCEEDED`` and drops its outputs (0 = no limit). Streams are not
+    #: subject to it here (the worker applies it to a collected stream).
     max_collected_output_bytes: int = 0
     #: Attempts per root call when the task's policy names none
     #: (``CALL_RETRY_MAX_ATTEMPTS``).

@@ -151,7 +151,8 @@ class CoreState:
         self.dirty: deque[TaskDispatchState] = deque()
         self.stats = DispatcherStats()
         self.cache_limit = config.call_cache_max_entries
-        #: ``max_collected_output_bytes`` (0: no limit), read once per completion.
+        #: ``max_collected_output_bytes`` (0: no limit), read once per completion; it
+        #: applies to one-shot tasks only (a stream's outputs leave batch by batch).
         self.output_limit = config.max_collected_output_bytes
 
 
@@ -318,7 +319,10 @@ def set_call_terminal(
         if outcome is _SUCCEEDED:
             task.succeeded += 1
             if output is not None:
-                if core.output_limit or task.outputs_dropped:
+                # The limit is on outputs kept for the whole task: a one-shot task's (the
+                # core holds them to convergence). A stream's leave with each settled
+                # batch (its consumer keeps them or not), so no limit applies here.
+                if (core.output_limit and task.mode is TaskMode.ONE_SHOT) or task.outputs_dropped:
                     kept = _record_output(core, task, output)
                 else:
                     kept = output  # _record_output without a limit
