@@ -37,10 +37,17 @@ def _result(success: bool) -> TaskResult:
 def test_progress_counts_come_from_the_running_driver() -> None:
     run = ClusterRun()
     assert driver_counts(run) is None  # no driver (yet, or any more)
-    run.driver = SimpleNamespace(succeeded=40, cancelled=2, errors=[object()] * 3)
+    # The nodes' figures as their latest batch replies carried them (per node task key).
+    figures = {
+        "a": {"k1": {"stats": {"retries": 4}}, "k2": {"stats": {"retries": 1}}},
+        "b": {"k1": {"stats": {}}},
+    }
+    run.driver = SimpleNamespace(
+        succeeded=40, cancelled=2, errors=[object()] * 3, node_figures=figures
+    )
     run.node_lost = 5
-    run.nodes = {"a": {"calls": 30, "retries": 4}, "b": {"calls": 15}}
-    assert driver_counts(run) == (45, 9, 3)  # ended; node_lost + the nodes' retries; failed
+    # ended; node_lost + the nodes' retries so far; failed
+    assert driver_counts(run) == (45, 10, 3)
 
 
 def _spans(path: Path) -> list[dict[str, object]]:

@@ -135,16 +135,18 @@ def run_on_ray(options: RunOptions, console: Console, parts: RunParts) -> int:
 
 def driver_counts(cluster: Any) -> tuple[int, int, int] | None:
     """``(calls ended, retries, failed)`` of a running cluster run (a
-    :class:`~blockx.cluster.driver.ClusterRun`) from its driver's counters; None once
-    (or before) its driver runs. Retries: the calls re-dispatched after a node loss,
-    plus the nodes' own retries as far as they reported them."""
-    driver = getattr(cluster, "driver", None)
+    :class:`~blockx.cluster.driver.ClusterRun`) from its driver's counters; None before
+    its driver runs. Retries: the calls re-dispatched after a node loss, plus the nodes'
+    own retries as of their latest batch reply (the figures each reply carries)."""
+    driver = cluster.driver
     if driver is None:
         return None
-    failed = len(getattr(driver, "errors", ()))
-    done = int(getattr(driver, "succeeded", 0)) + failed + int(getattr(driver, "cancelled", 0))
-    retries = int(cluster.node_lost) + sum(
-        int(node.get("retries", 0)) for node in list(cluster.nodes.values())
+    failed = len(driver.errors)
+    done = driver.succeeded + failed + driver.cancelled
+    retries = cluster.node_lost + sum(
+        int(figures["stats"].get("retries", 0))
+        for tasks in list(driver.node_figures.values())
+        for figures in list(tasks.values())
     )
     return done, retries, failed
 
