@@ -2,7 +2,7 @@
 
 Windows bound what a node holds, equal keys meet on one node unless it is saturated,
 a lost node's calls come back with a ``node_lost`` attempt (failures once out of
-attempts), answers are accepted once per call, instances are interleaved fairly.
+attempts), answers are accepted once per call.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockx.cluster.placement import FairInterleave, Placed, Placement, hrw_score
+from blockx.cluster.placement import Placed, Placement, hrw_score
 
 
 def _call(i: int, key: str | None = None) -> Placed:
@@ -245,19 +245,6 @@ def test_every_call_ends_exactly_once_whatever_is_lost(
     )
     assert all(n == 1 for n in settled.values())
     assert all(n == 1 for n in failed.values())
-
-
-def test_fair_interleave_takes_instances_round_robin() -> None:
-    fair = FairInterleave()
-    for i in range(6):
-        fair.push("big", ("big", i))
-    fair.push("small", ("small", 0))
-    fair.push("other", ("other", 0))
-    order = [fair.pop() for _ in range(8)]
-    assert order[:3] == [("big", 0), ("small", 0), ("other", 0)]
-    assert order[3:] == [("big", i) for i in range(1, 6)]
-    assert fair.pop() is None
-    assert len(fair) == 0
 
 
 def test_a_batch_never_mixes_calls_of_different_node_lost_counts() -> None:

@@ -38,8 +38,10 @@ values, so that it can be tested call by call without a cluster:
   buffer is bounded: the calls read and not yet written (:attr:`Placement.unwritten`)
   stay under ``reorder_windows`` times the windows' sum (:meth:`Placement.has_room`),
   so a straggler stops the reading, not the memory.
-* **Fairness** (:class:`FairInterleave`): calls of several tasks are taken round
-  robin over their ``instance`` (FIFO within one), as the core shares executors.
+* **Fairness** is not the placement's: a driver places one task's calls. Between
+  tasks (``blockx serve --ray``) it is the service's admission (round robin over
+  ``instance``) and each node's dispatcher, which shares the node's executors
+  between the tasks' streams as a local worker shares them (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ __all__ = [
     "DEFAULT_MIN_BATCH",
     "DEFAULT_REORDER_WINDOWS",
     "Batch",
-    "FairInterleave",
     "LostCall",
     "NodeSlot",
     "Placed",
@@ -487,41 +488,3 @@ class Placement:
             self.next_to_write = max(self.next_to_write, max(self.ended) + 1)
         self.ended.clear()
         return out
-
-
-class FairInterleave:
-    """Calls of several tasks taken round robin over their instance, FIFO within one.
-
-    ``push(instance, item)`` queues; ``pop()`` gives the next item of the instance whose
-    turn it is (None when nothing is queued). An instance with nothing queued leaves
-    the rotation and rejoins at its end.
-    """
-
-    def __init__(self) -> None:
-        self._queues: dict[str, deque[Any]] = {}
-        self._turns: deque[str] = deque()
-
-    def __repr__(self) -> str:
-        return f"FairInterleave({ {k: len(v) for k, v in self._queues.items()} })"
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
-
-    def push(self, instance: str, item: Any) -> None:
-        queue = self._queues.get(instance)
-        if queue is None:
-            queue = self._queues[instance] = deque()
-            self._turns.append(instance)
-        queue.append(item)
-
-    def pop(self) -> Any | None:
-        while self._turns:
-            instance = self._turns[0]
-            queue = self._queues[instance]
-            if not queue:
-                self._turns.popleft()
-                del self._queues[instance]
-                continue
-            self._turns.rotate(-1)
-            return queue.popleft()
-        return None
