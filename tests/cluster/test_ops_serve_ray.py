@@ -135,3 +135,66 @@ def test_an_idle_service_takes_a_new_node_and_its_metrics_are_the_clusters(
             if s["name"] == "node" and s["parent_span_id"] == task["span_id"]
         }
         assert set(nodes) == used and sum(nodes.values()) == calls
+
+
+def _node_worker_pids(node_id: str) -> set[int]:
+    """The node worker actors (the parents of the executors) of one Ray node, by pid."""
+    parents: set[int] = set()
+    marker = f"{NODE_ID_ENV}={node_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"blockx.executor" not in cmdline or marker not in (entry / "environ").read_bytes():
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        parents.add(int(stat.rsplit(")", 1)[1].split()[1]))
+    return parents
+
+
+def test_an_idle_services_dead_node_worker_is_replaced_before_a_task_needs_it(
+    cluster1: SimCluster, tmp_path: Path
+) -> None:
+    """A node worker's actor killed (its Ray node alive) while no task runs: the service
+    notices it at its next look and starts another on that node, so the next task runs
+    on every node with no node lost (without it, the task's driver found the actor dead,
+    wrote the node off for the task and ran it on the others)."""
+    import os
+    import signal
+
+    import ray
+
+    if len([n for n in ray.nodes() if n["Alive"]]) < 2:
+        cluster1.add_node()
+    with Server(
+        tmp_path / "data", "--ray", cluster1.address, "--executors-per-node", "1"
+    ) as server:
+        wait_for(lambda: _ready_executors(server) >= 2, 180, "two node workers")
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        victim = next(n for n in nodes if _node_worker_pids(n))
+        (old_pid,) = _node_worker_pids(victim)
+        os.kill(old_pid, signal.SIGKILL)
+        wait_for(
+            lambda: (pids := _node_worker_pids(victim)) and old_pid not in pids,
+            180,
+            "a new node worker on the node whose worker was killed",
+        )
+        wait_for(lambda: _ready_executors(server) == len(nodes), 120, "every node ready")
+
+        calls = 400
+        task_id = server.submit(
+            {
+                "task_id": "after-a-dead-worker",
+                "functions": {"work": {"source": WORK}, "twice": {"source": TWICE}},
+                "calls": [{"function": "work", "args": i} for i in range(calls)],
+            }
+        )
+        status = server.wait_finished(task_id, timeout=240)
+        assert status["state"] == "succeeded", status
+        rows = server.rows(task_id)
+        assert [r["i"] for r in rows] == list(range(calls))
+        assert victim in {r["node"] for r in rows}
+        assert status["summary"]["node_lost"] == 0, status["summary"]

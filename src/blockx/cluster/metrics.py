@@ -33,7 +33,7 @@ import asyncio
 import logging
 from typing import Any, Final
 
-from blockx.cluster.nodes import NodePool
+from blockx.cluster.nodes import NodePool, is_node_error
 from blockx.observability.snapshot import CALL_KINDS, OUTCOMES, WAIT_KINDS
 
 __all__ = ["NODE_METRICS_TIMEOUT_S", "ClusterMetrics", "merge_snapshots"]
@@ -185,6 +185,12 @@ class ClusterMetrics:
             error = None if ask.cancelled() else ask.exception()
             if error is not None or ask.cancelled():
                 _log.debug("node %s: no metrics: %r", node_id[:8], error)
+                if error is not None and is_node_error(error):
+                    # Its actor died (its node may live on): the pool's next watch starts
+                    # a new node worker there, idle or not, rather than the next task's
+                    # driver finding it dead.
+                    _log.warning("node %s: its node worker is gone: %r", node_id[:8], error)
+                    self.pool.forget(node_id)
                 continue
             answer = ask.result()
             pid, snap = int(answer.get("pid", 0)), answer.get("snapshot") or {}

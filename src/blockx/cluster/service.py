@@ -28,7 +28,8 @@ store (``FLUSH`` markers included), from the first call whose outcome is not sto
   (:meth:`ClusterWorker.ready_executors`: the node workers' executors) and
   ``/metrics`` see it and the next task starts there from its first batch (a running
   task's driver adds it as it looks at the nodes itself). The same turn refreshes
-  the metrics.
+  the metrics, asking every node worker: one whose actor died (its node alive or
+  not) is forgotten, and the next turn starts a new one on a node still alive.
 * ``/metrics``' worker series (and the dashboard's counters) are the cluster's: the
   node workers' own snapshots, summed (:class:`~blockx.cluster.metrics.ClusterMetrics`,
   fetched again at each scrape: :meth:`ClusterWorker.refresh_metrics`), with
