@@ -1,4 +1,4 @@
-"""blockx.cluster.node.merge_figures: a node task's cumulative figures, as every reply
+"""blockx.cluster.node.merge_figures / total_figures: a node task's cumulative figures, as every reply
 and ``finish`` carry them, merged into the latest whatever order they arrive in, each
 counted once. No Ray needed."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from blockx.cluster.node import merge_figures
+from blockx.cluster.node import merge_figures, total_figures
+from blockx.worker.io.stats import IOStats
 
 
 def _figures(retries: int, hits: int, io_calls: int, requests: int, hist: list[int]) -> Any:
@@ -50,3 +51,23 @@ def test_finish_stats_add_names_and_new_operations_join() -> None:
     }
     # The inputs are not changed.
     assert live["stats"]["cache_hits"] == 5
+
+
+def test_totals_sum_every_node_task_lost_nodes_included_and_fill_each_nodes_entry() -> None:
+    node_figures = {
+        "alive": {"t@1": merge_figures(None, _figures(2, 5, 10, 10, [3]))},
+        # a node lost mid-task: its last reply's figures, two task keys (node_lost attempts)
+        "lost": {
+            "t@1": merge_figures(None, _figures(1, 4, 7, 7, [1])),
+            "t@2": merge_figures(None, _figures(0, 1, 2, 2, [2])),
+        },
+    }
+    nodes: dict[str, dict[str, Any]] = {"alive": {"calls": 30}, "lost": {"calls": 12}}
+    io = IOStats()
+    totals = total_figures(node_figures, nodes, io)
+    assert totals["retries"] == 3 and totals["cache_hits"] == 10 and totals["io_calls"] == 19
+    alive = nodes["alive"]
+    assert (alive["retries"], alive["cache_hits"], alive["io_calls"]) == (2, 5, 10)
+    assert nodes["lost"]["cache_hits"] == 5 and nodes["lost"]["io_calls"] == 9
+    assert nodes["lost"]["calls"] == 12  # the entry's own figures stay
+    assert io.operation("blockdb", "get_row").requests == 19

@@ -62,12 +62,11 @@ from typing import Any, Final
 import orjson
 
 from blockx.cluster.node import (
-    FIGURES,
     BatchReply,
     NodeTaskSpec,
     OutputsMisaligned,
     merge_figures,
-    merge_io,
+    total_figures,
 )
 from blockx.cluster.nodes import (
     NodePool,
@@ -684,7 +683,6 @@ class _Driver:
         from blockx.worker.api import TaskFailureInfo, TaskResult, TaskStats
         from blockx.worker.io.stats import IOStats
 
-        totals = dict.fromkeys(FIGURES, 0)
         io = IOStats()
         for node_id, node in list(self.nodes.items()):
             slot = self.placement.nodes.get(node_id)
@@ -699,15 +697,7 @@ class _Driver:
                 if done is not None:
                     self._note_figures(node_id, {**done, "key": key})
         # Lost nodes included: what they reported up to their last reply.
-        for node_id, by_key in self.node_figures.items():
-            figures = self.out.nodes.setdefault(node_id, {})
-            for known in by_key.values():
-                stats = known["stats"]
-                for name in totals:
-                    value = int(stats.get(name, 0))
-                    totals[name] += value
-                    figures[name] = figures.get(name, 0) + value
-                merge_io(io, known["io"])
+        totals = total_figures(self.node_figures, self.out.nodes, io)
         for node_id, slot in self.placement.nodes.items():
             figures = self.out.nodes.setdefault(node_id, {})
             figures["batches"] = slot.batches

@@ -58,6 +58,7 @@ __all__ = [
     "merge_io",
     "node_worker_class",
     "outputs_per_call",
+    "total_figures",
 ]
 
 #: The executors' environment variable holding the node's Ray node id.
@@ -368,6 +369,29 @@ IO_COUNTERS: Final = (
     "total_ms",
     "max_ms",
 )
+
+
+def total_figures(
+    node_figures: dict[str, dict[str, dict[str, Any]]],
+    nodes: dict[str, dict[str, Any]],
+    io: Any,
+) -> dict[str, int]:
+    """A run's totals of :data:`FIGURES` over every node task's latest figures
+    (``node_figures``: ``{node_id: {task key: figures}}``, lost nodes included, as
+    :func:`merge_figures` kept them); each node's own sums are added to its entry in
+    ``nodes`` (the summary's ``"nodes"``) and its IO counters merged into ``io`` (an
+    ``IOStats``)."""
+    totals = dict.fromkeys(FIGURES, 0)
+    for node_id, by_key in node_figures.items():
+        figures = nodes.setdefault(node_id, {})
+        for known in by_key.values():
+            stats = known["stats"]
+            for name in totals:
+                value = int(stats.get(name, 0))
+                totals[name] += value
+                figures[name] = figures.get(name, 0) + value
+            merge_io(io, known["io"])
+    return totals
 
 
 def io_operations(stats: Any) -> list[tuple[str, str, dict[str, float], list[int]]]:
