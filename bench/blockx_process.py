@@ -96,6 +96,16 @@ def write_task(
     return task, n
 
 
+def blockx_env() -> dict[str, str]:
+    """The environment a ``blockx run`` child gets: this checkout's sources first."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    # As a user's install runs: with its modules' bytecode cached. Inherited, this would
+    # make every run compile BlockX's interpreted modules from source (~80 ms of start-up).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -> ProcessRun:
     """Run ``blockx run`` on ``task`` as a child process; raise if it does not succeed."""
     rows = task.parent / "rows.jsonl"
@@ -114,11 +124,7 @@ def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -
         "--executors",
         str(executors),
     ]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    # As a user's install runs: with its modules' bytecode cached. Inherited, this would
-    # make every run compile BlockX's interpreted modules from source (~80 ms of start-up).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = blockx_env()
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0

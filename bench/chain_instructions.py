@@ -23,7 +23,6 @@ Needs ``valgrind`` on PATH.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blockx_process import SRC, write_task
+from blockx_process import blockx_env, write_task
 from chain_reads import BLOCK, CHAIN, READS_FUNCTION, Node, workload_addresses
 
 
@@ -50,9 +49,7 @@ def worker_instructions(node: Node, workload: str, calls: int, reads: int, root:
         io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
     )
     out = directory / "callgrind.out"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = blockx_env()
     node.reset()
     done = subprocess.run(
         [

@@ -56,11 +56,28 @@ class SimCluster:
         self.cluster.shutdown()
 
 
-@pytest.fixture(scope="module")
-def sim_cluster() -> Iterator[SimCluster]:
+def _cluster_of(nodes: int) -> Iterator[SimCluster]:
     pytest.importorskip("ray", reason=RAY_MISSING)
-    cluster = SimCluster(3)
+    cluster = SimCluster(nodes)
     try:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sim_cluster() -> Iterator[SimCluster]:
+    """A module's simulated cluster of 3 raylets."""
+    yield from _cluster_of(3)
+
+
+@pytest.fixture(scope="module")
+def cluster2() -> Iterator[SimCluster]:
+    """A module's simulated cluster of 2 raylets."""
+    yield from _cluster_of(2)
+
+
+@pytest.fixture(scope="module")
+def cluster1() -> Iterator[SimCluster]:
+    """A module's simulated cluster of 1 raylet (tests add nodes to it)."""
+    yield from _cluster_of(1)

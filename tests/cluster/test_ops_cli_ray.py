@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +45,6 @@ def _task(gate: Path) -> str:
         "calls_file: calls.jsonl\n"
         "task_id: watched\n"
     )
-
-
-@pytest.fixture(scope="module")
-def cluster2() -> Iterator[SimCluster]:
-    cluster = SimCluster(2)
-    try:
-        yield cluster
-    finally:
-        cluster.shutdown()
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,7 +12,6 @@ test); the server is a real ``blockx serve`` process joining it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +35,19 @@ def _(i):
 TWICE = "def twice(x):\n    return 2 * x\n"
 
 
-@pytest.fixture(scope="module")
-def cluster1() -> Iterator[SimCluster]:
-    cluster = SimCluster(1)
-    try:
-        yield cluster
-    finally:
-        cluster.shutdown()
+def _run_work(server: Server, task_id: str, calls: int) -> tuple[dict[str, Any], list[Any]]:
+    """Submit ``calls`` calls of WORK (each with a sub-call), wait for the task to
+    succeed; its final status and its rows."""
+    submitted = server.submit(
+        {
+            "task_id": task_id,
+            "functions": {"work": {"source": WORK}, "twice": {"source": TWICE}},
+            "calls": [{"function": "work", "args": i} for i in range(calls)],
+        }
+    )
+    status = server.wait_finished(submitted, timeout=240)
+    assert status["state"] == "succeeded", status
+    return status, server.rows(submitted)
 
 
 def _ready_executors(server: Server) -> int:
@@ -99,16 +104,7 @@ def test_an_idle_service_takes_a_new_node_and_its_metrics_are_the_clusters(
         assert server.request("GET", "/v1/tasks").json().get("tasks", []) == []
 
         calls = 2000
-        task_id = server.submit(
-            {
-                "task_id": "ops-watched",
-                "functions": {"work": {"source": WORK}, "twice": {"source": TWICE}},
-                "calls": [{"function": "work", "args": i} for i in range(calls)],
-            }
-        )
-        status = server.wait_finished(task_id, timeout=240)
-        assert status["state"] == "succeeded", status
-        rows = server.rows(task_id)
+        _status, rows = _run_work(server, "ops-watched", calls)
         assert [r["twice"] for r in rows] == [2 * i for i in range(calls)]
         used = {r["node"] for r in rows}
         assert len(used) == 2  # the node that joined while idle ran calls from the start
@@ -185,16 +181,7 @@ def test_an_idle_services_dead_node_worker_is_replaced_before_a_task_needs_it(
         wait_for(lambda: _ready_executors(server) == len(nodes), 120, "every node ready")
 
         calls = 400
-        task_id = server.submit(
-            {
-                "task_id": "after-a-dead-worker",
-                "functions": {"work": {"source": WORK}, "twice": {"source": TWICE}},
-                "calls": [{"function": "work", "args": i} for i in range(calls)],
-            }
-        )
-        status = server.wait_finished(task_id, timeout=240)
-        assert status["state"] == "succeeded", status
-        rows = server.rows(task_id)
+        status, rows = _run_work(server, "after-a-dead-worker", calls)
         assert [r["i"] for r in rows] == list(range(calls))
         assert victim in {r["node"] for r in rows}
         assert status["summary"]["node_lost"] == 0, status["summary"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +47,6 @@ def _gate_source(gate: Path, gate_at: int) -> str:
         "            time.sleep(0.01)\n"
         f"    return {{'i': i, 'node': os.environ[{NODE_ID_ENV!r}]}}\n"
     )
-
-
-@pytest.fixture(scope="module")
-def cluster2() -> Iterator[SimCluster]:
-    cluster = SimCluster(2)
-    try:
-        yield cluster
-    finally:
-        cluster.shutdown()
 
 
 def _first_rows(server: Server, task_id: str, count: int) -> list[Any]:
