@@ -109,16 +109,23 @@ def _statm_reader(statm_path: str, page_size: int) -> Callable[[], int]:
 
 
 def _psutil_reader() -> Callable[[], int] | None:
-    psutil = load_psutil()
-    if psutil is None:
+    """psutil's RSS reader when psutil is installed, else None. psutil is imported at the
+    first read, not here: listing the sources is free where ``statm`` answers (an
+    executor on Linux never reads psutil, and importing it cost ~20 ms per start)."""
+    import importlib.util
+
+    if importlib.util.find_spec("psutil") is None:
         return None
-    try:
-        process = psutil.Process()
-    except (psutil.Error, OSError):  # psutil cannot see this process here
-        return None
+    process: Any = None
 
     def read() -> int:
+        nonlocal process
+        psutil = load_psutil()
+        if psutil is None:  # pragma: no cover - found above, gone at the first read
+            raise OSError("psutil: not importable")
         try:
+            if process is None:
+                process = psutil.Process()
             return int(process.memory_info().rss)
         except (psutil.Error, OSError) as exc:  # the process table refused: a failed read
             raise OSError(f"psutil: {exc}") from exc
