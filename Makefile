@@ -24,11 +24,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # A source of those packages changed since the build: compile again (a stale
-# build runs the sources, slower: blockx.native). ~2-3 min, so it says so first,
+# build runs the sources, slower: blockx.native). ~8 min, so it says so first,
 # and how long it took after.
 $(NATIVE_STAMP): $(NATIVE_SOURCES) | $(STAMP)
 	@case "$$BLOCKX_PURE_PYTHON" in \
-	  ""|0) echo "compiling the hot paths with mypyc, ~2-3 min; BLOCKX_PURE_PYTHON=1 skips it" ;; \
+	  ""|0) echo "compiling the hot paths with mypyc, ~8 min on 2 cores; BLOCKX_PURE_PYTHON=1 skips it" ;; \
 	  *) echo "installing without the compiled build (BLOCKX_PURE_PYTHON=$$BLOCKX_PURE_PYTHON)" ;; \
 	esac
 	@start=$$(date +%s); \

@@ -293,7 +293,8 @@ async def _run_on_worker(
             await worker.start()
         if metrics_port == 0 and worker.metrics_port is not None:
             console.print(f"blockx: metrics at http://127.0.0.1:{worker.metrics_port}/metrics")
-        task = spec.to_task(_calls_until_a_bad_line(spec, outcome) if spec.is_stream else None)
+        calls = _calls_until_a_bad_line(spec, outcome, batches=True) if spec.is_stream else None
+        task = spec.to_task(calls)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
         outcome.io_stats = scope.stats
@@ -403,14 +404,17 @@ async def _run_on_worker(
             interruption.cancel_main = True
 
 
-def _calls_until_a_bad_line(spec: TaskFile, outcome: RunOutcome) -> Iterator[Any]:
-    """The calls of a streamed task's file; a bad line (the file changed since it was
-    checked) ends the stream there, quietly for the worker, and is kept for the verdict
-    (:func:`_short_stream`): the calls read so far run to their end and are reported."""
+def _calls_until_a_bad_line(
+    spec: TaskFile, outcome: RunOutcome, batches: bool = False
+) -> Iterator[Any]:
+    """The calls of a streamed task's file (``batches``: as ``CallBatch`` items, a chunk
+    of lines each); a bad line (the file changed since it was checked) ends the stream
+    there, quietly for the worker, and is kept for the verdict (:func:`_short_stream`):
+    the calls read so far run to their end and are reported."""
     from blockx.cli.taskfile import SpecError
 
     try:
-        yield from spec.iter_calls_file()
+        yield from spec.iter_call_batches() if batches else spec.iter_calls_file()
     except SpecError as exc:
         outcome.stream_problem = "; ".join(exc.problems)
     except OSError as exc:

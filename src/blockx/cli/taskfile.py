@@ -231,6 +231,21 @@ class TaskFile:
                 for function_id, args in calls:
                     yield Call(function_id, args)
 
+    def iter_call_batches(self) -> Iterator[Any]:
+        """The calls of ``calls_file`` as :class:`~blockx.worker.api.CallBatch` items, one
+        per chunk of lines: the same calls as :meth:`iter_calls_file`, which the worker
+        takes a chunk at a time (``blockx run``'s local path).
+
+        A bad line (the file changed since it was scanned) raises :class:`SpecError`
+        once the calls of the lines before it have been yielded.
+        """
+        from blockx.worker.api import CallBatch
+
+        assert self.calls_file is not None
+        with open(self.calls_file, "rb") as handle:
+            for calls in iter_call_chunks(handle, self.calls_label, self.functions):
+                yield CallBatch(calls)
+
     # --- code ------------------------------------------------------------------------------------
 
     def code_problems(self) -> list[CodeProblem]:

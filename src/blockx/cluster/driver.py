@@ -84,7 +84,7 @@ from blockx.cluster.placement import (
     Placed,
     Placement,
 )
-from blockx.cluster.source import EMPTY, AsyncSource
+from blockx.cluster.source import EMPTY, AsyncSource, each_call
 
 __all__ = [
     "NODE_POLL_S",
@@ -557,7 +557,7 @@ class _Driver:
         if hasattr(calls, "__aiter__"):
             self.async_source = AsyncSource(calls, READ_SLICE)
         else:
-            source = iter(calls)
+            source = each_call(calls)
         loop = asyncio.get_running_loop()
         # The nodes alive at the start all start before the first call is placed (the
         # first one up would take the first windows' worth of calls alone).

@@ -10,15 +10,22 @@ it from a task of its own into a bounded queue (:attr:`AsyncSource.limit` items:
 source is not read further while the queue is full), and the driver takes what
 arrived without waiting (:meth:`AsyncSource.take`), waiting on :attr:`AsyncSource.ready`
 together with the nodes' replies when it has nothing to place.
+
+The driver places calls one at a time: a :class:`~blockx.worker.api.CallBatch` item of
+either kind of source is read as its ``(function_id, args)`` pairs, in order
+(:func:`each_call` for an iterable; :meth:`AsyncSource._pump` for an async one).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
-__all__ = ["EMPTY", "AsyncSource"]
+from blockx.worker.api import CallBatch
+
+__all__ = ["EMPTY", "AsyncSource", "each_call"]
 
 
 class AsyncSource:
@@ -43,7 +50,10 @@ class AsyncSource:
     async def _pump(self, source: Any) -> None:
         try:
             async for item in source:
-                self.items.append(item)
+                if type(item) is CallBatch:
+                    self.items.extend(item.pairs)
+                else:
+                    self.items.append(item)
                 self.ready.set()
                 if len(self.items) >= self.limit:
                     self._room.clear()
@@ -71,3 +81,13 @@ class AsyncSource:
 
 #: What :meth:`AsyncSource.take` gives when nothing arrived (yet).
 EMPTY: Final = object()
+
+
+def each_call(calls: Iterable[Any]) -> Iterator[Any]:
+    """The items of ``calls``, each :class:`~blockx.worker.api.CallBatch` replaced by its
+    ``(function_id, args)`` pairs."""
+    for item in calls:
+        if type(item) is CallBatch:
+            yield from item.pairs
+        else:
+            yield item

@@ -420,7 +420,7 @@ class TaskManager:
     async def _calls(self, live: LiveTask, start: int) -> AsyncIterator[Any]:
         """The task's stored calls from ``start`` on; a streamed task's as they arrive,
         until it is closed."""
-        from blockx.worker.api import FLUSH, Call
+        from blockx.worker.api import FLUSH, CallBatch
 
         position = start
         store = self.store.store
@@ -434,8 +434,8 @@ class TaskManager:
                     lines.pop()
                 skip = position - first
                 decoded = orjson.loads(b"[" + b",".join(lines[skip:] if skip else lines) + b"]")
-                for item in decoded:
-                    yield Call(item["function"], item.get("args"))
+                if decoded:  # one item for the chunk: the worker takes its calls in one loop
+                    yield CallBatch([(item["function"], item.get("args")) for item in decoded])
                 position = first + count
             record = live.record
             if not record.streamed or record.closed:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FLUSH",
     "Call",
+    "CallBatch",
     "CallFailure",
     "Task",
     "TaskFailureInfo",
@@ -76,6 +77,30 @@ class Call:
 
     function_id: str
     args: Any = None
+
+
+class CallBatch:
+    """Several calls of a stream at once: ``(function_id, args)`` pairs, in call order.
+
+    A streamed task's source may yield one in place of as many :class:`Call` items;
+    the worker then checks and encodes the pairs in one loop instead of taking an item
+    at a time (``blockx run`` yields one per chunk of its calls file: ~2 µs less per
+    call). The calls are the same calls: batches of ``StreamBuild.BatchMaxRows`` calls
+    are cut across ``CallBatch`` items as across ``Call`` items, and a failure report
+    names a call's ``function_id`` and ``args`` alike. ``pairs`` is taken as it is, not
+    copied: the source must not change it afterwards.
+    """
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __repr__(self) -> str:
+        return f"CallBatch({len(self.pairs)} calls)"
 
 
 class _Flush:

@@ -55,12 +55,13 @@ from blockx.worker.actor.events import (
     TaskCancelRequested,
     TaskSubmitted,
 )
-from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args
+from blockx.worker.actor.one_shot import OneShotCalls, as_call, encode_call_args, pair_specs
 from blockx.worker.actor.orchestrator import DEFAULT_TICK_INTERVAL_MS, Orchestrator
 from blockx.worker.actor.task_run import TaskRun
 from blockx.worker.api import (
     FLUSH,
     Call,
+    CallBatch,
     Task,
     TaskFailureInfo,
     TaskResult,
@@ -549,7 +550,7 @@ class Worker:
         max_rows = cfg.batch_max_rows
         max_bytes = cfg.batch_max_args_bytes
         digests = dict(run.code.digests())
-        batch_calls: list[Call] = []
+        batch_calls: list[Call | tuple[str, Any]] = []  # pairs from CallBatch items
         specs: list[CallSpec] = []
         size = 0
         index = 0
@@ -584,11 +585,32 @@ class Worker:
             size += len(args)
             index += 1
 
+        async def add_batch(pairs: list[tuple[str, Any]]) -> bool:
+            # A CallBatch: its calls in one loop, cut into batches as single items are.
+            nonlocal size, index
+            position = 0
+            while position < len(pairs):
+                end = min(len(pairs), position + max_rows - len(specs))
+                stop, size = pair_specs(
+                    pairs, position, end, index, specs, size, max_bytes, digests
+                )
+                batch_calls.extend(pairs[position:stop])
+                index += stop - position
+                position = stop
+                if len(specs) >= max_rows or size >= max_bytes:
+                    if not await commit():
+                        return False
+            return True
+
         try:
             if isinstance(calls, AsyncIterable):
                 async for item in calls:
                     if item is FLUSH:  # the source is about to wait: send what it gave
                         if specs and not await commit():
+                            return
+                        continue
+                    if type(item) is CallBatch:
+                        if not await add_batch(item.pairs):
                             return
                         continue
                     add(item)
@@ -599,6 +621,10 @@ class Worker:
                 for item in calls:
                     if item is FLUSH:
                         if specs and not await commit():
+                            return
+                        continue
+                    if type(item) is CallBatch:
+                        if not await add_batch(item.pairs):
                             return
                         continue
                     add(item)

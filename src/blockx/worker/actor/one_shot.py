@@ -52,8 +52,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-
+from blockx.worker.actor.call_specs import as_call, call_specs, encode_call_args, pair_specs
 from blockx.worker.actor.events import CallChunkPrepared
 from blockx.worker.api import Call, TaskSpecError
 from blockx.worker.core import (
@@ -63,63 +62,23 @@ from blockx.worker.core import (
     PreparedCallBatch,
     PreparedCallPhase,
 )
-from blockx.worker.json_values import encode_args
 
 if TYPE_CHECKING:
     from blockx.worker.actor.task_run import TaskRun
 
-__all__ = ["ONE_SHOT_CHUNK_CALLS", "OneShotCalls", "as_call", "call_specs", "encode_call_args"]
+__all__ = [
+    "ONE_SHOT_CHUNK_CALLS",
+    "OneShotCalls",
+    "as_call",
+    "call_specs",
+    "encode_call_args",
+    "pair_specs",
+]
 
 #: Calls per registration chunk: ~10 ms of checking, encoding and preparing on
 #: the caller's side and ~5 ms of registering on the actor for trivial calls
 #: (bench/worker_oneshot_stall.py).
 ONE_SHOT_CHUNK_CALLS: Final = 2048
-
-_dumps = orjson.dumps
-_SORTED_KEYS: Final = orjson.OPT_SORT_KEYS
-
-
-def as_call(item: Any, index: int) -> Call:
-    """``item`` as a :class:`Call` (a ``Call`` or a ``(function_id, args)`` pair)."""
-    if isinstance(item, Call):
-        return item
-    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-        return Call(item[0], item[1])
-    raise TaskSpecError(
-        f"call #{index} must be a Call or a (function_id, args) pair, not {type(item).__name__}"
-    )
-
-
-def encode_call_args(call: Call, index: int) -> bytes:
-    """``call``'s arguments encoded canonically; ``TaskSpecError`` naming call #index."""
-    try:
-        return encode_args(call.args)
-    except Exception as exc:
-        raise TaskSpecError(f"call #{index} ({call.function_id}): args: {exc}") from None
-
-
-def call_specs(calls: Sequence[Call], first_index: int) -> list[CallSpec]:
-    """The specs of consecutive calls, the first being call #``first_index``.
-
-    One loop with what it needs in locals: it runs once per call, and for
-    trivial calls the function calls it saves are a sizeable part of the
-    worker's share of the call.
-    """
-    specs: list[CallSpec] = []
-    add_spec = specs.append
-    dumps = _dumps
-    for index, call in enumerate(calls, first_index):
-        # encode_args, inlined: orjson with sorted keys; anything unusual (a big
-        # int, a possible NaN behind a null, a bad value) takes the full path.
-        try:
-            args = dumps(call.args, option=_SORTED_KEYS)
-        except TypeError:
-            args = encode_call_args(call, index)
-        else:
-            if b"null" in args:
-                args = encode_call_args(call, index)
-        add_spec(CallSpec(call.function_id, args))
-    return specs
 
 
 class OneShotCalls:

@@ -203,7 +203,8 @@ class TaskRun:
         self.committed_batches = 0
         self.released_batches = 0
         #: batch_idx -> (index of its first call, its calls), until the batch settles.
-        self.batch_starts: dict[int, tuple[int, list[Call]]] = {}
+        #: batch -> (its first call's index, its calls: Calls or a CallBatch's pairs).
+        self.batch_starts: dict[int, tuple[int, list[Call | tuple[str, Any]]]] = {}
         self.stream_calls = 0
         #: [succeeded, cancelled] summed over settled batches.
         self.stream_counts = [0, 0]
@@ -272,15 +273,23 @@ class TaskRun:
         self.debug_output[call_id] = text
 
     @staticmethod
-    def _failure(failed: FailedCall, calls: Sequence[Call], first: int) -> CallFailure:
+    def _failure(
+        failed: FailedCall, calls: Sequence[Call | tuple[str, Any]], first: int
+    ) -> CallFailure:
         position = failed.index - first
         call = calls[position] if 0 <= position < len(calls) else None
+        if isinstance(call, tuple):  # a CallBatch's (function_id, args)
+            function_id, args = call
+        elif call is not None:
+            function_id, args = call.function_id, call.args
+        else:
+            function_id, args = "?", None
         error = failed.error
         return CallFailure(
             index=failed.index,
             call_id=failed.call_id,
-            function_id=call.function_id if call is not None else "?",
-            args=call.args if call is not None else None,
+            function_id=function_id,
+            args=args,
             kind=error.kind,
             message=error.message,
             stack=error.stack,

@@ -37,7 +37,8 @@ from typing import Final
 
 from blockx.wire import keys
 from blockx.wire.frames import TypedHook
-from blockx.wire.schema import MISSING_OUTPUT, CallCompleted, CallCompletedPayload, CallWaiting
+from blockx.wire.schema import CallCompleted, CallCompletedPayload, CallWaiting
+from blockx.worker.link.frame_checks import acceptable_call_frame
 
 __all__ = [
     "CompletedFrame",
@@ -52,22 +53,10 @@ CompletedPayload = CallCompletedPayload
 WaitingFrame = CallWaiting
 
 
-def _acceptable(frame: CallCompleted | CallWaiting) -> bool:
-    if not frame.callId:
-        return False
-    if type(frame) is CallCompleted:
-        payload = frame.payload
-        return (
-            payload.attemptSeq >= 1
-            and payload.budgetUsedMs >= 0
-            and payload.output is not MISSING_OUTPUT
-        )
-    return True
-
-
 #: The connection's hook: a :class:`CompletedFrame` or a :class:`WaitingFrame`, or None
 #: to decode the frame the generic way. Their common prefix is ``{"messageType":"Call``,
 #: so a CallFailed costs one failed typed decode first (rare by nature).
 decode_call_frames: Final[TypedHook[CallCompleted | CallWaiting]] = TypedHook(
-    {keys.MT_CALL_COMPLETED: CallCompleted, keys.MT_CALL_WAITING: CallWaiting}, _acceptable
+    {keys.MT_CALL_COMPLETED: CallCompleted, keys.MT_CALL_WAITING: CallWaiting},
+    acceptable_call_frame,
 )
