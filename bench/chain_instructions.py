@@ -14,6 +14,7 @@ Under valgrind the worker runs ~50x slower than its executors and the node, so t
 node's batches are as full as ``io.rpc.max_batch`` allows in both runs.
 
     .venv/bin/python bench/chain_instructions.py [--workload distinct|repeated] [--calls 500,2500]
+        [--keep DIR]   (DIR/<workload>-<calls>/callgrind.out: callgrind_annotate them)
 
 2026-12-02, compiled build, distinct workload (5 reads per call): 663,523 instructions
 per call with the ``rpc`` backend interpreted, 582,474 with it compiled.
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--calls", default="500,2500", help="two call counts, comma-separated")
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--delay-ms", type=float, default=2.0)
+    parser.add_argument(
+        "--keep", default=None, help="keep the runs (and callgrind.out files) in this directory"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print(
@@ -99,8 +103,9 @@ def main() -> None:
     node = Node(args.delay_ms)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-chain-instr-") as tmp:
+            root = Path(args.keep) if args.keep else Path(tmp)
             counts = {
-                n: worker_instructions(node, args.workload, n, args.reads, Path(tmp))
+                n: worker_instructions(node, args.workload, n, args.reads, root)
                 for n in (small, large)
             }
     finally:

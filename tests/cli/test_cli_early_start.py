@@ -181,3 +181,18 @@ def test_the_worker_process_gc_is_tuned_once_the_executors_are_started(tmp_path:
         check=False,
     )
     assert done.stdout.split() == ["0", "True", "True"], done.stderr
+
+
+def test_blockx_run_spawns_its_executors_before_the_worker_is_built() -> None:
+    # start_executors falls back to None (the worker spawns them) on any failure: that
+    # must stay the exception, or every run loses the head start silently.
+    from blockx.cli.run_input import RunOptions, early_worker_config, start_executors
+
+    config = early_worker_config(RunOptions(task="task.yaml", executors=1))
+    assert config is not None
+    early = start_executors(config)
+    assert early is not None
+    try:
+        assert len(early.pool.early_pids()) == 1 and os.path.exists(early.socket_path)
+    finally:
+        early.discard()

@@ -77,7 +77,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from blockx.cli.console import (
@@ -95,9 +95,11 @@ from blockx.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGPIPE, EXIT_USAGE
 from blockx.cli.run_input import (
     Checked,
     RunOptions,
+    calls_until_a_bad_line,
     check_input,
     check_input_interruptibly,
     early_worker_config,
+    start_executors,
 )
 from blockx.cli.settings import Settings
 
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
     from blockx.cli.taskfile import TaskFile
     from blockx.worker.app import Worker
     from blockx.worker.config import WorkerConfig
+    from blockx.worker.pool.early import EarlyExecutors
 
 __all__ = [
     "EXIT_FAILED",
@@ -293,7 +296,7 @@ async def _run_on_worker(
             await worker.start()
         if metrics_port == 0 and worker.metrics_port is not None:
             console.print(f"blockx: metrics at http://127.0.0.1:{worker.metrics_port}/metrics")
-        calls = _calls_until_a_bad_line(spec, outcome, batches=True) if spec.is_stream else None
+        calls = calls_until_a_bad_line(spec, outcome, batches=True) if spec.is_stream else None
         task = spec.to_task(calls)
         scope = io.task_scope(task.task_id)
         task.io_handler = scope
@@ -404,23 +407,6 @@ async def _run_on_worker(
             interruption.cancel_main = True
 
 
-def _calls_until_a_bad_line(
-    spec: TaskFile, outcome: RunOutcome, batches: bool = False
-) -> Iterator[Any]:
-    """The calls of a streamed task's file (``batches``: as ``CallBatch`` items, a chunk
-    of lines each); a bad line (the file changed since it was checked) ends the stream
-    there, quietly for the worker, and is kept for the verdict (:func:`_short_stream`):
-    the calls read so far run to their end and are reported."""
-    from blockx.cli.taskfile import SpecError
-
-    try:
-        yield from spec.iter_call_batches() if batches else spec.iter_calls_file()
-    except SpecError as exc:
-        outcome.stream_problem = "; ".join(exc.problems)
-    except OSError as exc:
-        outcome.stream_problem = f"cannot read it: {exc.strerror or exc}"
-
-
 async def _drain_output(sink: RowWriter, outcome: RunOutcome, main: asyncio.Task[Any]) -> None:
     """Wait for the writer to write every row put; after an interruption (before or
     during this wait) only OUTPUT_GRACE_S more, then drop the rest."""
@@ -487,7 +473,11 @@ def run_command(options: RunOptions) -> int:
 
 
 async def _start_then_check(
-    options: RunOptions, console: Console, config: WorkerConfig, checked: list[Checked]
+    options: RunOptions,
+    console: Console,
+    config: WorkerConfig,
+    checked: list[Checked],
+    early: EarlyExecutors | None,
 ) -> RunOutcome | int:
     """Start the worker and its executors with ``config``, then check the input while
     they boot (step 1, on the loop: the executors' processes start meanwhile, and attach
@@ -502,7 +492,7 @@ async def _start_then_check(
         tracing = Tracing.from_env(options.trace_file)
     except OSError:  # an unwritable trace file: check_input says so (exit 2) below
         tracing = None
-    worker = Worker(config, tracing=tracing, metrics_port=options.metrics_port)
+    worker = Worker(config, tracing=tracing, metrics_port=options.metrics_port, early=early)
     start_error: Exception | None = None
     try:
         try:
@@ -547,19 +537,20 @@ def _shows_progress(options: RunOptions, console: Console) -> bool:
 
 
 def _run_command(options: RunOptions, console: Console) -> int:
-    from blockx.worker.app import run
+    from blockx.worker.loop import run  # not worker.app: the executors start before it loads
 
     if options.ray is not None:  # one worker per Ray node (docs/cluster.md)
         from blockx.cli.run_cluster import RunParts, run_on_ray
 
         parts = RunParts(
-            verdict, _Interruption, _drain_output, _calls_until_a_bad_line, OUTPUT_GRACE_S
+            verdict, _Interruption, _drain_output, calls_until_a_bad_line, OUTPUT_GRACE_S
         )
         return run_on_ray(options, console, parts)
 
     # 1. Everything that can be wrong with the input, before the run; the executors are
     # started first when the worker's configuration is good (it needs no task file).
     config = early_worker_config(options)
+    early = None if config is None else start_executors(config)
     checked: list[Checked] = []
     if config is None:
         first = check_input(options, console)
@@ -585,7 +576,7 @@ def _run_command(options: RunOptions, console: Console) -> int:
                 )
             )
         else:
-            ran = run(_start_then_check(options, console, config, checked), gc_tuning=False)
+            ran = run(_start_then_check(options, console, config, checked, early), gc_tuning=False)
     except KeyboardInterrupt:  # a second Ctrl-C
         console.print("blockx: interrupted")
         return INTERRUPTED_STATUS["SIGINT"]
@@ -600,6 +591,8 @@ def _run_command(options: RunOptions, console: Console) -> int:
             console.print("blockx: (run with -v for the traceback)")
         return EXIT_FAILED
     finally:
+        if early is not None:
+            early.discard()  # unless the worker took them (it closed them then)
         if checked:
             if console.writer is not None:  # the final texts: bounded, and the loop is gone
                 console.writer.keep_all()

@@ -16,9 +16,9 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from blockx.cli.console import Console, indent, print_problems
 from blockx.cli.exit_codes import EXIT_USAGE
@@ -26,15 +26,19 @@ from blockx.cli.settings import Settings, UsageError, build_settings, load_task_
 
 if TYPE_CHECKING:
     from blockx.cli.output import RowWriter
+    from blockx.cli.report import RunOutcome
     from blockx.cli.taskfile import TaskFile
     from blockx.worker.config import WorkerConfig
+    from blockx.worker.pool.early import EarlyExecutors
 
 __all__ = [
     "Checked",
     "RunOptions",
+    "calls_until_a_bad_line",
     "check_input",
     "check_input_interruptibly",
     "early_worker_config",
+    "start_executors",
 ]
 
 
@@ -144,6 +148,18 @@ def early_worker_config(options: RunOptions) -> WorkerConfig | None:
         return None
 
 
+def start_executors(config: WorkerConfig) -> EarlyExecutors | None:
+    """The executors for ``config``, spawned now, before the rest of the worker is
+    imported and the task file read (``blockx/worker/pool/early.py``); None when that
+    fails: the worker then spawns them itself, and says what is wrong."""
+    from blockx.worker.pool.early import EarlyExecutors
+
+    try:
+        return EarlyExecutors(config)
+    except Exception:
+        return None
+
+
 def check_input_interruptibly(options: RunOptions, console: Console) -> Checked | int:
     """Step 1 on the event loop, Ctrl-C raising ``KeyboardInterrupt`` at once as it does
     before the loop: asyncio's own SIGINT handler only cancels the main task, which a
@@ -163,3 +179,20 @@ def check_input_interruptibly(options: RunOptions, console: Console) -> Checked 
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+def calls_until_a_bad_line(
+    spec: TaskFile, outcome: RunOutcome, batches: bool = False
+) -> Iterator[Any]:
+    """The calls of a streamed task's file (``batches``: as ``CallBatch`` items, a chunk
+    of lines each); a bad line (the file changed since it was checked) ends the stream
+    there, quietly for the worker, and is kept for the verdict (``blockx.cli.run``'s verdict):
+    the calls read so far run to their end and are reported."""
+    from blockx.cli.taskfile import SpecError
+
+    try:
+        yield from spec.iter_call_batches() if batches else spec.iter_calls_file()
+    except SpecError as exc:
+        outcome.stream_problem = "; ".join(exc.problems)
+    except OSError as exc:
+        outcome.stream_problem = f"cannot read it: {exc.strerror or exc}"

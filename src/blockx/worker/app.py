@@ -86,6 +86,7 @@ from blockx.worker.pool.spawner import ExecutorSpawner
 
 if TYPE_CHECKING:
     from blockx.observability.tracing import CallTracer, Tracing
+    from blockx.worker.pool.early import EarlyExecutors
 
 __all__ = ["GC_GEN0_THRESHOLD", "TaskHandle", "Worker", "run", "run_task_sync", "tune_gc"]
 
@@ -122,6 +123,10 @@ class Worker:
     while the worker runs (0: a free port, see :attr:`metrics_port`); the series are
     docs/observability.md's, read from the worker's counters at each scrape.
 
+    ``early``: executors already starting for this ``config``
+    (:class:`~blockx.worker.pool.early.EarlyExecutors`, ``blockx run``'s): the worker
+    serves their socket and adopts their pool instead of spawning its own.
+
     Testing hooks: ``spawner`` replaces the process spawner; ``core_wrapper`` wraps the
     dispatcher core (an ownership-checking proxy); ``tick_interval_ms`` the tick.
     """
@@ -137,8 +142,12 @@ class Worker:
         seed: int | None = None,
         tracing: Tracing | None = None,
         metrics_port: int | None = None,
+        early: EarlyExecutors | None = None,
     ) -> None:
         self.config = config if config is not None else load_config()
+        if early is not None and early.config != self.config:
+            raise ValueError("early executors were started for another configuration")
+        self._early = early
         self.tracing = tracing
         self._tracer: CallTracer | None = None
         if tracing is not None:
@@ -189,8 +198,10 @@ class Worker:
             max_unattached=cfg.adapter.max_unattached_connections,
             attach_timeout_ms=cfg.adapter.attach_timeout_ms,
             exit_wait_ms=cfg.adapter.exit_wait_ms,
+            listener=None if self._early is None else self._early.listener,
         )
-        await adapter.start()
+        if self._early is None:
+            await adapter.start()
         self._adapter = adapter
         try:
             core = DispatcherCore(DispatcherConfig(**cfg.dispatcher_kwargs()), rng=self._rng)
@@ -209,13 +220,21 @@ class Worker:
                 orchestrator.set_tracer(self._tracer)
             orchestrator.start()
             self._orchestrator = orchestrator
-            pool = PoolManager.from_config(cfg, adapter.socket_path, spawner=self._spawner)
+            pool = (
+                PoolManager.from_config(cfg, adapter.socket_path, spawner=self._spawner)
+                if self._early is None
+                else self._early.take()
+            )
             adapter.set_peer_check(pool.check_peer)
             adapter.set_exit_source(pool)
             orchestrator.set_pool(pool)
             self._pool = pool
             self._admission = asyncio.Semaphore(cfg.admission.executor_task_slots)
             await pool.start()
+            if self._early is not None:
+                # Early executors may be waiting in the socket's backlog: it is served only
+                # now, once their processes are registered and every callback is set.
+                await adapter.start()
             if self._metrics_port is not None:
                 from blockx.observability.metrics import MetricsServer
 
@@ -268,6 +287,9 @@ class Worker:
             self._tracer.close()  # what is still open ends "unfinished"; sinks flushed
         if self._adapter is not None:
             await self._adapter.close()
+        if self._early is not None:
+            self._early.discard()  # not taken: start() failed before the pool
+            self._early.remove_socket()  # the adapter's, unless start() failed before it
         if drivers:
             await asyncio.gather(*drivers, return_exceptions=True)
         if self._metrics_server is not None:

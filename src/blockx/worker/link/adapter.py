@@ -93,7 +93,7 @@ import asyncio
 import logging
 import os
 import shutil
-import tempfile
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -124,6 +124,8 @@ from blockx.worker.link.state import (
 )
 from blockx.worker.link.unattached import UnattachedConnections
 from blockx.worker.pool.exits import LossCause, ProcessExitSource
+from blockx.worker.pool.listener import SOCKET_NAME, listen_backlog
+from blockx.worker.pool.listener import socket_dir as new_socket_dir
 
 try:
     # mypyc reads the marker (below). Nothing applies it at run time: a compiled
@@ -161,10 +163,6 @@ DEFAULT_MAX_UNATTACHED: Final = 8
 DEFAULT_ATTACH_TIMEOUT_MS: Final = 2000
 #: How long a lost era's report waits for its process's exit status.
 DEFAULT_EXIT_WAIT_MS: Final = 1500
-#: The listening socket's file name inside the adapter's private directory.
-SOCKET_NAME: Final = "worker.sock"
-#: ``sun_path`` holds 108 bytes including the terminating NUL.
-_MAX_SOCKET_PATH_BYTES: Final = 107
 
 
 # Tests subclass it (tests/worker/runtime/orchestrator_rig.py: FlakyAdapter overrides
@@ -193,11 +191,14 @@ class ExecutorAdapter:
         attach_timeout_ms: int = DEFAULT_ATTACH_TIMEOUT_MS,
         exit_wait_ms: int = DEFAULT_EXIT_WAIT_MS,
         clock: Callable[[], float] = time.monotonic,
+        listener: socket.socket | None = None,
     ) -> None:
         """``heartbeat_check_interval_ms=None`` disables the adapter's own timer (the
         orchestrator then calls :meth:`check_heartbeat_timeouts` on its tick).
         ``socket_dir`` is where the private socket directory is created
-        (default: the system temp dir). ``max_unattached`` / ``attach_timeout_ms``
+        (default: the system temp dir); ``listener``: a socket already bound and listening
+        in such a directory (``blockx/worker/pool/listener.py``), served instead, its
+        directory removed on :meth:`close` all the same. ``max_unattached`` / ``attach_timeout_ms``
         bound connections that have not attached; ``exit_wait_ms`` is how long a lost
         era's report waits for the exit status (module docstring). ``clock`` returns
         monotonic seconds."""
@@ -222,7 +223,8 @@ class ExecutorAdapter:
         self._write_buffer_high_water = write_buffer_high_water
         self._socket_parent = None if socket_dir is None else os.fspath(socket_dir)
         self._clock = clock
-        self._backlog = max(16, 2 * max_unattached)
+        self._backlog = listen_backlog(max_unattached)
+        self._listener = listener
         #: Connections not attached yet (at most max_unattached, each for a while).
         self._unattached = UnattachedConnections(max_unattached, attach_timeout_ms / 1000.0)
         #: One entry per executor id ever attached (until forgotten); the parts share it.
@@ -334,24 +336,28 @@ class ExecutorAdapter:
             raise AdapterUsageError("ExecutorAdapter.start() called twice")
         self._started = True
         self._loop = self._eras.loop = asyncio.get_running_loop()
-        socket_dir = tempfile.mkdtemp(prefix="blockx-worker-", dir=self._socket_parent)
-        path = os.path.join(socket_dir, SOCKET_NAME)
-        if len(os.fsencode(path)) > _MAX_SOCKET_PATH_BYTES:
-            shutil.rmtree(socket_dir, ignore_errors=True)
-            raise ValueError(
-                f"socket path {path!r} is longer than the {_MAX_SOCKET_PATH_BYTES} bytes a Unix "
-                "socket allows; choose a shorter socket directory"
-            )
+        listener = self._listener
+        if listener is None:
+            socket_dir, path = new_socket_dir(self._socket_parent)  # ValueError: too long
+        else:
+            path = listener.getsockname()
+            socket_dir = os.path.dirname(path)
         self._socket_dir = socket_dir
         self._socket_path = path
         try:
             # The backlog also caps how many connections asyncio accepts in one loop
-            # iteration (before on_connection_made can drop any): a flood holds at most
-            # about max_unattached + 2 x backlog of the worker's descriptors at once.
-            self._server = await self._loop.create_unix_server(
-                self._new_connection, path, backlog=self._backlog
-            )
+            # iteration (before on_connection_made can drop any): listener.listen_backlog.
+            if listener is None:
+                self._server = await self._loop.create_unix_server(
+                    self._new_connection, path, backlog=self._backlog
+                )
+            else:
+                self._server = await self._loop.create_unix_server(
+                    self._new_connection, sock=listener, backlog=self._backlog
+                )
         except BaseException:
+            if listener is not None:
+                listener.close()
             shutil.rmtree(socket_dir, ignore_errors=True)
             raise
         if self._check_interval_s is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "ProcessExit",
     "ProcessExitSource",
     "describe_returncode",
+    "shell_status_as_signal",
 ]
 
 LossCause = Literal[
@@ -83,6 +84,14 @@ class ProcessExitSource(Protocol):
     def add_exit_listener(self, listener: Callable[[ProcessExit], None]) -> None:
         """Call ``listener(exit)`` on the event loop thread after every reaped process."""
         ...
+
+
+def shell_status_as_signal(returncode: int | None) -> int | None:
+    """bubblewrap (a spawner with ``signals_as_exit_status``) reports its child's death by a
+    signal as 128 + the signal, as a shell does: 139 is a SIGSEGV, ``-11`` here."""
+    if returncode is not None and 129 <= returncode <= 128 + 64:
+        return 128 - returncode
+    return returncode
 
 
 def describe_returncode(returncode: int | None) -> str:

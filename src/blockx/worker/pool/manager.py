@@ -42,7 +42,9 @@ are killed; at start the pool kills marked processes left by workers that died
 Spawns run on one long-lived spawner thread, so the event loop never waits
 for a child to exec (under load a ``Popen`` takes up to ~15 ms on our
 machines); the children's parent-death signal is tied to that thread, which
-lives until ``stop()`` has reaped them. No task or thread per process: exits
+lives until ``stop()`` has reaped them. ``spawn_early()`` may submit the spawns before
+``start()``, with no event loop yet (``blockx run``: :mod:`.early`); ``start()`` adopts
+them. No task or thread per process: exits
 are seen through a pidfd registered with the event loop (``add_reader``; a
 100 ms poll where pidfds are missing), and
 the children's stdout/stderr are non-blocking pipes read the same way and
@@ -64,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import logging
 import os
@@ -78,11 +79,16 @@ from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
 from blockx.wire.launch import ExecutorArgs
 from blockx.worker.errors import AdapterUsageError, SpawnError
 from blockx.worker.pool import process_tree
-from blockx.worker.pool.exits import LossCause, ProcessExit, describe_returncode
+from blockx.worker.pool.exits import (
+    LossCause,
+    ProcessExit,
+    describe_returncode,
+    shell_status_as_signal,
+)
 from blockx.worker.pool.launch import ExecutorLaunchSpec
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
-from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner
+from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner, spawn_thread
 
 if TYPE_CHECKING:
     from blockx.worker.config import WorkerConfig
@@ -96,10 +102,6 @@ _POLL_INTERVAL_S: Final = 0.1
 
 
 _describe_exit = describe_returncode
-#: Exit statuses a spawner with ``signals_as_exit_status`` (the sandbox) means as
-#: "killed by signal status - 128".
-_SIGNAL_STATUS_MIN: Final = 129
-_SIGNAL_STATUS_MAX: Final = 128 + 64
 #: Exits kept per slot for the adapter to ask about.
 _EXITS_KEPT: Final = 4
 
@@ -280,10 +282,10 @@ class PoolManager:
 
     def slots(self) -> list[SlotInfo]:
         now = self._clock()
-        return [self._info(slot, now) for slot in self._slots.values()]
+        return [slot.info(now - self._restart_window_s) for slot in self._slots.values()]
 
     def slot(self, executor_id: str) -> SlotInfo:
-        return self._info(self._slot(executor_id), self._clock())
+        return self._slot(executor_id).info(self._clock() - self._restart_window_s)
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -298,9 +300,12 @@ class PoolManager:
             raise AdapterUsageError("PoolManager.start() called twice")
         self._started = True
         self._loop = asyncio.get_running_loop()
-        self._spawn_thread = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="blockx-executor-spawner"
-        )
+        if self._spawn_thread is None:
+            self._spawn_thread = spawn_thread()
+        early = [(slot, slot.early) for slot in self._slots.values() if slot.early is not None]
+        for slot, spawned in early:  # spawn_early's: registered before anything awaits
+            slot.early = None
+            self._spawned(slot, spawned)  # type: ignore[arg-type]  # a done Future all the same
         if self._mark_prefix is not None:
             # What workers killed with SIGKILL left behind (their executors' children).
             orphans = await self._loop.run_in_executor(
@@ -313,9 +318,51 @@ class PoolManager:
                     ", ".join(map(str, orphans[:20])),
                 )
         for slot in self._slots.values():
-            self._spawn(slot)
+            if all(slot is not adopted for adopted, _ in early):
+                self._spawn(slot)
         await self._spawns_settled()
         _log.info("executor pool started: %d slot(s), %r", len(self._slots), self._spawner)
+
+    def spawn_early(self) -> None:
+        """Spawn every slot's executor now, in the calling thread, before :meth:`start` and
+        without an event loop (``blockx run``'s main thread, which outlives them: their
+        parent-death signal is tied to it; a spawner thread would wait for the GIL while
+        that thread imports the rest of the worker). :meth:`start` adopts them;
+        :meth:`discard_early` (or :meth:`stop` before :meth:`start`) kills and reaps them."""
+        if self._started or self._spawn_thread is not None:
+            raise AdapterUsageError("PoolManager.spawn_early() after a spawn")
+        self._spawn_thread = spawn_thread()  # restarts and the rest, as usual
+        for slot in self._slots.values():
+            slot.early = concurrent.futures.Future()
+            try:
+                slot.early.set_result(self._spawner.spawn(self._spec(slot, 1)))
+            except Exception as exc:  # start() registers it as a failed spawn
+                slot.early.set_exception(exc)
+
+    def early_pids(self) -> list[int]:
+        """The pids of the processes :meth:`spawn_early` started (waiting for the spawns)."""
+        return [s.early.result().pid for s in self._slots.values() if s.early is not None]
+
+    def discard_early(self) -> None:
+        """The pool never started: kill and reap what :meth:`spawn_early` started, close
+        the spawner; the pool is stopped for good. Idempotent."""
+        if self._started or self._stopping:
+            return
+        self._stopping = True
+        for slot in self._slots.values():
+            early, slot.early = slot.early, None
+            if early is None:
+                continue
+            try:
+                slot.process = early.result()
+            except Exception:  # the spawn failed: nothing runs
+                continue
+            self._kill_tree(slot)
+            slot.process.wait()
+            slot.process = None
+        self._close_spawner()
+        if self._spawn_thread is not None:
+            self._spawn_thread.shutdown(wait=False)
 
     async def _spawns_settled(self) -> None:
         """Wait until no spawn is in flight (their results are registered by then)."""
@@ -329,9 +376,7 @@ class PoolManager:
     async def stop(self) -> None:
         """Terminate every executor: SIGTERM, ``stop_grace_ms``, SIGKILL; reap all. Idempotent."""
         if self._stopping or not self._started:
-            if not self._stopping:
-                self._close_spawner()
-            self._stopping = True
+            self.discard_early()
             return
         self._stopping = True
         loop = self._loop
@@ -447,19 +492,6 @@ class PoolManager:
             return self._slots[executor_id]
         except KeyError:
             raise KeyError(f"no executor slot {executor_id!r}") from None
-
-    def _info(self, slot: _Slot, now: float) -> SlotInfo:
-        window_start = now - self._restart_window_s
-        return SlotInfo(
-            executor_id=slot.executor_id,
-            state=slot.state,
-            pid=None if slot.process is None else slot.process.pid,
-            restarts_in_window=sum(1 for t in slot.restart_times if t > window_start),
-            restarts_total=slot.restarts_total,
-            exits_total=slot.exits_total,
-            last_returncode=slot.last_returncode,
-            last_exit_reason=slot.last_exit_reason,
-        )
 
     def _set_state(self, slot: _Slot, state: SlotState) -> None:
         if slot.state is state:
@@ -619,14 +651,8 @@ class PoolManager:
         killed = slot.killed
         slot.killed = None
         returncode = slot.last_returncode
-        if (
-            getattr(self._spawner, "signals_as_exit_status", False)
-            and returncode is not None
-            and _SIGNAL_STATUS_MIN <= returncode <= _SIGNAL_STATUS_MAX
-        ):
-            # bubblewrap reports its child's death by a signal as 128 + the signal, as a
-            # shell does: 139 is a SIGSEGV in the executor.
-            returncode = _SIGNAL_STATUS_MIN - 1 - returncode
+        if getattr(self._spawner, "signals_as_exit_status", False):
+            returncode = shell_status_as_signal(returncode)
         exit_ = ProcessExit(
             executor_id=slot.executor_id,
             generation=slot.generation,
@@ -648,38 +674,16 @@ class PoolManager:
             # Off the loop (a /proc scan); on the spawner thread, before the next spawn.
             mark = process_tree.mark_of(self._mark_prefix, slot.executor_id, slot.generation)
             assert self._loop is not None
-            self._loop.run_in_executor(self._spawn_thread, self._kill_left_behind, mark)
+            self._loop.run_in_executor(self._spawn_thread, process_tree.kill_left_behind, mark)
         for listener in list(self._exit_listeners):
             try:
                 listener(exit_)
             except Exception:
                 _log.exception("exit listener failed for %s", slot.executor_id)
 
-    @staticmethod
-    def _kill_left_behind(mark: str) -> None:
-        victims = process_tree.kill_marked(mark)
-        if victims:
-            _log.warning(
-                "killed %d process(es) left behind by executor %s: %s",
-                len(victims),
-                mark.split(":")[3],
-                ", ".join(map(str, victims[:20])),
-            )
-
     def _kill_tree(self, slot: _Slot) -> None:
-        """SIGKILL the slot's process's descendants, then its group and itself."""
-        process = slot.process
-        if process is None:
-            return
-        # Walk while it lives: once it is dead its children are reparented away.
-        for _ in range(2):  # a second pass for what forked during the first
-            tree = process_tree.descendants(process.pid)
-            if not tree:
-                break
-            process_tree.kill_pids(tree)
-        _signal_process_group(process, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(process.pid, signal.SIGKILL)
+        if slot.process is not None:
+            process_tree.kill_tree(slot.process)
 
     def _reap(self, slot: _Slot) -> None:
         process = slot.process

@@ -35,6 +35,7 @@ process-group kill remains (README, "Supported platforms").
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -279,3 +280,28 @@ def descends_from(pid: int, ancestor: int) -> bool:
         if pid <= 1:
             return False
     return False
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process's descendants, then its group and itself."""
+    # Walk while it lives: once it is dead its children are reparented away.
+    for _ in range(2):  # a second pass for what forked during the first
+        tree = descendants(process.pid)
+        if not tree:
+            break
+        kill_pids(tree)
+    signal_process_group(process, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(process.pid, signal.SIGKILL)
+
+
+def kill_left_behind(mark: str) -> None:
+    """SIGKILL what an executor (``mark``: its mark) left running when it exited."""
+    victims = kill_marked(mark)
+    if victims:
+        logging.getLogger("blockx.worker.pool").warning(
+            "killed %d process(es) left behind by executor %s: %s",
+            len(victims),
+            mark.split(":")[3],
+            ", ".join(map(str, victims[:20])),
+        )

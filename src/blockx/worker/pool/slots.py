@@ -9,6 +9,7 @@ about). Only :class:`~blockx.worker.pool.manager.PoolManager` changes a ``_Slot`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import subprocess
 from collections import deque
@@ -52,6 +53,7 @@ class SlotInfo:
 class _Slot:
     __slots__ = (
         "blackbox_path",
+        "early",
         "executor_id",
         "exits",
         "exits_total",
@@ -85,6 +87,8 @@ class _Slot:
         self.outputs: list[OutputReader] = []
         #: The spawn in flight on the spawner thread, if any.
         self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
+        #: A spawn started before the pool's loop (PoolManager.spawn_early), not adopted yet.
+        self.early: concurrent.futures.Future[subprocess.Popen[bytes]] | None = None
         #: Spawns so far; the running process's is its generation.
         self.generation = 0
         #: The last few exits, by generation (the adapter asks for its era's).
@@ -96,3 +100,16 @@ class _Slot:
     def __repr__(self) -> str:
         pid = self.process.pid if self.process is not None else None
         return f"_Slot({self.executor_id!r}, {self.state.name}, pid={pid})"
+
+    def info(self, window_start: float) -> SlotInfo:
+        """The slot now; restarts after ``window_start`` are the window's."""
+        return SlotInfo(
+            executor_id=self.executor_id,
+            state=self.state,
+            pid=None if self.process is None else self.process.pid,
+            restarts_in_window=sum(1 for t in self.restart_times if t > window_start),
+            restarts_total=self.restarts_total,
+            exits_total=self.exits_total,
+            last_returncode=self.last_returncode,
+            last_exit_reason=self.last_exit_reason,
+        )

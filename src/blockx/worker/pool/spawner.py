@@ -45,6 +45,7 @@ everything else. It is thread-safe: the pool calls it on its spawner thread.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -183,3 +184,12 @@ def spawner_for_mode(mode: str, pool_config: PoolConfig | None = None) -> Execut
         spawner.prepare()
         return spawner
     raise PoolError(f"unknown executor spawn mode {mode!r}; expected process or sandbox")
+
+
+def spawn_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that runs a pool's spawns: ``Popen`` waits (vfork) until the child
+    has exec'd, and the children's parent-death signal is tied to the thread that
+    spawned them (``blockx/worker/pool/manager.py``)."""
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="blockx-executor-spawner"
+    )
