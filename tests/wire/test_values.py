@@ -128,3 +128,29 @@ def test_fast_path_matches_orjson_when_orjson_can(value):
     except TypeError:
         return
     assert dumps_wire(value) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values.map(lambda v: {"big": 2**70, "v": v}))
+def test_a_value_with_big_ints_means_what_the_standard_librarys_text_means(value):
+    # Plain JSON with a uint256 goes through msgspec (blockx/wire/values.py): the same
+    # values as the strict stdlib path's text, read back.
+    import json
+
+    stdlib = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    assert loads_wire(dumps_wire(value)) == json.loads(stdlib) == loads_wire(stdlib)
+
+
+def test_a_tuple_with_a_big_int_is_a_list_and_the_rest_keeps_the_strict_rules():
+    assert (
+        dumps_wire((2**80, "é", [1.5, None]))
+        == b'[1208925819614629174706176,"\xc3\xa9",[1.5,null]]'
+    )
+    with pytest.raises(NotSerializableError, match="NaN"):
+        dumps_wire([2**80, float("nan")])
+    with pytest.raises(NotSerializableError, match=r"\$\[1\].*Decimal"):
+        import decimal
+
+        dumps_wire([2**80, decimal.Decimal("1.5")])
+    with pytest.raises(NotSerializableError, match="key of type int"):
+        dumps_wire({"n": 2**80, "m": {1: 2}})

@@ -94,7 +94,11 @@ def dumps_wire(value: Any) -> bytes:
 
 
 def _dumps_stdlib(value: Any) -> bytes:
-    """The slow path for values holding integers beyond 64 bits."""
+    """The path for values holding integers beyond 64 bits (a uint256 balance): msgspec,
+    which writes them exactly, when the value is plain JSON (the common case: ~10x the
+    stdlib encoder); else the standard library's encoder, after the strict check."""
+    if _plain_json(value):
+        return _encode_plain(value)
     problem = _first_problem(value, "$", allow_big_ints=True)
     if problem is not None:
         raise problem
@@ -128,6 +132,40 @@ _SCALARS = (str, bool, type(None))
 # Types orjson writes natively (a UUID as its string, an Enum as its value).
 _NATIVE = (_dt.datetime, _dt.date, _dt.time, uuid.UUID, enum.Enum)
 _MAX_DEPTH = 254  # orjson's own nesting limit
+
+
+#: Plain JSON values (with integers of any size) to bytes: the same text as the standard
+#: library's compact encoder, but for a float's exponent (``1e20``, not ``1e+20``).
+_encode_plain: Final = msgspec.json.Encoder().encode
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` holds only str, bool, None, int, finite float, and lists, tuples
+    and str-keyed dicts of those, no deeper than orjson's limit (what msgspec writes as the
+    standard library would; anything else takes the strict path, which names a problem)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+            continue
+        if depth >= _MAX_DEPTH:
+            return False
+        if kind is dict:
+            for key, child in item.items():
+                if type(key) is not str:
+                    return False
+                stack.append((child, depth + 1))
+        elif kind is list or kind is tuple:
+            for child in item:
+                stack.append((child, depth + 1))
+        else:
+            return False
+    return True
 
 
 def _reject_non_finite(value: Any) -> None:
