@@ -13,13 +13,17 @@ cannot resolve.
 Under valgrind the worker runs ~50x slower than its executors and the node, so the
 node's batches are as full as ``io.rpc.max_batch`` allows in both runs.
 
-    .venv/bin/python bench/chain_instructions.py [--workload distinct|repeated] [--calls 500,2500]
+    .venv/bin/python bench/chain_instructions.py [--workload distinct|repeated|trivial]
+        [--calls 500,2500]
         [--keep DIR]   (DIR/<workload>-<calls>/callgrind.out: callgrind_annotate them)
 
 2026-12-02, compiled build, distinct workload (5 reads per call): 663,523 instructions
 per call with the ``rpc`` backend interpreted, 582,474 with it compiled; 572,239 later
 that day (63 modules, the calls file as ``CallBatch`` items); the repeated workload
-113,049 (the reads answered by the executors' own caches).
+113,049 (the reads answered by the executors' own caches). ``--workload trivial`` (no
+node: ``bench/worker_throughput.py --whole-process``'s calls, ``--calls 2000,10000``):
+64,662 at the day's last build; the same runs by hand gave 73,900 before the calls file
+came as ``CallBatch`` items and 65,500 after.
 Needs ``valgrind`` on PATH.
 """
 
@@ -37,20 +41,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from blockx_process import blockx_env, write_task
 from chain_reads import BLOCK, CHAIN, READS_FUNCTION, Node, workload_addresses
 
+#: ``--workload trivial``: what ``bench/worker_throughput.py --whole-process`` runs.
+TRIVIAL_FUNCTION = "def _(p):\n    return {'y': p['x'] + 1}\n"
+
 
 def worker_instructions(node: Node, workload: str, calls: int, reads: int, root: Path) -> int:
     """Instructions of one ``blockx run`` process (callgrind's total) for ``calls`` calls."""
     directory = root / f"{workload}-{calls}"
-    addresses = workload_addresses(workload, calls, reads)
-    task, _ = write_task(
-        directory,
-        {"reads": READS_FUNCTION},
-        (
-            {"function": "reads", "args": {"i": i, "block": BLOCK, "addresses": call}}
-            for i, call in enumerate(addresses)
-        ),
-        io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
-    )
+    if workload == "trivial":
+        task, _ = write_task(
+            directory,
+            {"t": TRIVIAL_FUNCTION},
+            ({"function": "t", "args": {"x": i}} for i in range(calls)),
+        )
+    else:
+        addresses = workload_addresses(workload, calls, reads)
+        task, _ = write_task(
+            directory,
+            {"reads": READS_FUNCTION},
+            (
+                {"function": "reads", "args": {"i": i, "block": BLOCK, "addresses": call}}
+                for i, call in enumerate(addresses)
+            ),
+            io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
+        )
     out = directory / "callgrind.out"
     env = blockx_env()
     node.reset()
@@ -88,7 +102,9 @@ def worker_instructions(node: Node, workload: str, calls: int, reads: int, root:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=("distinct", "repeated"), default="distinct")
+    parser.add_argument(
+        "--workload", choices=("distinct", "repeated", "trivial"), default="distinct"
+    )
     parser.add_argument("--calls", default="500,2500", help="two call counts, comma-separated")
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--delay-ms", type=float, default=2.0)
@@ -113,10 +129,15 @@ def main() -> None:
     finally:
         node.close()
     per_call = (counts[large] - counts[small]) / (large - small)
+    runs = f"(runs of {small:,} and {large:,} calls: {counts[small]:,} and {counts[large]:,})"
+    if args.workload == "trivial":
+        print(
+            f"trivial calls, the blockx run process: {per_call:,.0f} instructions per call {runs}"
+        )
+        return
     print(
         f"{args.workload} chain reads ({args.reads} per call), the blockx run process: "
-        f"{per_call:,.0f} instructions per call, {per_call / args.reads:,.0f} per read "
-        f"(runs of {small:,} and {large:,} calls: {counts[small]:,} and {counts[large]:,})"
+        f"{per_call:,.0f} instructions per call, {per_call / args.reads:,.0f} per read {runs}"
     )
 
 
