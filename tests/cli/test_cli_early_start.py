@@ -193,6 +193,6 @@ def test_blockx_run_spawns_its_executors_before_the_worker_is_built() -> None:
     early = start_executors(config)
     assert early is not None
     try:
-        assert len(early.pool.early_pids()) == 1 and os.path.exists(early.socket_path)
+        assert len(early.pids) == 1 and os.path.exists(early.socket_path)
     finally:
         early.discard()

@@ -32,7 +32,7 @@ if uvloop is not None:
 def test_a_worker_takes_the_early_executors_and_runs_its_tasks_on_them(loop: str) -> None:
     config = e2e_config()
     early = EarlyExecutors(config)
-    pids = sorted(early.pool.early_pids())
+    pids = sorted(early.pids)
     assert len(pids) == config.pool.executor_count
     # The socket listens before any event loop runs: a connection waits in its backlog.
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -57,7 +57,7 @@ def test_a_worker_takes_the_early_executors_and_runs_its_tasks_on_them(loop: str
 
 def test_early_executors_no_worker_took_are_killed_and_their_directory_removed() -> None:
     early = EarlyExecutors(e2e_config())
-    pids = early.pool.early_pids()
+    pids = early.pids
     assert pids and not any(process_is_gone(pid) for pid in pids)
     early.discard()
     early.discard()  # idempotent
@@ -70,7 +70,7 @@ def test_early_executors_no_worker_took_are_killed_and_their_directory_removed()
 def test_a_worker_closed_before_it_started_discards_its_early_executors() -> None:
     config = e2e_config()
     early = EarlyExecutors(config)
-    pids = early.pool.early_pids()
+    pids = early.pids
 
     async def scenario() -> None:
         worker = Worker(config, early=early)
@@ -83,7 +83,7 @@ def test_a_worker_closed_before_it_started_discards_its_early_executors() -> Non
 
 def test_a_worker_refuses_early_executors_started_for_another_configuration() -> None:
     early = EarlyExecutors(e2e_config(**{"pool.executor_count": 1}))
-    pids = early.pool.early_pids()
+    pids = early.pids
     try:
         with pytest.raises(ValueError, match="another configuration"):
             Worker(e2e_config(**{"pool.executor_count": 2}), early=early)

@@ -49,7 +49,8 @@ class EarlyExecutors:
         self._taken = False
         try:
             self.pool = PoolManager.from_config(config, self.socket_path, spawner=spawner)
-            self.pool.spawn_early()
+            #: The executors' pids (a spawn that failed has none: the pool restarts it).
+            self.pids = self.pool.spawn_early()
         except BaseException:
             self.listener.close()
             shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -42,9 +42,8 @@ are killed; at start the pool kills marked processes left by workers that died
 Spawns run on one long-lived spawner thread, so the event loop never waits
 for a child to exec (under load a ``Popen`` takes up to ~15 ms on our
 machines); the children's parent-death signal is tied to that thread, which
-lives until ``stop()`` has reaped them. ``spawn_early()`` may submit the spawns before
-``start()``, with no event loop yet (``blockx run``: :mod:`.early`); ``start()`` adopts
-them. No task or thread per process: exits
+lives until ``stop()`` has reaped them (``spawn_early()``'s, before ``start()``: the
+caller's thread, :mod:`.early`). No task or thread per process: exits
 are seen through a pidfd registered with the event loop (``add_reader``; a
 100 ms poll where pidfds are missing), and
 the children's stdout/stderr are non-blocking pipes read the same way and
@@ -180,10 +179,8 @@ class PoolManager:
         self._started = False
         self._stopping = False
         self._all_exited: asyncio.Future[None] | None = None
-        # One long-lived thread runs every spawn: Popen waits (vfork) until the child
-        # has exec'd, which under load can take milliseconds the event loop should
-        # not lose. The children's parent-death signal is tied to this thread, which
-        # lives until stop() has reaped them all.
+        # The one spawner thread (spawner.spawn_thread), which the children's parent-death
+        # signal is tied to: it lives until stop() has reaped them all.
         self._spawn_thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     @classmethod
@@ -323,12 +320,12 @@ class PoolManager:
         await self._spawns_settled()
         _log.info("executor pool started: %d slot(s), %r", len(self._slots), self._spawner)
 
-    def spawn_early(self) -> None:
-        """Spawn every slot's executor now, in the calling thread, before :meth:`start` and
-        without an event loop (``blockx run``'s main thread, which outlives them: their
-        parent-death signal is tied to it; a spawner thread would wait for the GIL while
-        that thread imports the rest of the worker). :meth:`start` adopts them;
-        :meth:`discard_early` (or :meth:`stop` before :meth:`start`) kills and reaps them."""
+    def spawn_early(self) -> list[int]:
+        """Spawn every slot's executor now, before :meth:`start`, with no event loop, in the
+        calling thread (``blockx run``'s main thread: it outlives them, and their
+        parent-death signal is tied to it; the spawner thread would wait for the GIL
+        while it imports the worker); return their pids. :meth:`start` adopts them;
+        :meth:`discard_early` (or :meth:`stop` before :meth:`start`) kills them."""
         if self._started or self._spawn_thread is not None:
             raise AdapterUsageError("PoolManager.spawn_early() after a spawn")
         self._spawn_thread = spawn_thread()  # restarts and the rest, as usual
@@ -338,10 +335,8 @@ class PoolManager:
                 slot.early.set_result(self._spawner.spawn(self._spec(slot, 1)))
             except Exception as exc:  # start() registers it as a failed spawn
                 slot.early.set_exception(exc)
-
-    def early_pids(self) -> list[int]:
-        """The pids of the processes :meth:`spawn_early` started (waiting for the spawns)."""
-        return [s.early.result().pid for s in self._slots.values() if s.early is not None]
+        early = [s.early for s in self._slots.values() if s.early is not None]
+        return [spawned.result().pid for spawned in early if spawned.exception() is None]
 
     def discard_early(self) -> None:
         """The pool never started: kill and reap what :meth:`spawn_early` started, close
