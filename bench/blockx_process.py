@@ -106,24 +106,21 @@ def blockx_env() -> dict[str, str]:
     return env
 
 
+def blockx_argv(task: Path, executors: int, *extra: str) -> list[str]:
+    """``python -m blockx run TASK -o ROWS --quiet --executors N [extra]``; the rows go to
+    ``rows.jsonl`` beside the task."""
+    rows = task.parent / "rows.jsonl"
+    return [
+        *(sys.executable, "-m", "blockx", "run", str(task), "-o", str(rows), "--quiet"),
+        *("--executors", str(executors), *extra),
+    ]
+
+
 def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -> ProcessRun:
     """Run ``blockx run`` on ``task`` as a child process; raise if it does not succeed."""
     rows = task.parent / "rows.jsonl"
     summary_path = task.parent / "summary.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "blockx",
-        "run",
-        str(task),
-        "-o",
-        str(rows),
-        "--summary-json",
-        str(summary_path),
-        "--quiet",
-        "--executors",
-        str(executors),
-    ]
+    argv = blockx_argv(task, executors, "--summary-json", str(summary_path))
     env = blockx_env()
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blockx_process import blockx_env, write_task
-from chain_reads import BLOCK, CHAIN, READS_FUNCTION, Node, workload_addresses
+from blockx_process import blockx_argv, blockx_env, write_task
+from chain_reads import Node, workload_addresses, write_reads_task
 
 #: ``--workload trivial``: what ``bench/worker_throughput.py --whole-process`` runs.
 TRIVIAL_FUNCTION = "def _(p):\n    return {'y': p['x'] + 1}\n"
@@ -56,34 +56,12 @@ def worker_instructions(node: Node, workload: str, calls: int, reads: int, root:
         )
     else:
         addresses = workload_addresses(workload, calls, reads)
-        task, _ = write_task(
-            directory,
-            {"reads": READS_FUNCTION},
-            (
-                {"function": "reads", "args": {"i": i, "block": BLOCK, "addresses": call}}
-                for i, call in enumerate(addresses)
-            ),
-            io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
-        )
+        task, _ = write_reads_task(directory, node.url, addresses)
     out = directory / "callgrind.out"
     env = blockx_env()
     node.reset()
     done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            "-m",
-            "blockx",
-            "run",
-            str(task),
-            "-o",
-            str(directory / "rows.jsonl"),
-            "--quiet",
-            "--executors",
-            "2",
-        ],
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *blockx_argv(task, 2)],
         env=env,
         capture_output=True,
         text=True,

@@ -295,19 +295,26 @@ class Node:
 # --- the systems -----------------------------------------------------------------------------
 
 
-def blockx_run(
-    node: Node, addresses: list[list[str]], executors: int, directory: Path
-) -> ProcessRun:
-    """``blockx run`` over the node; the rows are read back and returned in call order."""
-    task, n = write_task(
+def write_reads_task(
+    directory: Path, node_url: str, addresses: list[list[str]]
+) -> tuple[Path, int]:
+    """The workload as a task (``task.yaml``, its calls file) reading from ``node_url``."""
+    return write_task(
         directory,
         {"reads": READS_FUNCTION},
         (
             {"function": "reads", "args": {"i": i, "block": BLOCK, "addresses": call}}
             for i, call in enumerate(addresses)
         ),
-        io={"rpc": {"endpoints": {CHAIN: [node.url]}}},
+        io={"rpc": {"endpoints": {CHAIN: [node_url]}}},
     )
+
+
+def blockx_run(
+    node: Node, addresses: list[list[str]], executors: int, directory: Path
+) -> ProcessRun:
+    """``blockx run`` over the node; the rows are read back and returned in call order."""
+    task, n = write_reads_task(directory, node.url, addresses)
     return run_blockx(task, n, executors)
 
 

@@ -183,7 +183,56 @@ def test_the_worker_process_gc_is_tuned_once_the_executors_are_started(tmp_path:
     assert done.stdout.split() == ["0", "True", "True"], done.stderr
 
 
-def test_blockx_run_spawns_its_executors_before_the_worker_is_built() -> None:
+#: ``blockx run`` with ``PoolManager.spawn_early`` watched: which modules were loaded when
+#: the executors were spawned, and whether the run still succeeded.
+_SPAWN_SPY = """
+import json, sys
+from blockx.worker.pool import manager
+real = manager.PoolManager.spawn_early
+seen_file = sys.argv[1]
+def spy(self):
+    seen = {m: m in sys.modules for m in ("blockx.worker.app", "blockx.cli.taskfile", "yaml")}
+    with open(seen_file, "w") as f:
+        json.dump(seen, f)
+    return real(self)
+manager.PoolManager.spawn_early = spy
+from blockx.cli import console_main
+sys.argv = ["blockx", "run", sys.argv[2], "-o", sys.argv[3], "-n", "2", "--quiet"]
+console_main()
+"""
+
+
+def test_blockx_run_spawns_its_executors_before_the_worker_is_imported(tmp_path: Path) -> None:
+    # The point of the early spawn: the executors boot while the worker is imported and
+    # the task file read. An import of blockx.worker.app before it (as a `from
+    # blockx.worker.app import run` once did) silently gave the head start back.
+    task = write(
+        tmp_path / "task.yaml",
+        'task_id: early\nfunctions:\n  f: {source: "'
+        + FUNCTION.replace("\n", "\\n")
+        + '"}\ncalls:\n  - {function: f, args: 1}\n',
+    )
+    seen_file, rows = tmp_path / "seen.json", tmp_path / "rows.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _SPAWN_SPY, str(seen_file), str(task), str(rows)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert rows.read_text() == '{"x":1}\n'
+    import json
+
+    assert json.loads(seen_file.read_text()) == {
+        "blockx.worker.app": False,
+        "blockx.cli.taskfile": False,
+        "yaml": False,
+    }
+
+
+def test_start_executors_gives_early_executors_for_a_good_configuration() -> None:
     # start_executors falls back to None (the worker spawns them) on any failure: that
     # must stay the exception, or every run loses the head start silently.
     from blockx.cli.run_input import RunOptions, early_worker_config, start_executors

@@ -90,3 +90,27 @@ def test_a_worker_refuses_early_executors_started_for_another_configuration() ->
     finally:
         early.discard()
     assert pids and all(process_is_gone(pid) for pid in pids)
+
+
+def test_an_interrupt_between_two_early_spawns_leaves_no_executor_and_no_socket() -> None:
+    from blockx.worker.pool.spawner import ProcessSpawner
+
+    class InterruptedSecond(ProcessSpawner):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[int] = []
+
+        def spawn(self, spec):  # type: ignore[no-untyped-def]
+            if self.started:
+                raise KeyboardInterrupt  # Ctrl-C while blockx run spawns its second executor
+            process = super().spawn(spec)
+            self.started.append(process.pid)
+            return process
+
+    spawner = InterruptedSecond()
+    before = set(os.listdir(e2e_config().adapter.socket_dir or "/tmp"))
+    with pytest.raises(KeyboardInterrupt):
+        EarlyExecutors(e2e_config(), spawner=spawner)
+    assert len(spawner.started) == 1 and process_is_gone(spawner.started[0])
+    after = set(os.listdir(e2e_config().adapter.socket_dir or "/tmp"))
+    assert not {name for name in after - before if name.startswith("blockx-worker-")}

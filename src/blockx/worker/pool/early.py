@@ -47,14 +47,17 @@ class EarlyExecutors:
         #: The configuration the pool was built for (a worker adopts it only for that one).
         self.config = config
         self._taken = False
+        pool: PoolManager | None = None
         try:
-            self.pool = PoolManager.from_config(config, self.socket_path, spawner=spawner)
+            pool = PoolManager.from_config(config, self.socket_path, spawner=spawner)
             #: The executors' pids (a spawn that failed has none: the pool restarts it).
-            self.pids = self.pool.spawn_early()
-        except BaseException:
-            self.listener.close()
-            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.pids = pool.spawn_early()
+        except BaseException:  # a Ctrl-C between two spawns: the first one is killed too
+            if pool is not None:
+                pool.discard_early()
+            self.remove_socket()
             raise
+        self.pool = pool
 
     def __repr__(self) -> str:
         state = "taken" if self._taken else "waiting"

@@ -346,7 +346,7 @@ class PoolManager:
         self._stopping = True
         for slot in self._slots.values():
             early, slot.early = slot.early, None
-            if early is None:
+            if early is None or not early.done():  # interrupted before it spawned
                 continue
             try:
                 slot.process = early.result()
