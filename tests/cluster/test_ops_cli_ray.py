@@ -131,7 +131,9 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
         assert during[("blockx_tasks", (("state", "running"),))] == 1
         assert during[("blockx_cluster_batches_total", ())] > 0
         gate.touch()
-        assert proc.wait(timeout=240) == 0
+        returncode = proc.wait(timeout=240)
+        reader.join(5)
+        assert returncode == 0, "".join(lines)[-4000:]  # its stderr: why the run failed
     finally:
         gate.touch()
         if proc.poll() is None:

@@ -607,16 +607,9 @@ class Worker:
             size += len(args)
             index += 1
 
-        async def take(item: Any) -> bool:
-            """One item of the source; False once production must stop."""
-            nonlocal size, index
-            if item is FLUSH:  # the source is about to wait: send what it gave
-                return not specs or await commit()
-            if type(item) is not CallBatch:
-                add(item)
-                return (len(specs) < max_rows and size < max_bytes) or await commit()
+        async def add_batch(pairs: list[tuple[str, Any]]) -> bool:
             # A CallBatch: its calls in one loop, cut into batches as single items are.
-            pairs = item.pairs
+            nonlocal size, index
             position = 0
             while position < len(pairs):
                 end = min(len(pairs), position + max_rows - len(specs))
@@ -626,19 +619,40 @@ class Worker:
                 batch_calls.extend(pairs[position:stop])
                 index += stop - position
                 position = stop
-                if (len(specs) >= max_rows or size >= max_bytes) and not await commit():
-                    return False
+                if len(specs) >= max_rows or size >= max_bytes:
+                    if not await commit():
+                        return False
             return True
 
         try:
             if isinstance(calls, AsyncIterable):
                 async for item in calls:
-                    if not await take(item):
-                        return
+                    if item is FLUSH:  # the source is about to wait: send what it gave
+                        if specs and not await commit():
+                            return
+                        continue
+                    if type(item) is CallBatch:
+                        if not await add_batch(item.pairs):
+                            return
+                        continue
+                    add(item)
+                    if len(specs) >= max_rows or size >= max_bytes:
+                        if not await commit():
+                            return
             else:
                 for item in calls:
-                    if not await take(item):
-                        return
+                    if item is FLUSH:
+                        if specs and not await commit():
+                            return
+                        continue
+                    if type(item) is CallBatch:
+                        if not await add_batch(item.pairs):
+                            return
+                        continue
+                    add(item)
+                    if len(specs) >= max_rows or size >= max_bytes:
+                        if not await commit():
+                            return
             if specs and not await commit():
                 return
             self._orchestrator_post(StreamFinished(run=run))
