@@ -6,11 +6,13 @@ The event loop must never wait for stdout. A slow reader (``| less``) or a
 pipe nobody drains would otherwise stall the whole run — executors idle,
 heartbeats unchecked — and keep the loop's signal handlers from running. So
 the loop only encodes rows — a batch of them with one call, msgspec's
-``encode_lines`` — and appends the bytes to a queue; one writer thread takes
+``encode_lines``; or, for a settled batch's outputs that are all objects, not
+even that: they are the rows' JSON already (:func:`encode_outputs`) — and appends
+the bytes to a queue; one writer thread takes
 whatever has accumulated and writes it, in order, to a descriptor of its own::
 
     event loop                               writer thread "blockx-rows"
-    put_rows(rows)      -> queue of bytes -> os.write(fd, all queued, <= 1 MiB)
+    put_outputs(outs)   -> queue of bytes -> os.write(fd, all queued, <= 1 MiB)
     await wait_for_room()  <-- woken by call_soon_threadsafe after each write
     await wait_drained()   <--
 
@@ -41,19 +43,26 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from blockx.cli.writer import OutputClosed, WriterThread, open_std_stream
+from blockx.worker.json_values import rows_from_outputs, rows_jsonl
+
+if TYPE_CHECKING:
+    from blockx.worker.handle import TaskHandle
 
 __all__ = [
     "MAX_PENDING_BYTES",
     "PUT_SLICE_ROWS",
     "OutputClosed",
+    "RowPart",
     "RowWriter",
+    "encode_outputs",
     "encode_rows",
+    "row_parts",
 ]
 
 #: Encoded rows queued for the writer before the producer waits for room.
@@ -80,6 +89,31 @@ def _encode(rows: Sequence[Any]) -> bytes:
 
 #: Rows as JSON Lines exactly as ``blockx run`` writes them (``blockx serve`` stores them so).
 encode_rows: Final = _encode
+
+
+def encode_outputs(outputs: Sequence[bytes]) -> tuple[bytes, int]:
+    """The rows of a settled batch's raw ``outputs`` as JSON Lines, and how many: the
+    same bytes as :func:`encode_rows` of the decoded rows, without decoding the outputs
+    when each is one object (``blockx.worker.json_values.rows_jsonl``)."""
+    encoded = rows_jsonl(outputs)
+    if encoded is not None:
+        return encoded
+    rows = rows_from_outputs(outputs)
+    return (_encode(rows) if rows else b""), len(rows)
+
+
+#: A settled batch's rows as :meth:`RowWriter.put_part` takes them: ``(True, its raw
+#: outputs)``, or ``(False, rows)`` when only decoded rows are at hand.
+RowPart = tuple[bool, Sequence[Any]]
+
+
+async def row_parts(handle: TaskHandle) -> AsyncIterator[RowPart]:
+    """The task's settled batches as :data:`RowPart` items, never an empty one."""
+    async for settled in handle.settled_batches():
+        if settled.outputs:
+            yield True, settled.outputs
+        elif settled.rows:
+            yield False, settled.rows
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -150,12 +184,31 @@ class RowWriter(WriterThread):
         the reader went away, or the :class:`OSError` a write failed with."""
         if not rows:
             return
-        data = _encode(rows)
+        self._put(_encode(rows), len(rows))
+
+    def put_outputs(self, outputs: Sequence[bytes]) -> None:
+        """:meth:`put_rows` for the rows of a settled batch's raw outputs
+        (:func:`encode_outputs`: most often, nothing to decode or encode)."""
+        if not outputs:
+            return
+        data, count = encode_outputs(outputs)
+        if count:
+            self._put(data, count)
+
+    def put_part(self, part: RowPart) -> None:
+        """:meth:`put_outputs` or :meth:`put_rows`, as ``part`` says."""
+        raw, items = part
+        if raw:
+            self.put_outputs(items)
+        else:
+            self.put_rows(items)
+
+    def _put(self, data: bytes, lines: int) -> None:
         with self._lock:
             self._raise_failure()
             if self._closing or self._abandoned:
                 raise RuntimeError("RowWriter.put_rows after close() or abandon()")
-            self._queue_bytes(data, len(rows))
+            self._queue_bytes(data, lines)
 
     async def wait_for_room(self) -> None:
         """Return once the queue is below its bound (raises as :meth:`put_rows`)."""

@@ -106,7 +106,7 @@ from blockx.cli.settings import Settings
 # The task file's modules, the output's and the verdict's are imported once the executors
 # have been started (where they are used), not before: the executors boot meanwhile.
 if TYPE_CHECKING:
-    from blockx.cli.output import RowWriter
+    from blockx.cli.output import RowPart, RowWriter
     from blockx.cli.report import RunOutcome
     from blockx.cli.taskfile import TaskFile
     from blockx.worker.app import Worker
@@ -267,7 +267,7 @@ async def _run_on_worker(
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
-    from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed
+    from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed, row_parts
     from blockx.cli.taskfile import SpecError
     from blockx.observability.tracing import Tracing
     from blockx.worker.app import Worker
@@ -289,8 +289,8 @@ async def _run_on_worker(
     handle = None
     progress: Progress | None = None
     ticker: asyncio.Task[None] | None = None
-    batches: AsyncIterator[list[Any]] | None = None
-    unput: list[Any] = []  # rows of the batch being put, not put yet
+    batches: AsyncIterator[RowPart] | None = None
+    unput: list[RowPart] = []  # the rest of the batch being put, not put yet
     try:
         if started is None:
             await worker.start()
@@ -348,15 +348,16 @@ async def _run_on_worker(
         try:
             # A batch's rows are encoded and queued a slice at a time (one encode per
             # slice, nothing per row), the queue's bound checked between slices.
-            batches = handle.row_batches()
-            async for batch in batches:
+            batches = row_parts(handle)
+            async for raw, batch in batches:
                 if outcome.output_closed:
                     continue
                 for start in range(0, len(batch), PUT_SLICE_ROWS):
                     end = start + PUT_SLICE_ROWS
-                    sink.put_rows(batch if start == 0 and end >= len(batch) else batch[start:end])
+                    whole = start == 0 and end >= len(batch)
+                    sink.put_part((raw, batch if whole else batch[start:end]))
                     if sink.full:  # the loop runs on; the stream pauses at its window
-                        unput = batch[end:]
+                        unput = [(raw, batch[end:])]
                         await sink.wait_for_room()
                         unput = []
             result = await handle.result()
@@ -382,10 +383,11 @@ async def _run_on_worker(
                 # batches settled since
                 rest = list(unput)
                 if batches is not None:
-                    rest += [row async for batch in batches for row in batch]
-                rest += [row async for batch in handle.row_batches() for row in batch]
+                    rest += [part async for part in batches]
+                rest += [part async for part in row_parts(handle)]
                 try:
-                    sink.put_rows(rest)
+                    for part in rest:
+                        sink.put_part(part)
                 except OutputClosed:
                     outcome.output_closed = True
     except SpecError as exc:  # the calls file changed while it was streamed

@@ -475,7 +475,7 @@ class TaskManager:
             self._schedule()
 
     async def _run_inner(self, live: LiveTask) -> None:
-        from blockx.cli.output import encode_rows
+        from blockx.cli.output import encode_outputs, encode_rows
 
         record = live.record
         start = record.done
@@ -493,11 +493,16 @@ class TaskManager:
             if self.cutting:
                 continue  # the drain cut the run: a cancelled call is no outcome
             failures = tuple((start + f.index, _failure_record(f, start)) for f in settled.failures)
+            if settled.outputs:  # most often the rows' JSON already: nothing decoded
+                rows_body, row_count = encode_outputs(settled.outputs)
+            else:
+                rows = settled.rows
+                rows_body, row_count = (encode_rows(rows) if rows else b""), len(rows)
             batch = SettledBatch(
                 first_call=start + settled.first_call,
                 call_count=settled.call_count,
-                rows_body=encode_rows(settled.rows) if settled.rows else b"",
-                row_count=len(settled.rows),
+                rows_body=rows_body,
+                row_count=row_count,
                 failures=failures,
                 succeeded=settled.succeeded,
                 failed=len(settled.failures),
