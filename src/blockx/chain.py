@@ -52,7 +52,8 @@ from typing import Any, Final
 
 import orjson
 
-from blockx.sdk import rpc as _rpc
+from blockx.sdk.rpc import BACKEND as _RPC_BACKEND
+from blockx.sdk.runtime import get_provider as _get_provider
 
 __all__ = [
     "BLOCK_TAGS",
@@ -225,33 +226,47 @@ class ChainState:
 
     # --- requests -------------------------------------------------------------------------------
 
+    # The read path runs for every read, answered by the executor's own cache or not, so
+    # it is written out: no blockx.sdk.rpc.call (its second dict and copy of the params),
+    # no hex_quantity or _address call but on a bad value. A ChainState and five balance
+    # reads, the provider answering at once: 96,733 -> 78,611 instructions (callgrind).
+
     def request(self, method: str, params: Sequence[Any] = ()) -> Any:
         """Any JSON-RPC read: ``method(*params)`` on this chain; returns the raw result."""
         if type(method) is not str or not method:
             raise self._error(f"method must be a JSON-RPC method name, got {method!r}")
-        body = {"chain": self.chain, "params": list(params)}
+        return self._send(method, list(params))
+
+    def _send(self, method: str, params: list[Any]) -> Any:
+        """``blockx.sdk.rpc.call(chain, method, params)`` with the request's cache key,
+        without that function's call and copy."""
+        body = {"chain": self.chain, "params": params}
         try:
             cache_key = orjson.dumps(body, option=_SORTED).decode()
         except TypeError:
             cache_key = None  # uint256 params: the worker builds the key itself
-        return _rpc.call(self.chain, method, body["params"], cache_key=cache_key)
+        return _get_provider().read_req(_RPC_BACKEND, method, body, cache_key=cache_key)
 
     def _quantity_result(self, method: str, params: list[Any]) -> int:
-        result = self.request(method, params)
-        try:
-            return hex_quantity(result)
-        except ValueError:
-            raise self._error(f"{method} answered {result!r}, not a hex quantity") from None
+        result = self._send(method, params)
+        # hex_quantity, written out
+        if type(result) is str and _QUANTITY_RE.match(result):
+            return int(result, 16)
+        if type(result) is int:
+            return result
+        raise self._error(f"{method} answered {result!r}, not a hex quantity")
 
     def get_address_balance(self, address: str) -> int:
         """The balance of ``address`` in wei (``eth_getBalance``)."""
-        return self._quantity_result("eth_getBalance", [self._address(address), self._block_param])
+        if type(address) is not str or _ADDRESS_RE.match(address) is None:
+            self._address(address)  # raises
+        return self._quantity_result("eth_getBalance", [address, self._block_param])
 
     def get_address_nonce(self, address: str) -> int:
         """The transaction count of ``address`` (``eth_getTransactionCount``)."""
-        return self._quantity_result(
-            "eth_getTransactionCount", [self._address(address), self._block_param]
-        )
+        if type(address) is not str or _ADDRESS_RE.match(address) is None:
+            self._address(address)  # raises
+        return self._quantity_result("eth_getTransactionCount", [address, self._block_param])
 
     def get_address_code(self, address: str) -> str:
         """The contract code at ``address`` as ``0x`` hex (``"0x"``: none; ``eth_getCode``)."""

@@ -30,7 +30,7 @@ from jsonrpc_node import (
 from blockx.chain import ChainState, ChainStateError, hex_quantity
 from blockx.db import Table, TableError
 from blockx.executor.sdk_bridge import RemoteIOError, io_error_class
-from blockx.sdk import NoProviderError, Provider, reset_provider, set_provider
+from blockx.sdk import NoProviderError, Provider, reset_provider, rpc, set_provider
 from blockx.wire import keys
 from blockx.worker.io.config import load_io_config
 from blockx.worker.io.handler import IOResult
@@ -286,6 +286,43 @@ def test_chain_state_misuse_raises_before_any_request(
     with pytest.raises(ChainStateError, match=message.replace("(", r"\(")):
         action()
     assert recording.requests == []
+
+
+@pytest.mark.parametrize(
+    "answer", ["0x", "0x1_0", " 0x1", "-0x1", "0x1g", "1f", 1.5, None, ["0x1"]]
+)
+def test_a_quantity_read_refuses_an_answer_that_is_not_a_hex_quantity(
+    recording: RecordingProvider, answer: Any
+) -> None:
+    """The balance and nonce reads parse their answer themselves (hex_quantity written
+    out): whatever int() would take beyond a 0x hex quantity is refused the same way."""
+    recording.answers["eth_getBalance"] = answer
+    recording.answers["eth_getTransactionCount"] = answer
+    state = ChainState("eth", 19_000_000)
+    for read in (state.get_address_balance, state.get_address_nonce):
+        with pytest.raises(ChainStateError, match=r"answered .*, not a hex quantity"):
+            read(ALICE)
+
+
+def test_quantity_reads_send_what_rpc_call_sends(recording: RecordingProvider) -> None:
+    """Written out without blockx.sdk.rpc.call, a read still sends that call's request:
+    backend ``rpc``, the chain and params as an object, the canonical JSON cache key."""
+    recording.answers["eth_getBalance"] = "0xA"
+    recording.answers["eth_getTransactionCount"] = 3
+    state = ChainState("eth", 16)
+    assert state.get_address_balance(ALICE) == 10
+    assert state.get_address_nonce(ALICE) == 3  # an int answer is taken as it is
+    rpc.call("eth", "eth_getBalance", [ALICE, "0x10"], cache_key="k")
+    (_, b1, op1, p1, k1), (_, b2, op2, p2, _), (_, b3, op3, p3, _) = recording.requests
+    assert (
+        (b1, op1, p1)
+        == (b3, op3, p3)
+        == ("rpc", "eth_getBalance", {"chain": "eth", "params": [ALICE, "0x10"]})
+    )
+    assert k1 == orjson.dumps(p1, option=orjson.OPT_SORT_KEYS).decode()
+    assert (b2, op2, p2["params"]) == ("rpc", "eth_getTransactionCount", [ALICE, "0x10"])
+    with pytest.raises(ChainStateError, match="address must be"):
+        state.get_address_nonce(123)  # type: ignore[arg-type]
 
 
 def test_hex_quantity() -> None:
