@@ -147,6 +147,17 @@ def _revert_error(where: str, exc: BaseException) -> ContractRevertError | None:
     return error
 
 
+#: The account reads' pure results, kept per process (cleared whole at this size): a
+#: request's cache key by ``(chain, address, block)`` -- the address checked once -- and an
+#: answer's int by its text. A task reads a few accounts at one block again and again, and
+#: the executor answers a repeated read from its own cache (``executor/local_reads.py``)
+#: with the very same string: the read then costs a dict lookup where the address regex,
+#: the key's JSON and the answer's regex and parse cost ~7k instructions.
+_READ_MEMO_MAX: Final = 4096
+_read_keys: dict[tuple[str, str, str], str] = {}
+_quantities: dict[str, int] = {}
+
+
 def hex_quantity(value: Any) -> int:
     """``int`` of a JSON-RPC quantity (``"0x1bc16d674ec80000"``); raises ValueError."""
     if type(value) is int:
@@ -226,47 +237,70 @@ class ChainState:
 
     # --- requests -------------------------------------------------------------------------------
 
-    # The read path runs for every read, answered by the executor's own cache or not, so
-    # it is written out: no blockx.sdk.rpc.call (its second dict and copy of the params),
-    # no hex_quantity or _address call but on a bad value. A ChainState and five balance
-    # reads, the provider answering at once: 96,733 -> 78,611 instructions (callgrind).
-
     def request(self, method: str, params: Sequence[Any] = ()) -> Any:
         """Any JSON-RPC read: ``method(*params)`` on this chain; returns the raw result."""
         if type(method) is not str or not method:
             raise self._error(f"method must be a JSON-RPC method name, got {method!r}")
-        return self._send(method, list(params))
-
-    def _send(self, method: str, params: list[Any]) -> Any:
-        """``blockx.sdk.rpc.call(chain, method, params)`` with the request's cache key,
-        without that function's call and copy."""
-        body = {"chain": self.chain, "params": params}
+        body = {"chain": self.chain, "params": list(params)}
         try:
-            cache_key = orjson.dumps(body, option=_SORTED).decode()
+            cache_key: str | None = orjson.dumps(body, option=_SORTED).decode()
         except TypeError:
             cache_key = None  # uint256 params: the worker builds the key itself
+        # blockx.sdk.rpc.call(chain, method, params), without its second dict and copy
         return _get_provider().read_req(_RPC_BACKEND, method, body, cache_key=cache_key)
 
-    def _quantity_result(self, method: str, params: list[Any]) -> int:
-        result = self._send(method, params)
-        # hex_quantity, written out
-        if type(result) is str and _QUANTITY_RE.match(result):
-            return int(result, 16)
-        if type(result) is int:
+    def _account_quantity(self, method: str, address: Any) -> int:
+        """``method(address, block)`` as an int: :meth:`get_address_balance` and
+        :meth:`get_address_nonce`, the reads a task makes most, often of the same few
+        accounts at one block (see :data:`_READ_MEMO_MAX`)."""
+        chain = self.chain
+        block = self._block_param
+        memo = None
+        if type(address) is str and type(block) is str and type(chain) is str:
+            memo = (chain, address, block)
+            cache_key = _read_keys.get(memo)
+        else:
+            cache_key = None
+        params = [address, block]
+        if cache_key is None:
+            if type(address) is not str or _ADDRESS_RE.match(address) is None:
+                self._address(address)  # raises
+            cache_key = orjson.dumps({"chain": chain, "params": params}, option=_SORTED).decode()
+            if memo is not None:
+                if len(_read_keys) >= _READ_MEMO_MAX:
+                    _read_keys.clear()
+                _read_keys[memo] = cache_key
+        result = _get_provider().read_req(
+            _RPC_BACKEND, method, {"chain": chain, "params": params}, cache_key=cache_key
+        )
+        if type(result) is str:
+            value = _quantities.get(result)
+            if value is not None:
+                return value
+            if _QUANTITY_RE.match(result):  # hex_quantity, written out
+                value = int(result, 16)
+                if len(_quantities) >= _READ_MEMO_MAX:
+                    _quantities.clear()
+                _quantities[result] = value
+                return value
+        elif type(result) is int:
             return result
         raise self._error(f"{method} answered {result!r}, not a hex quantity")
 
     def get_address_balance(self, address: str) -> int:
         """The balance of ``address`` in wei (``eth_getBalance``)."""
-        if type(address) is not str or _ADDRESS_RE.match(address) is None:
-            self._address(address)  # raises
-        return self._quantity_result("eth_getBalance", [address, self._block_param])
+        return self._account_quantity("eth_getBalance", address)
 
     def get_address_nonce(self, address: str) -> int:
         """The transaction count of ``address`` (``eth_getTransactionCount``)."""
-        if type(address) is not str or _ADDRESS_RE.match(address) is None:
-            self._address(address)  # raises
-        return self._quantity_result("eth_getTransactionCount", [address, self._block_param])
+        return self._account_quantity("eth_getTransactionCount", address)
+
+    def _quantity_result(self, method: str, params: list[Any]) -> int:
+        result = self.request(method, params)
+        try:
+            return hex_quantity(result)
+        except ValueError:
+            raise self._error(f"{method} answered {result!r}, not a hex quantity") from None
 
     def get_address_code(self, address: str) -> str:
         """The contract code at ``address`` as ``0x`` hex (``"0x"``: none; ``eth_getCode``)."""

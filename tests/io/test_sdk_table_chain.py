@@ -27,6 +27,7 @@ from jsonrpc_node import (
     block_hash,
 )
 
+from blockx import chain as chain_module
 from blockx.chain import ChainState, ChainStateError, hex_quantity
 from blockx.db import Table, TableError
 from blockx.executor.sdk_bridge import RemoteIOError, io_error_class
@@ -323,6 +324,35 @@ def test_quantity_reads_send_what_rpc_call_sends(recording: RecordingProvider) -
     assert (b2, op2, p2["params"]) == ("rpc", "eth_getTransactionCount", [ALICE, "0x10"])
     with pytest.raises(ChainStateError, match="address must be"):
         state.get_address_nonce(123)  # type: ignore[arg-type]
+
+
+def test_account_reads_remember_only_pure_results_and_stay_bounded(
+    recording: RecordingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The account reads keep each request's cache key and each answer's int per process:
+    the same request and answers every time, a bad address refused every time, bounded."""
+    monkeypatch.setattr(chain_module, "_READ_MEMO_MAX", 8)
+    monkeypatch.setattr(chain_module, "_read_keys", {})
+    monkeypatch.setattr(chain_module, "_quantities", {})
+    recording.answers["eth_getBalance"] = "0x10"
+    at_1, at_2 = ChainState("eth", 1), ChainState("eth", 2)
+    for _ in range(3):
+        assert at_1.get_address_balance(ALICE) == 16
+        assert at_2.get_address_balance(ALICE) == 16
+        with pytest.raises(ChainStateError, match="address must be"):
+            at_1.get_address_balance(ALICE[:-1] + "g")
+    keys_sent = {(r[3]["params"][1], r[4]) for r in recording.requests}
+    assert keys_sent == {
+        (block, orjson.dumps({"chain": "eth", "params": [ALICE, block]}).decode())
+        for block in ("0x1", "0x2")
+    }
+    recording.answers["eth_getBalance"] = "0x1_0"  # never remembered as a quantity
+    with pytest.raises(ChainStateError, match="not a hex quantity"):
+        at_1.get_address_balance(ALICE)
+    for n in range(20):
+        recording.answers["eth_getBalance"] = hex(n)
+        assert ChainState("eth", n).get_address_balance(ALICE) == n
+    assert len(chain_module._read_keys) <= 8 and len(chain_module._quantities) <= 8
 
 
 def test_hex_quantity() -> None:
