@@ -446,6 +446,32 @@ def test_sigterm_while_idle_exits_promptly(start_worker: StartWorker) -> None:
     assert time.monotonic() - start < 3
 
 
+LINGERING_THREAD = """
+import threading
+
+def _(x):
+    threading.Thread(target=threading.Event().wait, name="user-lingerer").start()
+    return {"ok": x}
+"""
+
+
+def test_sigterm_exits_without_waiting_for_a_thread_user_code_left_running(
+    start_worker: StartWorker,
+) -> None:
+    """The executor leaves with os._exit once its own shutdown is done: a non-daemon thread
+    user code started and never ended does not hold the exit (the interpreter's
+    finalization would wait for it until the worker's SIGKILL)."""
+    worker = start_worker(heartbeat_interval=30)
+    worker.execute_call("lingers", source=LINGERING_THREAD, args=1)
+    done = worker.next_frame()
+    assert done.message_type == keys.MT_CALL_COMPLETED, done.envelope
+    start = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+    assert worker.wait_exit(timeout=10) == 0
+    assert time.monotonic() - start < 3
+    assert any("shutting down on SIGTERM" in str(line.get("msg")) for line in worker.log_lines())
+
+
 def test_a_malformed_frame_from_the_worker_ends_the_executor_non_zero(
     start_worker: StartWorker,
 ) -> None:
