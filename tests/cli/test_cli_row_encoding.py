@@ -5,6 +5,7 @@ their decode and encode would be, byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockx.cli.output import RowWriter, _encode, encode_outputs
+from blockx.cli.output import RowWriter, _encode, encode_outputs, row_parts
 from blockx.wire import dumps_wire, loads_wire
 from blockx.wire.errors import NotSerializableError
 from blockx.worker.json_values import encode_output, rows_from_outputs, rows_jsonl
@@ -143,3 +144,43 @@ def test_a_writer_puts_raw_outputs_as_rows(tmp_path: Path) -> None:
     assert writer.rows == 3000
     text = (tmp_path / "rows.jsonl").read_text()
     assert [json.loads(line) for line in text.splitlines()] == rows_from_outputs(outs)
+
+
+def test_row_parts_write_raw_outputs_unless_the_rows_were_decoded_already() -> None:
+    """A stream's batch goes out as its raw outputs; a one-shot task's, whose rows were
+    decoded off the actor, as those rows (never decoded twice)."""
+    from blockx.worker.actor.task_run import SettledRows
+
+    raw = SettledRows(
+        first_call=0,
+        call_count=2,
+        failures=[],
+        succeeded=2,
+        cancelled=0,
+        outputs=[b'{"a":1}', b'{"a":2}'],
+    )
+    decoded = SettledRows(
+        first_call=2,
+        call_count=1,
+        failures=[],
+        succeeded=1,
+        cancelled=0,
+        rows=[{"b": 1}],
+        outputs=[b'{"b":1}'],
+    )
+    empty = SettledRows(
+        first_call=3, call_count=1, failures=[], succeeded=0, cancelled=0, outputs=[b"null"]
+    )
+    assert not raw.decoded and decoded.decoded
+
+    class Handle:
+        async def settled_batches(self) -> Any:
+            for settled in (raw, decoded, empty):
+                yield settled
+
+    async def collect() -> list[Any]:
+        return [part async for part in row_parts(Handle())]  # type: ignore[arg-type]
+
+    parts = asyncio.run(collect())
+    # the last: raw outputs making no row (the writer's encode finds none)
+    assert parts == [(True, raw.outputs), (False, [{"b": 1}]), (True, [b"null"])]

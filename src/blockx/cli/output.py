@@ -108,9 +108,10 @@ RowPart = tuple[bool, Sequence[Any]]
 
 
 async def row_parts(handle: TaskHandle) -> AsyncIterator[RowPart]:
-    """The task's settled batches as :data:`RowPart` items, never an empty one."""
+    """The task's settled batches as :data:`RowPart` items: raw outputs unless the rows
+    were decoded already; a batch with neither is skipped."""
     async for settled in handle.settled_batches():
-        if settled.outputs:
+        if settled.outputs and not settled.decoded:
             yield True, settled.outputs
         elif settled.rows:
             yield False, settled.rows

@@ -493,7 +493,7 @@ class TaskManager:
             if self.cutting:
                 continue  # the drain cut the run: a cancelled call is no outcome
             failures = tuple((start + f.index, _failure_record(f, start)) for f in settled.failures)
-            if settled.outputs:  # most often the rows' JSON already: nothing decoded
+            if settled.outputs and not settled.decoded:  # most often the rows' JSON as is
                 rows_body, row_count = encode_outputs(settled.outputs)
             else:
                 rows = settled.rows

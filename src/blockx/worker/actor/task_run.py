@@ -94,6 +94,13 @@ class SettledRows:
         self.cancelled = cancelled
 
     @property
+    def decoded(self) -> bool:
+        """Whether :attr:`rows` are at hand already (given, or decoded by an access): a
+        consumer that can write the raw :attr:`outputs` takes these instead, never
+        decoding twice (a one-shot task's are decoded off the actor, a slice per turn)."""
+        return self._rows is not None
+
+    @property
     def rows(self) -> list[Any]:
         """The outputs decoded (once, on first access), or the rows given."""
         rows = self._rows
