@@ -8,6 +8,7 @@ attached, the real executor keeps its era, and tasks carry on.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -108,3 +109,27 @@ def test_descent_is_checked_through_the_process_tree() -> None:
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
         return [int(p) for p in f.read().split()]
+
+
+@pytest.mark.slow
+def test_an_attach_refused_while_the_worker_stops_its_executors_is_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Stopping, a worker may read an executor's attach only after it reaped that
+    executor: an executor that connected before the socket was served (blockx run spawns
+    them first) and was told to stop as bad input ended the run. The refusal is expected
+    then: debug, not an error on the user's terminal. Before the stop it is an error."""
+    with WorkerSession(e2e_config(**{"pool.executor_count": 1})) as session:
+        worker = session.worker
+        adapter = worker.adapter
+
+        def refusals() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "refused" in r.getMessage()]
+
+        with caplog.at_level(logging.DEBUG, logger="blockx"):
+            assert session.run(_impostor(worker.socket_path, "exec-intruder")) == []
+            assert [r.levelno for r in refusals()] == [logging.ERROR]
+            adapter.expect_disconnects()  # what Worker.close() does first
+            assert session.run(_impostor(worker.socket_path, "exec-intruder")) == []
+            assert [r.levelno for r in refusals()] == [logging.ERROR, logging.DEBUG]
+        assert adapter.refused_attaches == 2

@@ -186,10 +186,16 @@ class Eras:
         self, conn: ExecutorConnection, state: ExecutorState | None, error: ProtocolError | str
     ) -> None:
         """``conn`` broke the protocol: log it, end its era (``state``: the era it is,
-        None before it attached) or drop it unattached."""
+        None before it attached) or drop it unattached.
+
+        While the worker stops its executors, an unattached connection's error is
+        logged at debug level: an executor that connected before its worker served
+        the socket, and whose attach is read only after the stop reaped its process,
+        is refused ("the slot has no running executor process") as expected."""
         self.protocol_errors += 1
         reason = f"protocol error: {error}"
-        _log.error(
+        log = _log.debug if self._stopping and state is None else _log.error
+        log(
             "%r: %s; closing the connection",
             conn,
             reason,
