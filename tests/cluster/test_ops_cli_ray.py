@@ -119,9 +119,17 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
             "the metrics address",
         )
         port = int(found.group(1))
+
+        def scrape() -> dict[Any, float] | None:
+            try:
+                return _scrape(port)
+            except OSError:  # URLError too: the endpoint is not there (any more)
+                exited()  # the run ended: its stderr says why
+                return None
+
         # During the run (the calls from GATE_AT on wait at the gate): the nodes' series.
         during = wait_for(
-            lambda: exited() or ((m := _scrape(port)) and _root_succeeded(m) >= GATE_AT and m),
+            lambda: exited() or ((m := scrape()) and _root_succeeded(m) >= GATE_AT and m),
             180,
             "the calls before the gate in /metrics",
         )
