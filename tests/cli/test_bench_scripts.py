@@ -108,3 +108,10 @@ def test_serve_bench_runs_submit_and_run_side_by_side() -> None:
     assert "| blockx submit --follow (whole client process; server running) |" in out
     assert "| submit / run |" in out
     assert "submit to first row, a one-call task over HTTP: median" in out
+
+
+@pytest.mark.parametrize("workload", ["repeated", "distinct"])
+def test_sdk_instructions_measured_process_reads_through_chain_state(workload: str) -> None:
+    """The process ``bench/sdk_instructions.py`` counts under valgrind runs its reads."""
+    done = run_bench(str(BENCH / "sdk_instructions.py"), "--child", workload, "3", "5")
+    assert done.returncode == 0, done.stderr[-3000:]
