@@ -28,9 +28,10 @@ await room (the loop runs on), which pauses a stream at its credit window.
 
 Streams: the calls file is read (a chunk of lines at a time,
 :mod:`blockx.cli.calls_file`) by the worker's producer under its credit window,
-and rows are taken from ``TaskHandle.row_batches()`` as batches settle (a slice
-of up to :data:`~blockx.cli.output.PUT_SLICE_ROWS` rows encoded with one call),
-so the process's memory does not grow with the number of calls.
+and rows are taken as batches settle (:func:`~blockx.cli.output.row_parts`: a
+batch's raw outputs, written as they are when each is one object; a slice of up
+to :data:`~blockx.cli.output.PUT_SLICE_ROWS` at a time), so the process's memory
+does not grow with the number of calls.
 
 Signals (:class:`_Interruption`): the first SIGINT/SIGTERM cancels the task;
 the rows of the calls that ended are still queued, and once the worker is
@@ -346,8 +347,9 @@ async def _run_on_worker(
 
         ticker = loop.create_task(tick(), name="blockx-cli-ticker")
         try:
-            # A batch's rows are encoded and queued a slice at a time (one encode per
-            # slice, nothing per row), the queue's bound checked between slices.
+            # A batch's rows are queued a slice at a time, the queue's bound checked
+            # between slices: its raw outputs joined when each is one object (they are
+            # the rows' JSON already), else decoded and encoded with one call a slice.
             batches = row_parts(handle)
             async for raw, batch in batches:
                 if outcome.output_closed:
