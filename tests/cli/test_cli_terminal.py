@@ -57,6 +57,9 @@ def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
         tmp_path / "task.yaml",
         (
             "task_id: gated\n"
+            # the gate opens once the test has seen a progress frame: on a loaded machine
+            # later than the default 5 s call budget (the sleeps count) would allow
+            "policy: {call_budget_ms: 600000}\n"
             "functions:\n"
             "  wait_for_gate:\n"
             "    source: |\n"
