@@ -40,13 +40,15 @@ def _task(gate: Path) -> str:
         "      def g(i):\n"
         f"          if i >= {GATE_AT}:\n"
         f"              while not os.path.exists({str(gate)!r}):\n"
-        "                  time.sleep(0.01)\n"
+        "                  time.sleep(0.2)\n"
         "          return {'i': i}\n"
         "calls_file: calls.jsonl\n"
         "task_id: watched\n"
         # The gated calls wait until this test has seen the first GATE_AT end, and their
         # sleeps count against the call budget: the default 5 s ran out on a loaded CI
-        # machine (64 of 600 calls done after 19 s), failing the run (fast_fail).
+        # machine (64 of 600 calls done after 19 s), failing the run (fast_fail). They
+        # poll every 0.2 s: each sleep is a round trip through the node's worker, and
+        # 0.01 s polls of hundreds of waiting calls loaded the machine further.
         "policy:\n"
         "  call_budget_ms: 600000\n"
     )
