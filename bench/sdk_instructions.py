@@ -20,7 +20,7 @@ within ~0.5% whatever else the machine does. 2026-12-02, per call of 5 reads:
 =====================================================  ========  ========
 before the day's work                                   103,197   123,956
 the account reads written out (no ``rpc.call``)          81,688   102,996
-their pure results kept per process (two memos)          42,827   125,195
+their pure results kept per process (two memos)          43,362   125,123
 =====================================================  ========  ========
 
 The memos cost a read never seen before ~4.4k instructions (a lookup that misses, an
@@ -35,11 +35,14 @@ Needs ``valgrind`` on PATH (without it the bench says so and does nothing).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from instructions import _count
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BLOCK = 19_000_000
@@ -76,27 +79,11 @@ def child(workload: str, calls: int, reads: int) -> None:
 
 
 def count(workload: str, calls: int, reads: int) -> int:
-    """Instructions of one child process (callgrind's total)."""
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            __file__,
-            "--child",
-            workload,
-            str(calls),
-            str(reads),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"the measured process failed:\n{done.stderr[-3000:]}")
-    return int(found.group(1))
+    """Instructions of one child process (callgrind's total; ``bench/instructions.py``'s
+    runner, which pins ``PYTHONHASHSEED``: the memos hash strings)."""
+    with tempfile.TemporaryDirectory(prefix="bench-sdk-instr-") as out:
+        argv = [sys.executable, __file__, "--child", workload, str(calls), str(reads)]
+        return _count(argv, out, f"{workload}-{calls}")
 
 
 def main() -> None:
