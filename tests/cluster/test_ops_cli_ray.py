@@ -127,9 +127,12 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
         )
         port = int(found.group(1))
 
+        last: list[dict[Any, float]] = [{}]
+
         def scrape() -> dict[Any, float] | None:
             try:
-                return _scrape(port)
+                last[0] = _scrape(port)
+                return last[0]
             except OSError:  # URLError too: the endpoint is not there (any more)
                 exited()  # the run ended: its stderr says why
                 return None
@@ -139,13 +142,20 @@ def test_progress_metrics_and_trace_file_under_ray(cluster2: SimCluster, tmp_pat
             return m.get(("blockx_tasks", (("state", "running"),))) == 1
 
         # During the run (the calls from GATE_AT on wait at the gate): the nodes' series.
-        during = wait_for(
-            lambda: (
-                exited() or ((m := scrape()) and _root_succeeded(m) >= GATE_AT and running(m) and m)
-            ),
-            180,
-            "the calls before the gate in /metrics",
-        )
+        try:
+            during = wait_for(
+                lambda: (
+                    exited()
+                    or ((m := scrape()) and _root_succeeded(m) >= GATE_AT and running(m) and m)
+                ),
+                180,
+                "the calls before the gate in /metrics",
+            )
+        except AssertionError as timed_out:  # what the run showed: its last scrape, stderr
+            shown = {k: v for k, v in last[0].items() if k[0].startswith("blockx_")}
+            raise AssertionError(
+                f"{timed_out}\nlast scrape: {shown}\nstderr: {''.join(lines)[-4000:]}"
+            ) from None
         assert _root_succeeded(during) < CALLS
         assert during[("blockx_cluster_nodes", ())] == 2
         assert during[("blockx_executors", (("state", "running"),))] == 4
