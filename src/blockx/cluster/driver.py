@@ -71,7 +71,6 @@ from blockx.cluster.node import (
 from blockx.cluster.nodes import (
     NodePool,
     RayMissing,
-    alive_ray_nodes,
     init_ray,
     is_node_error,
     ray_available,
@@ -175,11 +174,6 @@ class _LoopState:
         return f"_LoopState(cancelled_by={self.cancelled_by!r})"
 
 
-def _alive_nodes() -> dict[str, int]:
-    """Alive Ray nodes with CPUs: ``{node_id: cpus}``."""
-    return alive_ray_nodes()
-
-
 async def run_on_cluster(
     task: Any,
     worker_config: Any,
@@ -271,6 +265,8 @@ class _Driver:
         self.specs: dict[int, NodeTaskSpec] = {0: self.spec}
         #: The node task keys each node was sent batches of.
         self.keys_used: dict[str, set[str]] = {}
+        #: The next batch's ``seq`` per node and node task key (``NodeWorker.run_batch``).
+        self.sent: dict[tuple[str, str], int] = {}
         #: Each node task's last-known cumulative figures: ``{node_id: {key: figures}}``.
         self.node_figures: dict[str, dict[str, dict[str, Any]]] = {}
         self.own_pool = pool is None
@@ -472,7 +468,9 @@ class _Driver:
                 calls = pickle.dumps([c.payload for c in batch.calls], protocol=5)
                 spec = self._spec(batch.lost_attempts)
                 self.keys_used.setdefault(slot.node_id, set()).add(spec.key)
-                ref = node.actor.run_batch.remote(spec, batch.batch_id, calls)
+                seq = self.sent.get((slot.node_id, spec.key), 0)
+                self.sent[slot.node_id, spec.key] = seq + 1
+                ref = node.actor.run_batch.remote(spec, batch.batch_id, calls, seq)
                 future = asyncio.ensure_future(ref)
                 self.in_flight[future] = (slot.node_id, batch.batch_id)
                 self.out.batches += 1

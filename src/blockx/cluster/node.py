@@ -14,8 +14,12 @@ submits a :class:`~blockx.worker.api.Task` whose calls come from a queue the lat
 batches feed, so the task's call cache and singleflight live across every batch the
 node gets, and sub-calls (made inside the node's executors) stay on the node by
 construction. :meth:`NodeWorker.run_batch` queues a batch's calls and then ``FLUSH``
-(the stream commits them at once, and no stream batch ever spans two driver batches),
-then waits for the settled batches that cover them
+(the stream commits them at once, and no stream batch ever spans two driver batches)
+-- in the driver's order of the batches (their ``seq``), not the order Ray runs the
+method calls in: an async actor runs them out of order, and as a stream has two
+batches committed and unsettled at most, a later batch of long-waiting calls queued
+first held an earlier batch back (its calls did not start, and the driver's rows,
+written in call order, waited for them) -- then waits for the settled batches that cover them
 (:meth:`~blockx.worker.handle.TaskHandle.settled_batches`, in call order) and returns
 one entry per call of the batch, in batch order -- its raw JSON output, or None for a
 call that failed or was cancelled (:func:`outputs_per_call`, which checks that the
@@ -181,6 +185,15 @@ class _NodeTask:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.position = 0
         self.pending: deque[_Pending] = deque()
+        #: The driver's number of the next batch to queue, and the batches that came
+        #: before their turn, by number (None: a batch whose calls could not be read):
+        #: an async actor runs method calls out of order (Ray's rule), and a stream
+        #: has two batches committed and unsettled at most, so a later batch of
+        #: long-waiting calls queued first would hold an earlier one back.
+        self.next_seq = 0
+        self.held: dict[int, tuple[int, list[tuple[str, Any]] | None, asyncio.Future[Any]]] = {}
+        #: The stream ended (cancelled, or its source closed): a batch is answered at once.
+        self.ended = False
         policy = replace(spec.policy, failure="continue")
         task = Task(
             functions=spec.functions,
@@ -209,15 +222,54 @@ class _NodeTask:
                 yield Call(function_id, args)
             yield FLUSH
 
-    def add(self, bid: int, calls: list[tuple[str, Any]]) -> asyncio.Future[BatchReply]:
+    def add(
+        self, bid: int, calls: list[tuple[str, Any]], seq: int | None = None
+    ) -> asyncio.Future[BatchReply]:
+        """Queue batch ``bid`` on the stream; its reply, once its calls settled.
+        ``seq``: the driver's number of the batch on this node task (0, 1, ...): the
+        batches are queued in that order whatever order they come in (None: now)."""
         future: asyncio.Future[BatchReply] = asyncio.get_running_loop().create_future()
+        if seq is None:
+            self._queue(bid, calls, future)
+        else:
+            self._hold(seq, bid, calls, future)
+        return future
+
+    def skip(self, seq: int) -> None:
+        """Batch ``seq`` will not be queued (its calls could not be read): the batches
+        after it do not wait for it."""
+        self._hold(seq, -1, None, asyncio.get_running_loop().create_future())
+
+    def _hold(
+        self,
+        seq: int,
+        bid: int,
+        calls: list[tuple[str, Any]] | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        if seq < self.next_seq or seq in self.held:
+            future.set_exception(ValueError(f"batch {bid}: its number {seq} came twice"))
+            return
+        self.held[seq] = (bid, calls, future)
+        while self.next_seq in self.held:
+            bid, calls, future = self.held.pop(self.next_seq)
+            self.next_seq += 1
+            if calls is not None:
+                self._queue(bid, calls, future)
+
+    def _queue(
+        self, bid: int, calls: list[tuple[str, Any]], future: asyncio.Future[BatchReply]
+    ) -> None:
         if not calls:
             future.set_result(BatchReply(bid, [], [], 0, 0))
-            return future
-        self.pending.append(_Pending(bid, self.position, len(calls), future))
+            return
+        pending = _Pending(bid, self.position, len(calls), future)
+        if self.ended:  # the stream will take no more calls: all cancelled
+            future.set_result(pending.reply(self.figures()))
+            return
+        self.pending.append(pending)
         self.position += len(calls)
         self.queue.put_nowait(calls)
-        return future
 
     async def _consume(self) -> None:
         try:
@@ -256,13 +308,21 @@ class _NodeTask:
                     if not owner.future.done():
                         owner.future.set_result(owner.reply(self.figures()))
             # The stream ended (cancelled, or its source closed): calls it never took
-            # are cancelled, and their batches answered as such.
+            # are cancelled, and their batches answered as such (those held for their
+            # turn too).
+            self.ended = True
             while self.pending:
                 p = self.pending.popleft()
                 if not p.future.done():
                     p.future.set_result(p.reply(self.figures()))
+            for bid, calls, future in self.held.values():
+                if calls is not None and not future.done():
+                    future.set_result(_Pending(bid, 0, len(calls), future).reply(self.figures()))
+            self.held.clear()
         except BaseException as exc:
-            for p in self.pending:
+            self.ended = True
+            held = [_Pending(bid, 0, len(c), f) for bid, c, f in self.held.values() if c]
+            for p in [*self.pending, *held]:
                 if not p.future.done():
                     if isinstance(exc, OutputsMisaligned):
                         p.future.set_exception(exc)
@@ -463,20 +523,31 @@ class NodeWorker:
         }
 
     async def run_batch(
-        self, spec: NodeTaskSpec, bid: int, calls: list[tuple[str, Any]] | bytes
+        self,
+        spec: NodeTaskSpec,
+        bid: int,
+        calls: list[tuple[str, Any]] | bytes,
+        seq: int | None = None,
     ) -> BatchReply:
         """Run one batch of the driver task ``spec.key``; its outputs once all settled.
         ``calls``: ``(function_id, args)`` pairs, or the driver's pickle of them (trusted:
-        the driver is the process that placed this actor)."""
-        pairs: list[tuple[str, Any]] = (
-            pickle.loads(calls)  # the driver's own bytes
-            if isinstance(calls, bytes)
-            else calls
-        )
+        the driver is the process that placed this actor). ``seq``: the batch's number
+        among the driver's batches of ``spec.key`` to this node (0, 1, ...): they join
+        the stream in that order, whatever order Ray runs the method calls in."""
         task = self.tasks.get(spec.key)
         if task is None:
             task = self.tasks[spec.key] = _NodeTask(self.worker, self.io, spec)
-        return await task.add(bid, pairs)
+        try:
+            pairs: list[tuple[str, Any]] = (
+                pickle.loads(calls)  # the driver's own bytes
+                if isinstance(calls, bytes)
+                else calls
+            )
+        except BaseException:
+            if seq is not None:
+                task.skip(seq)
+            raise
+        return await task.add(bid, pairs, seq)
 
     async def cancel(self, key: str, reason: str) -> None:
         task = self.tasks.get(key)
