@@ -89,7 +89,9 @@ def test_batches_join_the_stream_in_the_drivers_order_not_as_they_come(tmp_path:
     asyncio.run(scenario())
 
 
-def test_a_batch_whose_calls_cannot_be_read_does_not_hold_the_next_one(tmp_path: Path) -> None:
+def test_an_unreadable_batch_does_not_hold_the_next_and_a_late_one_is_answered(
+    tmp_path: Path,
+) -> None:
     gate = tmp_path / "gate"
     gate.touch()
     spec = _spec(gate)
@@ -106,6 +108,11 @@ def test_a_batch_whose_calls_cannot_be_read_does_not_hold_the_next_one(tmp_path:
             twice = node.run_batch(spec, 3, _calls(range(5)), 1)
             with pytest.raises(ValueError, match="came twice"):
                 await asyncio.wait_for(twice, 10)
+            # Once the stream ended (cancelled), a batch is answered at once: cancelled.
+            await node.cancel(spec.key, "the driver stopped")
+            await asyncio.wait_for(node.tasks[spec.key].consumer, 30)
+            after = await asyncio.wait_for(node.run_batch(spec, 4, _calls(range(3)), 2), 10)
+            assert (after.succeeded, after.cancelled, after.outputs) == (0, 3, [None] * 3)
         finally:
             await node.close()
 
