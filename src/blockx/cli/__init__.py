@@ -28,7 +28,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from blockx import __version__, native
+from blockx import __version__, method_cache, native
 from blockx.cli.exit_codes import (
     EXIT_OK,
     EXIT_SIGPIPE,
@@ -38,6 +38,9 @@ from blockx.cli.exit_codes import (
 )
 
 __all__ = ["build_parser", "main"]
+
+# Before the commands' modules (imported as they are needed) create their dataclasses.
+method_cache.install()
 
 
 _MAIN_DESCRIPTION = """\

@@ -64,6 +64,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
+from blockx import method_cache
+
 
 def _import_msgspec() -> None:
     """Import msgspec without typing_extensions.
@@ -85,6 +87,7 @@ def _import_msgspec() -> None:
 
 
 _import_msgspec()
+method_cache.install()  # before the dataclasses of blockx.wire and the runtime
 
 from .cli import ExecutorArgs, parse_args  # noqa: E402 - after _import_msgspec()
 from .logging_setup import configure_logging  # noqa: E402
@@ -309,6 +312,9 @@ def _run_contained(args: ExecutorArgs) -> int:
             runtime.set_memory_exit(on_memory_exceeded)
             # Last: every thread the executor needs has reserved its stack by now.
             limit_address_space(limit_mb << 20)
+        # The dataclass methods compiled so far kept for the next executor (this one
+        # leaves with os._exit); nothing user code compiles from here on is recorded.
+        method_cache.save(stop=True)
         _log.info(
             "executor started",
             extra={
