@@ -159,8 +159,8 @@ def test_a_bad_task_file_exits_2_with_its_messages_when_the_config_is_bad_too(
 
 
 def test_the_worker_process_gc_is_tuned_once_the_executors_are_started(tmp_path: Path) -> None:
-    # blockx.worker.app.tune_gc: the CLI applies it after spawning the executors (its full
-    # collection then runs while they boot), and still applies it.
+    # blockx.worker.app.tune_gc: the CLI applies it after spawning the executors, and
+    # still applies it.
     task = write(
         tmp_path / "task.yaml",
         f"functions:\n  f:\n    source: {FUNCTION!r}\ncalls:\n  - {{function: f, args: [1]}}\n",

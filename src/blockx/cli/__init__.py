@@ -38,6 +38,7 @@ from blockx.cli.exit_codes import (
     EXIT_USAGE,
     INTERRUPTED_STATUS,
 )
+from blockx.msgspec_import import import_msgspec
 
 __all__ = ["build_parser", "main"]
 
@@ -492,6 +493,7 @@ def console_main() -> None:
     # own threshold (blockx.worker.loop.tune_gc, applied once it runs) from the start.
     _gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(_START_GC_GEN0_THRESHOLD, gen1, gen2)
+    import_msgspec()  # the process's own start: no thread of ours imports anything yet
     code = main()
     if code in INTERRUPTED_STATUS.values():
         logging.shutdown()

@@ -504,8 +504,7 @@ async def _start_then_check(
         except Exception as exc:  # closed by start() itself
             start_error = exc
         # The worker process's GC setting (blockx.worker.app.tune_gc), applied once the
-        # executors are spawned rather than before (_run_command's gc_tuning=False): its
-        # full collection (~5 ms) then runs while they boot, not before they are started.
+        # executors are spawned rather than before (_run_command's gc_tuning=False).
         tune_gc()
         result = check_input_interruptibly(options, console)
     except BaseException:

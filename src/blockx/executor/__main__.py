@@ -65,31 +65,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from blockx import method_cache
+from blockx.msgspec_import import import_msgspec
 
-
-def _import_msgspec() -> None:
-    """Import msgspec without typing_extensions.
-
-    msgspec takes ``typing_extensions`` when it is installed (it often is, for other
-    packages), and with it ``inspect``, ``dis`` and ``ast``: ~12 ms of every executor's
-    start. Python 3.11's ``typing`` has all msgspec needs (``get_type_hints``,
-    ``Required``, ``NotRequired``), and msgspec falls back to it when the import fails.
-    Done here, before any other thread exists; the user's code imports
-    ``typing_extensions`` as usual afterwards.
-    """
-    if "msgspec" in sys.modules or "typing_extensions" in sys.modules:
-        return
-    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # an ImportError
-    try:
-        import msgspec  # noqa: F401
-    finally:
-        del sys.modules["typing_extensions"]
-
-
-_import_msgspec()
+import_msgspec()  # before anything imports msgspec (blockx.msgspec_import)
 method_cache.install()  # before the dataclasses of blockx.wire and the runtime
 
-from .cli import ExecutorArgs, parse_args  # noqa: E402 - after _import_msgspec()
+from .cli import ExecutorArgs, parse_args  # noqa: E402 - after import_msgspec()
 from .logging_setup import configure_logging  # noqa: E402
 
 if TYPE_CHECKING:
