@@ -56,3 +56,19 @@ def test_a_non_daemon_thread_still_running_is_waited_for(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "thread").read_text() == "done"
+
+
+def test_a_profiler_watching_the_command_gets_its_figures(tmp_path: Path) -> None:
+    # cProfile writes its file after the program returns: not after an os._exit.
+    figures = tmp_path / "profile.out"
+    env = clean_env(PYTHONPATH=str(SRC))
+    done = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(figures), "-m", "blockx", "config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "executor_count" in done.stdout
+    assert figures.stat().st_size > 0

@@ -513,10 +513,13 @@ def _leave(code: int) -> NoReturn:
     non-daemon threads, run the exit handlers, flush the standard streams -- and then
     tear down every module and object of a process about to end: 14-22 ms after the
     last exit handler of a ``blockx run`` (strace), while its caller waits. This does
-    the first three and leaves. A non-daemon thread still running, or a standard stream
-    that cannot be flushed, takes the interpreter's way, which says and does what it
-    always did.
+    the first three and leaves. A non-daemon thread still running, a standard stream
+    that cannot be flushed, or a profiler or tracer watching the process (``python -m
+    cProfile -m blockx ...`` writes its figures after the program returns; a debugger,
+    coverage) takes the interpreter's way, which says and does what it always did.
     """
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     main_thread = threading.main_thread()
     if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
         sys.exit(code)
