@@ -16,16 +16,22 @@ import asyncio
 import os
 import random
 import signal
+import sys
+import time
+from typing import Any
 
 import pytest
 from e2e_support import (
     SLEEPER,
+    RecordingSpawner,
     WorkerSession,
     e2e_config,
     eventually,
 )
 
+from blockx.worker.actor.orchestrator import ATTACH_GRACE_MS
 from blockx.worker.api import Call, Task, TaskPolicy
+from blockx.worker.pool.launch import executor_command
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -132,6 +138,41 @@ def test_the_first_calls_of_a_fresh_worker_spread_over_every_executor() -> None:
             result = await session.worker.run_task(Task(functions={"cpu": CPU}, calls=calls))
             assert result.success, result.errors[:3]
             assert len({row["pid"] for row in result.outputs}) >= 3
+
+        session.run(scenario(), timeout=120)
+    finally:
+        session.close()
+
+
+def test_a_lone_call_does_not_wait_for_the_other_executors_to_attach() -> None:
+    """The first dispatch waits for every executor to attach (above) only when there is
+    something to spread: one call and one attached executor run at once, while the
+    other executor is still starting (here: never attaches), rather than after the
+    attach grace (ATTACH_GRACE_MS, 2 s)."""
+
+    def argv(spec: Any) -> list[str]:
+        if spec.executor_id == "exec-1":  # starts, never attaches
+            return [sys.executable, "-c", "import time; time.sleep(600)"]
+        return list(executor_command(spec))
+
+    session = WorkerSession(e2e_config(), spawner=RecordingSpawner(argv_factory=argv))
+    started = time.time()  # the orchestrator's hold starts in start(), on the wall clock
+    session.start(wait_ready=False)
+    try:
+
+        async def scenario() -> None:
+            worker = session.worker
+            await worker.wait_ready(count=1)
+            attached_at = time.time()
+            task = Task(functions={"sleeper": SLEEPER}, calls=[Call("sleeper", {"i": 1, "s": 0})])
+            result = await worker.run_task(task)
+            done_at = time.time()
+            assert result.outputs == [{"i": 1}]
+            assert worker.adapter.attached_executor_ids() == ["exec-0"]
+            grace_end = started + ATTACH_GRACE_MS / 1000
+            if attached_at > grace_end - 1.0:  # pragma: no cover - a machine this slow
+                pytest.skip("exec-0 attached too close to the grace's end to tell the two apart")
+            assert done_at < grace_end, (started, attached_at, done_at)
 
         session.run(scenario(), timeout=120)
     finally:

@@ -492,15 +492,35 @@ class Orchestrator:
 
     def _holding_dispatch(self) -> bool:
         """Whether the first dispatch still waits for the pool's executors to attach
-        (until every slot attached or the grace ran out; the tick re-checks)."""
+        (until every slot attached or the grace ran out; the tick re-checks) -- unless
+        every call there is to place gets an attached executor of its own: there is
+        nothing to spread then, and a one-call run waited ~50 ms for its second
+        executor (the hold stays for the calls that come later)."""
         pool = self._pool
         if pool is not None and self._now_ms < self._attach_hold_until_ms:
             expected = len(pool.executor_ids)
-            attached = len(self._adapter.attached_executor_ids())
+            attached_ids = self._adapter.attached_executor_ids()
+            attached = len(attached_ids)
             if attached < expected:
-                return True
+                return not attached or self._calls_to_place(attached_ids) > attached
         self._attach_hold_until_ms = 0
         return False
+
+    def _calls_to_place(self, attached_ids: list[str]) -> int:
+        """The calls ready to dispatch and those on the attached executors already (an
+        upper bound: a ready queue may hold calls taken off it lazily). Read while the
+        first dispatch is held only."""
+        core = self._core
+        count = 0
+        for task_id in core.task_ids():
+            task = core.task_state(task_id)
+            if task is not None:
+                count += len(task.ready_queue)
+        for executor_id in attached_ids:
+            executor = core.executor_state(executor_id)
+            if executor is not None:
+                count += executor.inflight_count
+        return count
 
     def _run(self, commands: list[DispatchCommand]) -> None:
         """Execute ``commands`` in order (some answer back into the core at once).
