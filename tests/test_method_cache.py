@@ -111,7 +111,7 @@ def test_a_users_dataclass_is_compiled_but_never_written(tmp_path: Path) -> None
     assert first["mine_written"] is True  # compiled in the process ...
     import marshal
 
-    entries = marshal.loads(Path(first["path"]).read_bytes())
+    _magic, entries = marshal.loads(Path(first["path"]).read_bytes())
     assert entries and not any("zq_user_field" in text for text in entries)  # ... not kept
 
 
@@ -128,3 +128,16 @@ def test_a_damaged_file_is_ignored_and_replaced(tmp_path: Path) -> None:
 def test_nothing_is_written_when_bytecode_is_not(tmp_path: Path) -> None:
     first = _probe(tmp_path, PYTHONDONTWRITEBYTECODE="1")
     assert not Path(first["path"]).exists()
+
+
+def test_a_file_another_bytecode_wrote_is_ignored(tmp_path: Path) -> None:
+    import marshal
+
+    first = _probe(tmp_path)
+    path = Path(first["path"])
+    magic, entries = marshal.loads(path.read_bytes())
+    assert entries  # the entries as the first process wrote them
+    path.write_bytes(marshal.dumps((b"\x00\x00\r\n", entries)))  # another magic number
+    second = _probe(tmp_path)
+    assert second["loaded"] == 0 and second["behaviour"] == first["behaviour"]
+    assert marshal.loads(path.read_bytes())[0] == magic  # replaced by this bytecode's

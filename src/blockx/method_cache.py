@@ -11,9 +11,10 @@ texts parsed and compiled, a quarter of the instructions of its whole start
 :func:`install` gives ``dataclasses`` an ``exec`` of its own (a module global shadows
 the builtin for that module's code only) that compiles a text once and keeps the
 code object: in memory, and in a file beside this module's bytecode
-(``__pycache__/method_cache.<tag>.o<optimize>.methods``, a ``marshal`` of ``{text:
-marshalled code}``), so the next process loads the code instead of compiling it (each
-code at its first use: an executor uses a few dozen of the worker's ~400). The result is
+(``__pycache__/method_cache.<tag>.o<optimize>.methods``, a ``marshal`` of the
+bytecode's magic number and ``{text: marshalled code}``), so the next process loads
+the code instead of compiling it (each code at its first use: an executor uses a few
+dozen of the worker's ~400). The result is
 the same function: the same text compiled as ``exec(text)`` in ``dataclasses``
 compiles it (file name ``<string>``, no inherited ``__future__`` flags), run in the
 same namespaces. Anything but a text goes to the builtin unchanged.
@@ -38,6 +39,7 @@ import contextlib
 import marshal
 import os
 import sys
+from importlib.util import MAGIC_NUMBER
 from types import CodeType
 from typing import Any, Final
 
@@ -100,16 +102,22 @@ def _unmarshal(text: str, data: bytes) -> CodeType:
 
 def _load(path: str) -> dict[str, bytes]:
     """The file's entries, each code still marshalled (``marshal.load`` of a file object
-    reads it a few bytes per call: ~35x the instructions of ``loads`` of its bytes)."""
+    reads it a few bytes per call: ~35x the instructions of ``loads`` of its bytes). A
+    file another bytecode wrote (its magic number, as a ``.pyc`` file's) holds nothing."""
     try:
         with open(path, "rb") as file:
             loaded = marshal.loads(file.read())
     except (OSError, EOFError, ValueError, TypeError):
         return {}
-    if not isinstance(loaded, dict):
+    if not (
+        type(loaded) is tuple
+        and len(loaded) == 2
+        and loaded[0] == MAGIC_NUMBER
+        and isinstance(loaded[1], dict)
+    ):
         return {}
     return {
-        text: data for text, data in loaded.items() if type(text) is str and type(data) is bytes
+        text: data for text, data in loaded[1].items() if type(text) is str and type(data) is bytes
     }
 
 
@@ -152,7 +160,7 @@ def save(*, stop: bool = False) -> None:
         temporary = f"{path}.{os.getpid()}.tmp"
         try:
             with open(temporary, "wb") as file:
-                marshal.dump(entries, file)
+                file.write(marshal.dumps((MAGIC_NUMBER, entries)))
             os.replace(temporary, path)
         except BaseException:
             with contextlib.suppress(OSError):
