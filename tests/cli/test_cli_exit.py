@@ -72,3 +72,11 @@ def test_a_profiler_watching_the_command_gets_its_figures(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr
     assert "executor_count" in done.stdout
     assert figures.stat().st_size > 0
+
+
+def test_the_commands_start_gc_threshold_is_the_workers() -> None:
+    # blockx.cli cannot import blockx.worker.loop (asyncio) for the value: kept equal here.
+    from blockx.cli import _START_GC_GEN0_THRESHOLD
+    from blockx.worker.loop import GC_GEN0_THRESHOLD
+
+    assert _START_GC_GEN0_THRESHOLD == GC_GEN0_THRESHOLD

@@ -238,7 +238,8 @@ class _NodeTask:
     def skip(self, seq: int) -> None:
         """Batch ``seq`` will not be queued (its calls could not be read): the batches
         after it do not wait for it."""
-        self._hold(seq, -1, None, asyncio.get_running_loop().create_future())
+        if seq >= self.next_seq and seq not in self.held:  # a number seen is not skipped
+            self._hold(seq, -1, None, asyncio.get_running_loop().create_future())
 
     def _hold(
         self,
@@ -321,7 +322,7 @@ class _NodeTask:
             self.held.clear()
         except BaseException as exc:
             self.ended = True
-            held = [_Pending(bid, 0, len(c), f) for bid, c, f in self.held.values() if c]
+            held = [_Pending(b, 0, len(c), f) for b, c, f in self.held.values() if c is not None]
             for p in [*self.pending, *held]:
                 if not p.future.done():
                     if isinstance(exc, OutputsMisaligned):
