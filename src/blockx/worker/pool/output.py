@@ -9,12 +9,14 @@ lines; their level, message and call fields are kept (as the record's ``executor
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["OutputReader"]
 
