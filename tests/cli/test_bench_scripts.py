@@ -115,3 +115,14 @@ def test_sdk_instructions_measured_process_reads_through_chain_state(workload: s
     """The process ``bench/sdk_instructions.py`` counts under valgrind runs its reads."""
     done = run_bench(str(BENCH / "sdk_instructions.py"), "--child", workload, "3", "5")
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_executor_start_times_both_starts() -> None:
+    done = run_bench(str(BENCH / "executor_start.py"), "--runs", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| cold", "| forked"))]
+    assert len(rows) == 2, done.stdout
+    for row in rows:
+        connected, first = (float(cell) for cell in row.split("|")[2:4])
+        assert 0 < connected <= first, row
+    assert "cold / forked" in done.stdout

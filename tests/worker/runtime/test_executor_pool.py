@@ -408,3 +408,54 @@ def test_executors_die_with_a_killed_worker(tmp_path: Path, how: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _setpriv_at(directory: Path, body: str) -> None:
+    """A ``setpriv`` script first on PATH: what it says to ``--help`` is ``body``."""
+    program = directory / "setpriv"
+    program.write_text(f"#!/bin/sh\necho '{body}'\n")
+    program.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("help_text", "expected"),
+    [
+        ("Usage: setpriv [options] <program> --pdeathsig keep|clear|<signal>", True),
+        ("Usage: setpriv [options] <program> --reuid <uid>", False),
+    ],
+)
+def test_setpriv_is_used_only_when_it_knows_pdeathsig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, help_text: str, expected: bool
+) -> None:
+    # A script holds its help text: found in the file or asked for with --help, the
+    # verdict is the option's presence either way.
+    from blockx.worker.pool import launch
+
+    _setpriv_at(tmp_path, help_text)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    launch.setpriv_path.cache_clear()
+    try:
+        found = launch.setpriv_path()
+    finally:
+        launch.setpriv_path.cache_clear()
+    assert found == (str(tmp_path / "setpriv") if expected else None)
+
+
+def test_setpriv_found_in_its_file_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The option's name in the program file decides without a --help run: this script
+    # would leave a mark if it ran.
+    from blockx.worker.pool import launch
+
+    ran = tmp_path / "ran"
+    program = tmp_path / "setpriv"
+    program.write_text(f"#!/bin/sh\n# --pdeathsig\ntouch {ran}\necho --pdeathsig\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    launch.setpriv_path.cache_clear()
+    try:
+        assert launch.setpriv_path() == str(program)
+    finally:
+        launch.setpriv_path.cache_clear()
+    assert not ran.exists()

@@ -80,7 +80,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -186,7 +186,7 @@ class RpcStats:
 
 
 class _Request:
-    __slots__ = ("future", "method", "params", "throttled")
+    __slots__ = ("abandoned", "future", "method", "params", "throttled")
 
     def __init__(self, method: str, params: list[Any], future: asyncio.Future[Reply]) -> None:
         self.method = method
@@ -194,14 +194,23 @@ class _Request:
         self.future = future
         #: Whether a rate limit (the node's or ours) slowed this request down.
         self.throttled = False
+        #: Its batch's cancellation watch (``_ChainClient._flush``), while it has no answer.
+        self.abandoned: Callable[[asyncio.Future[Reply]], None] | None = None
 
     def answer(self, reply: Reply) -> None:
         """Resolve the request (once); a throttled one's reply says so."""
-        if self.future.done():
+        future = self.future
+        if future.done():
             return
         if self.throttled:
             reply = reply.marked_throttled()
-        self.future.set_result(reply)
+        abandoned = self.abandoned
+        if abandoned is not None:
+            # Only a cancellation needs the watch: answered, its callback would be one
+            # more event-loop handle per read, run to find nothing to do.
+            self.abandoned = None
+            future.remove_done_callback(abandoned)
+        future.set_result(reply)
 
 
 #: Methods whose answer at a fixed block never changes: the index of their block parameter.
@@ -314,6 +323,7 @@ class _ChainClient:
             task.add_done_callback(self._tasks.discard)
             abandoned = partial(self._request_done, task, batch)
             for request in batch:
+                request.abandoned = abandoned
                 request.future.add_done_callback(abandoned)
 
     @staticmethod
