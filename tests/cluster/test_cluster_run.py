@@ -27,6 +27,12 @@ from blockx.worker.io.config import BlockDBConfig, IOConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
+#: The call budget of the tests that expect every call to succeed. The default (5 s)
+#: counts a call's IO waits, and on a loaded two-core machine (three Ray nodes,
+#: PostgreSQL and the test suite's other worker) a PostgreSQL read waited 3.5 s: 1,035
+#: of 20,000 calls ran out of budget. These tests are about placement, not budgets.
+LOADED_MACHINE_BUDGET_MS = 600_000
+
 MAIN = f"""
 import os
 def main(p):
@@ -78,7 +84,7 @@ def test_20000_calls_with_subcalls_cached_calls_and_postgres_tables_on_3_nodes(
     task = Task(
         functions={"main": MAIN, "square": SQUARE, "same": SAME},
         calls=calls,
-        policy=TaskPolicy(failure="continue"),
+        policy=TaskPolicy(failure="continue", call_budget_ms=LOADED_MACHINE_BUDGET_MS),
     )
     io = IOConfig(
         blockdb=BlockDBConfig(engine="postgres", postgres_dsn=pg_dsn, table_prefix="cluster1_")
@@ -88,7 +94,10 @@ def test_20000_calls_with_subcalls_cached_calls_and_postgres_tables_on_3_nodes(
     result, rows, cluster_run = _run(task, io, options)
 
     assert result.success, result.errors[:3]
-    assert result.stats.calls == 20_000 and result.stats.succeeded == 20_000
+    assert result.stats.calls == 20_000 and result.stats.succeeded == 20_000, (
+        result.stats,
+        result.errors[:3],
+    )
     mains = [r for r in rows if "i" in r]
     sames = [r for r in rows if "k" in r]
     assert len(rows) == 20_000
@@ -203,7 +212,7 @@ def test_a_node_added_mid_task_receives_calls(sim_cluster: Any) -> None:
     task = Task(
         functions={"slow": SLOW},
         calls=_until(new_node_rows, 50_000),
-        policy=TaskPolicy(failure="continue"),
+        policy=TaskPolicy(failure="continue", call_budget_ms=LOADED_MACHINE_BUDGET_MS),
     )
     options = ClusterOptions(address=sim_cluster.address, window_per_node=256, min_batch=16)
     run = _Background(task, options, on_rows)

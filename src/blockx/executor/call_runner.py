@@ -76,6 +76,7 @@ from .outputs import (
     call_failed_envelope,
     describe_failure,
     output_failure,
+    round_half_even,
 )
 from .tracing import traced_envelope
 
@@ -388,9 +389,9 @@ class CallRunner:
             ctx,
             self.executor_id,
             output,
-            budget_used_ms=round(ctx.budget_used_ms()),
-            effective_us=max(round((now - ctx.admitted_at - queue_wait_s) * 1e6), 0),
-            queue_wait_us=round(queue_wait_s * 1e6),
+            budget_used_ms=round_half_even(ctx.budget_used_ms()),
+            effective_us=max(round_half_even((now - ctx.admitted_at - queue_wait_s) * 1e6), 0),
+            queue_wait_us=round_half_even(queue_wait_s * 1e6),
             debug_output=debug_output,
         )
         span = ctx.execute_span
@@ -426,7 +427,7 @@ class CallRunner:
             ctx.attempt_seq,
             self.executor_id,
             failure,
-            budget_used_ms=round(ctx.budget_used_ms()),
+            budget_used_ms=round_half_even(ctx.budget_used_ms()),
             debug_output=capture.getvalue() if capture is not None else None,
             local_read_hits=ctx.local_hits_wire(),
         )

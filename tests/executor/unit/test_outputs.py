@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gc
+import math
 from textwrap import dedent
 from typing import Any
 
 import pytest
 from executor_harness import Harness
+from hypothesis import given
+from hypothesis import strategies as st
 
 from blockx.executor.errors import (
     REASON_BUDGET_EXHAUSTED,
@@ -20,6 +23,7 @@ from blockx.executor.outputs import (
     MAX_LOCAL_VAR_REPR_CHARS,
     MAX_LOCAL_VARS,
     format_user_stack,
+    round_half_even,
 )
 from blockx.wire import MAX_FRAME_BYTES, keys
 
@@ -269,3 +273,53 @@ def test_a_call_the_executor_ended_is_named_by_what_happened_not_by_our_class_pa
             stack = format_user_stack(raised)
         assert stack.splitlines()[-1] == line, stack
         assert 'File "<blockx:f>", line 2' in stack
+
+
+# --- round_half_even: the builtin round() of a float, in compiled code -----------------------
+
+_TIES_AND_EDGES = [
+    0.0,
+    -0.0,
+    0.5,
+    -0.5,
+    1.5,
+    -1.5,
+    2.5,
+    -2.5,
+    0.49999999999999994,
+    -0.49999999999999994,
+    1e6 + 0.5,
+    2.0**52 - 0.5,
+    -(2.0**52) + 0.5,
+    2.0**52,
+    2.0**53 + 2,
+    -(2.0**60),
+    1e300,
+    5e-324,
+]
+
+
+@pytest.mark.parametrize("x", _TIES_AND_EDGES)
+def test_round_half_even_is_round_at_ties_and_edges(x: float) -> None:
+    assert round_half_even(x) == round(x)
+    assert type(round_half_even(x)) is int
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_round_half_even_is_round_for_every_finite_float(x: float) -> None:
+    assert round_half_even(x) == round(x)
+
+
+@given(st.integers(-(2**40), 2**40))
+def test_round_half_even_is_round_at_every_half(n: int) -> None:
+    x = n + 0.5
+    assert round_half_even(x) == round(x)
+    assert round_half_even(-x) == round(-x)
+
+
+@pytest.mark.parametrize("x", [math.nan, math.inf, -math.inf])
+def test_round_half_even_raises_as_round_for_nan_and_infinities(x: float) -> None:
+    with pytest.raises((ValueError, OverflowError)) as expected:
+        round(x)
+    with pytest.raises(expected.type):
+        round_half_even(x)
