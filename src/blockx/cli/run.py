@@ -72,6 +72,7 @@ checks alone) is :mod:`blockx.cli.validate`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -106,8 +107,6 @@ from blockx.cli.settings import Settings
 # The task file's modules, the output's and the verdict's are imported once the executors
 # have been started (where they are used), not before: the executors boot meanwhile.
 if TYPE_CHECKING:
-    import asyncio
-
     from blockx.cli.output import RowPart, RowWriter
     from blockx.cli.report import RunOutcome
     from blockx.cli.taskfile import TaskFile
@@ -213,8 +212,6 @@ async def _run_task(
     *,
     metrics_port: int | None = None,
 ) -> RunOutcome:
-    import asyncio  # loaded by now (runs on the loop); not at import: see _run_command
-
     from blockx.cli.output import OutputClosed
     from blockx.cli.report import RunOutcome
 
@@ -271,8 +268,6 @@ async def _run_on_worker(
 ) -> None:
     """Start the worker (unless ``started``: one started while the input was checked),
     run the task, hand its rows to the writer, stop the worker."""
-    import asyncio  # loaded by now (runs on the loop); not at import: see _run_command
-
     from blockx.cli.output import PUT_SLICE_ROWS, OutputClosed, row_parts
     from blockx.cli.taskfile import SpecError
     from blockx.observability.tracing import Tracing
@@ -419,8 +414,6 @@ async def _run_on_worker(
 async def _drain_output(sink: RowWriter, outcome: RunOutcome, main: asyncio.Task[Any]) -> None:
     """Wait for the writer to write every row put; after an interruption (before or
     during this wait) only OUTPUT_GRACE_S more, then drop the rest."""
-    import asyncio  # loaded by now (runs on the loop); not at import: see _run_command
-
     if outcome.output_closed:
         return
     if outcome.interrupted is None:
@@ -439,8 +432,6 @@ async def _drain_output(sink: RowWriter, outcome: RunOutcome, main: asyncio.Task
 
 async def _settle(handle: Any) -> Any:
     """The result of a task being cancelled (None when it does not converge in time)."""
-    import asyncio  # loaded by now (runs on the loop); not at import: see _run_command
-
     try:
         return await asyncio.wait_for(asyncio.shield(handle.result()), 10.0)
     except Exception:
@@ -549,6 +540,8 @@ def _shows_progress(options: RunOptions, console: Console) -> bool:
 
 
 def _run_command(options: RunOptions, console: Console) -> int:
+    from blockx.worker.loop import run  # not worker.app: the executors start before it loads
+
     if options.ray is not None:  # one worker per Ray node (docs/cluster.md)
         from blockx.cli.run_cluster import RunParts, run_on_ray
 
@@ -571,11 +564,6 @@ def _run_command(options: RunOptions, console: Console) -> int:
     # 2. The run.
     ran: RunOutcome | int
     try:
-        # Only now asyncio (~20-30 ms of imports): the executors boot meanwhile (and a
-        # Ctrl-C in this import still discards them, below). Not worker.app: it loads
-        # while the task file is checked, on the loop.
-        from blockx.worker.loop import run
-
         if config is None:
             c = checked[0]
             ran = run(

@@ -12,6 +12,7 @@ event loop with Ctrl-C raising at once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -170,8 +171,6 @@ def check_input_interruptibly(options: RunOptions, console: Console) -> Checked 
         # A Ctrl-C that came before the swap (while the worker started) went to asyncio's
         # handler, which only asked the task to cancel: honour it now, or a check that
         # never awaits (a FIFO nobody writes) would block with the request pending.
-        import asyncio  # imported by now: this runs on the event loop
-
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             task.uncancel()  # the worker's close, on the way out, must not be cancelled

@@ -20,6 +20,7 @@ next start resumes them), the site closes, the worker stops; exit 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import logging
 import os
@@ -342,10 +343,6 @@ def _check_trace_file(flag_value: str | None) -> None:
 async def _serve(
     args: argparse.Namespace, settings: Any, store: Any, token: str | None, root: Path | None
 ) -> int:
-    # asyncio here: ``blockx run`` builds this module's parser, and spawns its executors
-    # before it imports asyncio.
-    import asyncio
-
     from aiohttp import web
 
     from blockx.observability.tracing import Tracing

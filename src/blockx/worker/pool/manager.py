@@ -63,6 +63,7 @@ only ``spawner.spawn`` runs on the spawner thread.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import logging
@@ -89,8 +90,6 @@ from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
 from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner, spawn_thread
 
 if TYPE_CHECKING:
-    import asyncio
-
     from blockx.worker.config import WorkerConfig
 
 __all__ = ["PoolManager", "SlotInfo", "SlotState"]
@@ -297,8 +296,6 @@ class PoolManager:
         if self._started:
             raise AdapterUsageError("PoolManager.start() called twice")
         self._started = True
-        import asyncio  # here: a ``blockx run`` spawns its executors before it loads asyncio
-
         self._loop = asyncio.get_running_loop()
         if self._spawn_thread is None:
             self._spawn_thread = spawn_thread()
@@ -364,8 +361,6 @@ class PoolManager:
 
     async def _spawns_settled(self) -> None:
         """Wait until no spawn is in flight (their results are registered by then)."""
-        import asyncio
-
         while True:
             pending = [s.spawning for s in self._slots.values() if s.spawning is not None]
             if not pending:
@@ -379,8 +374,6 @@ class PoolManager:
             self.discard_early()
             return
         self._stopping = True
-        import asyncio
-
         loop = self._loop
         assert loop is not None
         await self._spawns_settled()

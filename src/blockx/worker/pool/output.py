@@ -9,14 +9,12 @@ lines; their level, message and call fields are kept (as the record's ``executor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import orjson
-
-if TYPE_CHECKING:
-    import asyncio
 
 __all__ = ["OutputReader"]
 

@@ -8,18 +8,15 @@ about). Only :class:`~blockx.worker.pool.manager.PoolManager` changes a ``_Slot`
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import enum
 import subprocess
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from blockx.worker.pool.exits import LossCause, ProcessExit
 from blockx.worker.pool.output import OutputReader
-
-if TYPE_CHECKING:
-    import asyncio
 
 __all__ = ["SlotInfo", "SlotState"]
 
