@@ -37,7 +37,8 @@ def _executors_of(pid: int) -> list[int]:
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"blockx.executor" in cmdline:
+            # An executor, forked or not; not their fork server (blockx.executor.fork_server).
+            if b"blockx.executor\0" in cmdline:
                 found.append(child)
     return found
 

@@ -253,7 +253,7 @@ def test_the_knob_table_lists_every_knob() -> None:
     for section, name, f in knobs:
         assert f"``{section}.{name}``\n    ``{f.metadata['env']}``" in table
     knobs = list(iter_knobs())
-    assert len(knobs) == 43
+    assert len(knobs) == 44  # pool.fork_server: +1
     envs = [f.metadata["env"] for _, _, f in knobs]
     assert len(set(envs)) == len(envs)
     seed_envs = {f.metadata["env"] for _, _, f in knobs if f.metadata["seed_env"]}

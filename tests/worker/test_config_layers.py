@@ -34,7 +34,7 @@ from blockx.worker.io.config import (
 def test_every_knob_worker_and_io_is_declared_once_with_knob() -> None:
     specs = knobs()
     io_specs = [s for s in specs.values() if s.part == "io"]
-    assert len(specs) == 43 + 27 and len(io_specs) == 27  # io.rpc: +2 (rate limits), io.http: 6
+    assert len(specs) == 44 + 27 and len(io_specs) == 27  # io.rpc: +2 (rate limits), io.http: 6
     for cls in (IOConfig, BlockDBConfig, RpcConfig, HttpConfig):
         for f in dataclasses.fields(cls):
             if f.name in ("blockdb", "rpc", "http"):

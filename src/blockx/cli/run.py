@@ -469,6 +469,9 @@ def run_command(options: RunOptions) -> int:
         code = _run_command(options, console)
     except KeyboardInterrupt:  # Ctrl-C outside the run's own handling
         code = INTERRUPTED_STATUS["SIGINT"]
+    finally:  # the executors' fork server, unless a pool took it (it closed it then)
+        if (fork_server := sys.modules.get("blockx.worker.pool.fork_server")) is not None:
+            fork_server.discard_early()
     try:
         console.detach(STDERR_GRACE_S)
     except KeyboardInterrupt:  # while waiting for stderr's reader: stop waiting, the run's

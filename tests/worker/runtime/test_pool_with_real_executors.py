@@ -12,7 +12,9 @@ from executor_peer import Recorder, eventually, process_is_gone
 
 from blockx.wire import RemoteError, keys
 from blockx.worker.link.adapter import ExecutorAdapter
+from blockx.worker.pool.fork_server import ForkedProcess
 from blockx.worker.pool.manager import PoolManager, SlotState
+from blockx.worker.pool.spawner import ProcessSpawner
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -43,15 +45,29 @@ def execute(digest: str, args: Any, attempt: int = 1) -> dict[str, Any]:
     }
 
 
-def test_real_executors_attach_run_calls_and_stop_without_orphans() -> None:
+def spawned_as_asked(pool: PoolManager, spawner: ProcessSpawner, forked: bool) -> None:
+    """Each running executor was forked by the server when ``forked``, else started cold."""
+    processes = [slot.process for slot in pool._slots.values()]
+    assert processes and all(p is not None for p in processes)
+    assert all(isinstance(p, ForkedProcess) is forked for p in processes), processes
+    assert (spawner.fork_server is not None) is forked
+
+
+SPAWNS = pytest.mark.parametrize("forked", [False, True], ids=["cold", "forked"])
+
+
+@SPAWNS
+def test_real_executors_attach_run_calls_and_stop_without_orphans(forked: bool) -> None:
     async def scenario() -> None:
         rec = Recorder()
         async with ExecutorAdapter(
             callbacks=rec.callbacks(), function_code_resolver=resolver
         ) as adapter:
+            spawner = ProcessSpawner(fork_server=forked)
             pool = PoolManager(
                 adapter.socket_path,
                 executor_count=2,
+                spawner=spawner,
                 heartbeat_interval_s=0.2,
                 max_inflight=16,
                 restart_delay_ms=100,
@@ -60,6 +76,7 @@ def test_real_executors_attach_run_calls_and_stop_without_orphans() -> None:
             await pool.start()
             try:
                 attached = await rec.wait("attached", 2, timeout=60)
+                spawned_as_asked(pool, spawner, forked)
                 assert sorted(e for e, _ in attached) == ["exec-0", "exec-1"]
                 assert all(s.usable_contexts == 16 for _, s in attached)
                 for i, executor_id in enumerate(["exec-0", "exec-1", "exec-0"]):
@@ -85,15 +102,18 @@ def test_real_executors_attach_run_calls_and_stop_without_orphans() -> None:
     asyncio.run(scenario())
 
 
-def test_killed_executor_loses_its_call_and_comes_back_in_a_new_era() -> None:
+@SPAWNS
+def test_killed_executor_loses_its_call_and_comes_back_in_a_new_era(forked: bool) -> None:
     async def scenario() -> None:
         rec = Recorder()
         async with ExecutorAdapter(
             callbacks=rec.callbacks(), function_code_resolver=resolver
         ) as adapter:
+            spawner = ProcessSpawner(fork_server=forked)
             pool = PoolManager(
                 adapter.socket_path,
                 executor_count=1,
+                spawner=spawner,
                 heartbeat_interval_s=0.2,
                 restart_delay_ms=100,
             )
@@ -124,6 +144,7 @@ def test_killed_executor_loses_its_call_and_comes_back_in_a_new_era() -> None:
                 assert pool.slot("exec-0").last_returncode == -signal.SIGKILL
                 assert pool.slot_state("exec-0") is SlotState.RUNNING
                 assert process_is_gone(first_pid)
+                spawned_as_asked(pool, spawner, forked)
                 # The retried attempt runs on the new process.
                 adapter.bind("t1/slow", "exec-0")
                 adapter.send_execute_call(

@@ -29,13 +29,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import IO, TYPE_CHECKING, Final, Protocol
 
-from blockx.wire.launch import ExecutorArgs
+if TYPE_CHECKING:  # not imported to run: blockx run's fork server starts before blockx.wire
+    from blockx.wire.launch import ExecutorArgs
 
 __all__ = [
     "PR_SET_PDEATHSIG",
     "ExecutorLaunchSpec",
+    "ExecutorProcess",
     "executor_command",
     "libc_prctl",
     "pdeathsig_preexec",
@@ -72,6 +74,32 @@ class ExecutorLaunchSpec:
     def blackbox_path(self) -> str | None:
         """The executor's black box (blockx.wire.blackbox); None: none."""
         return self.args.blackbox_path
+
+
+class ExecutorProcess(Protocol):
+    """A started executor process, as the pool uses it: a ``subprocess.Popen``, or a
+    process the fork server forked as this process's child
+    (:class:`~blockx.worker.pool.fork_server.ForkedProcess`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+    @property
+    def stderr(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None:
+        """The exit status once it exited (reaping it), else None."""
+        ...
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit and reap it; ``subprocess.TimeoutExpired`` past ``timeout``."""
+        ...
 
 
 def executor_command(spec: ExecutorLaunchSpec) -> list[str]:

@@ -84,7 +84,7 @@ from blockx.worker.pool.exits import (
     describe_returncode,
     shell_status_as_signal,
 )
-from blockx.worker.pool.launch import ExecutorLaunchSpec
+from blockx.worker.pool.launch import ExecutorLaunchSpec, ExecutorProcess
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
 from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner, spawn_thread
@@ -540,7 +540,7 @@ class PoolManager:
         slot.spawning = spawning
         spawning.add_done_callback(functools.partial(self._spawned, slot))
 
-    def _spawned(self, slot: _Slot, spawning: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    def _spawned(self, slot: _Slot, spawning: asyncio.Future[ExecutorProcess]) -> None:
         slot.spawning = None
         loop = self._loop
         assert loop is not None
@@ -584,7 +584,7 @@ class PoolManager:
         )
         self._set_state(slot, SlotState.RUNNING)
 
-    def _poll(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+    def _poll(self, slot: _Slot, process: ExecutorProcess) -> None:
         slot.timer = None
         if slot.process is not process:
             return
@@ -594,7 +594,7 @@ class PoolManager:
             return
         self._exited(slot, process)
 
-    def _exited(self, slot: _Slot, process: subprocess.Popen[bytes]) -> None:
+    def _exited(self, slot: _Slot, process: ExecutorProcess) -> None:
         """The process is dead (pidfd readable): kill its group, reap, decide what next."""
         if slot.process is not process:
             return
@@ -635,7 +635,7 @@ class PoolManager:
     def _record_exit(
         self,
         slot: _Slot,
-        process: subprocess.Popen[bytes],
+        process: ExecutorProcess,
         *,
         stopping: bool = False,
         memory_killed: bool = False,

@@ -37,13 +37,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import signal
-import subprocess
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from blockx.portability import load_psutil, proc_available
+
+if TYPE_CHECKING:
+    from blockx.worker.pool.launch import ExecutorProcess
 
 __all__ = [
     "MARK_ENV",
@@ -98,6 +99,8 @@ def worker_mark_prefix(pid: int | None = None, token: str | None = None) -> str:
     if pid is None:
         pid = os.getpid()
     if token is None:
+        import secrets  # here: blockx run's fork server starts before it is needed
+
         token = secrets.token_hex(4)
     return f"{pid}:{process_start_time(pid) or 0}:{token}:"
 
@@ -234,7 +237,7 @@ def kill_orphans() -> list[int]:
     return victims
 
 
-def signal_process_group(process: subprocess.Popen[bytes], signum: signal.Signals) -> None:
+def signal_process_group(process: ExecutorProcess, signum: signal.Signals) -> None:
     """Signal the process's group when it leads one (our spawners make it so), else the
     process alone. A process that is gone already is not an error."""
     pid = process.pid
@@ -282,7 +285,7 @@ def descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
-def kill_tree(process: subprocess.Popen[bytes]) -> None:
+def kill_tree(process: ExecutorProcess) -> None:
     """SIGKILL the process's descendants, then its group and itself."""
     # Walk while it lives: once it is dead its children are reparented away.
     for _ in range(2):  # a second pass for what forked during the first

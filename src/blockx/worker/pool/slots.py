@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
-import subprocess
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from blockx.worker.pool.exits import LossCause, ProcessExit
 from blockx.worker.pool.output import OutputReader
+
+if TYPE_CHECKING:
+    from blockx.worker.pool.launch import ExecutorProcess
 
 __all__ = ["SlotInfo", "SlotState"]
 
@@ -75,7 +78,7 @@ class _Slot:
     def __init__(self, executor_id: str) -> None:
         self.executor_id = executor_id
         self.state = SlotState.STOPPED
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: ExecutorProcess | None = None
         self.pidfd = -1
         self.timer: asyncio.TimerHandle | None = None
         self.restart_times: deque[float] = deque()
@@ -86,9 +89,9 @@ class _Slot:
         self.started_at = 0.0
         self.outputs: list[OutputReader] = []
         #: The spawn in flight on the spawner thread, if any.
-        self.spawning: asyncio.Future[subprocess.Popen[bytes]] | None = None
+        self.spawning: asyncio.Future[ExecutorProcess] | None = None
         #: A spawn started before the pool's loop (PoolManager.spawn_early), not adopted yet.
-        self.early: concurrent.futures.Future[subprocess.Popen[bytes]] | None = None
+        self.early: concurrent.futures.Future[ExecutorProcess] | None = None
         #: Spawns so far; the running process's is its generation.
         self.generation = 0
         #: The last few exits, by generation (the adapter asks for its era's).

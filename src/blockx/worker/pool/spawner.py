@@ -46,6 +46,7 @@ everything else. It is thread-safe: the pool calls it on its spawner thread.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import shutil
 import subprocess
@@ -55,7 +56,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from blockx.worker.errors import PoolError, SpawnError
 from blockx.worker.pool import launch
-from blockx.worker.pool.launch import ExecutorLaunchSpec, executor_command
+from blockx.worker.pool.fork_server import ForkServer, ForkServerError, take_early
+from blockx.worker.pool.launch import ExecutorLaunchSpec, ExecutorProcess, executor_command
 from blockx.worker.pool.process_tree import MARK_ENV
 
 if TYPE_CHECKING:
@@ -63,11 +65,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExecutorLaunchSpec",
+    "ExecutorProcess",
     "ExecutorSpawner",
     "ProcessSpawner",
     "executor_command",
     "spawner_for_mode",
 ]
+
+_log = logging.getLogger("blockx.worker.pool")
 
 
 class ExecutorSpawner(Protocol):
@@ -76,8 +81,8 @@ class ExecutorSpawner(Protocol):
     #: The spawn mode this spawner implements (``process``, ``sandbox``).
     mode: str
 
-    def spawn(self, spec: ExecutorLaunchSpec) -> subprocess.Popen[bytes]:
-        """Start one executor; return once it has exec'd.
+    def spawn(self, spec: ExecutorLaunchSpec) -> ExecutorProcess:
+        """Start one executor; return once it has exec'd (or been forked).
 
         The process must lead its own process group (the pool signals the
         group), have stdin closed and stdout/stderr as pipes (the pool forwards
@@ -93,6 +98,11 @@ class ProcessSpawner:
     or sleeps); ``env`` replaces the inherited environment (default: the
     worker's own, as the seed does for bare processes); ``extra_env`` is added
     on top. ``pdeathsig=False`` skips the parent-death signal.
+
+    ``fork_server=True`` forks the executors from a warm server
+    (:mod:`.fork_server`) when the spawn is the default one: no ``argv_factory``,
+    ``env``, ``extra_env`` or ``cwd``, the parent-death signal on, the server's
+    interpreter. Other spawns, and every spawn once the server failed, start cold.
     """
 
     mode = "process"
@@ -105,12 +115,17 @@ class ProcessSpawner:
         extra_env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         pdeathsig: bool = True,
+        fork_server: bool = False,
     ) -> None:
         self._argv_factory = argv_factory
         self._env = None if env is None else dict(env)
         self._extra_env = dict(extra_env or {})
         self._cwd = cwd
         self._pdeathsig = pdeathsig and sys.platform.startswith("linux")
+        default = argv_factory is None and env is None and not extra_env and cwd is None
+        self._forks = fork_server and default and self._pdeathsig
+        #: The fork server (started at the first spawn, or blockx run's, taken now).
+        self._server: ForkServer | None = take_early() if self._forks else None
 
     def __repr__(self) -> str:
         how = (
@@ -118,7 +133,15 @@ class ProcessSpawner:
             if self._pdeathsig and launch.setpriv_path()
             else ("prctl" if self._pdeathsig else "none")
         )
-        return f"ProcessSpawner(pdeathsig={how}, custom_argv={self._argv_factory is not None})"
+        server = "" if not self._forks else f", {self._server or 'fork server'}"
+        return (
+            f"ProcessSpawner(pdeathsig={how}, custom_argv={self._argv_factory is not None}{server})"
+        )
+
+    @property
+    def fork_server(self) -> ForkServer | None:
+        """The fork server its spawns use (None: none yet, or they start cold)."""
+        return self._server if self._forks else None
 
     def command(self, spec: ExecutorLaunchSpec) -> list[str]:
         """The executor's argv (without the parent-death wrapper)."""
@@ -133,7 +156,28 @@ class ProcessSpawner:
             env[MARK_ENV] = spec.run_mark
         return env
 
-    def spawn(self, spec: ExecutorLaunchSpec) -> subprocess.Popen[bytes]:
+    def spawn(self, spec: ExecutorLaunchSpec) -> ExecutorProcess:
+        if self._forks:
+            if self._server is None:
+                self._server = ForkServer()
+            if spec.python == self._server.python:
+                try:
+                    return self._server.spawn(spec)
+                except ForkServerError as exc:
+                    # A refusal (this spawn's flags do not fit) costs this spawn only; a
+                    # broken server, every spawn from now on.
+                    self._forks = self._server.broken is None
+                    _log.warning(
+                        "executor %s: the fork server failed (%s); %s",
+                        spec.executor_id,
+                        exc,
+                        "this one starts cold" if self._forks else "executors start cold now",
+                        extra={"executorId": spec.executor_id},
+                    )
+        return self.spawn_cold(spec)
+
+    def spawn_cold(self, spec: ExecutorLaunchSpec) -> subprocess.Popen[bytes]:
+        """``python -m blockx.executor`` started afresh (no fork server)."""
         argv = self.command(spec)
         if not argv:
             raise SpawnError(spec.executor_id, "empty command")
@@ -164,6 +208,14 @@ class ProcessSpawner:
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             raise SpawnError(spec.executor_id, f"{argv[0]}: {exc}") from exc
 
+    def close(self) -> None:
+        """End the fork server, if one runs (the pool calls this once every executor is
+        reaped)."""
+        server, self._server = self._server, None
+        self._forks = False
+        if server is not None:
+            server.close()
+
 
 def spawner_for_mode(mode: str, pool_config: PoolConfig | None = None) -> ExecutorSpawner:
     """The spawner of ``EXECUTOR_SPAWN_MODE``; ``pool_config`` carries the sandbox's knobs.
@@ -173,7 +225,7 @@ def spawner_for_mode(mode: str, pool_config: PoolConfig | None = None) -> Execut
     mechanism is not (the reason is in the message).
     """
     if mode == "process":
-        return ProcessSpawner()
+        return ProcessSpawner(fork_server=pool_config is None or pool_config.fork_server)
     if mode == "sandbox":
         from blockx.worker.pool.sandbox import SandboxSettings, SandboxSpawner
 
