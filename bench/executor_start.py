@@ -1,27 +1,28 @@
-"""An executor's start: a cold ``python -m blockx.executor`` against one forked from a warm parent.
+"""An executor's start: cold ``python -m blockx.executor`` against forked by the fork server.
 
-Every ``blockx run`` starts its executors cold: a new interpreter imports the
-executor (msgspec, typing, logging, the compiled group, ~600 classes) before it
-connects to the worker's socket, ~60-90 ms of CPU each on our VMs, and two of
-them boot while the worker imports itself on the same two cores. This bench
-measures what a fork server would save, side by side in one run, interleaved:
+An executor started cold imports itself (msgspec, typing, logging, the compiled
+group, ~600 classes) before it connects to the worker's socket: ~60-110 ms of CPU
+each on our VMs, and a ``blockx run``'s executors boot while the worker imports
+itself on the same two cores. The fork server (``pool.fork_server``, on by default:
+``blockx/executor/fork_server.py``) imports that once and forks each executor.
+Side by side in one run, interleaved:
 
 * **cold** -- ``sys.executable -m blockx.executor`` with the pool's flags, as
-  :class:`~blockx.worker.pool.spawner.ProcessSpawner` starts it (without the
-  ``setpriv`` wrapper, which adds nothing measurable);
-* **forked** -- ``os.fork()`` of this process after it imported the executor's
-  modules (what a fork server would have done once), the child calling the
-  executor's ``main`` with the same flags.
+  :class:`~blockx.worker.pool.spawner.ProcessSpawner` starts it without the server
+  (and without the ``setpriv`` wrapper, which adds nothing measurable);
+* **forked** -- the same executor from the product's
+  :class:`~blockx.worker.pool.fork_server.ForkServer` (started once, before the
+  first run: its own imports are printed apart).
 
 Each is timed from the spawn to the worker side's ``accept`` (the executor
-connected) and to its first frame (its first ``Heartbeat``: the worker attaches
-it then); the listening socket is this process's. Medians of ``--runs``; the
-children's CPU per start comes from ``RUSAGE_CHILDREN``.
+connected) and to its first frame (its first ``Heartbeat``: the worker attaches it
+then); the listening socket is this process's. A forked executor is this process's
+child too (the server forks with ``CLONE_PARENT``), so the children's CPU per start
+comes from ``RUSAGE_CHILDREN`` for both.
 
-The product has no fork server (yet): the forked row is a measurement of one,
-not of a mode. What one would have to keep (docs/architecture.md's pool): exit
-statuses and the group kill before a reap (the pool is the executors' parent
-today), per-executor stdout/stderr pipes, the sandbox mode's own spawns.
+Then whole ``blockx run`` processes of a one-call task, the fork server on and off
+(``EXECUTOR_FORK_SERVER``), two executors each, interleaved: wall time from the
+command's start to its exit, and its CPU with its executors' and server's.
 
     .venv/bin/python bench/executor_start.py [--runs 15]
 """
@@ -29,7 +30,6 @@ today), per-executor stdout/stderr pipes, the sandbox mode's own spawns.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import resource
 import socket
@@ -84,24 +84,40 @@ def cold(listener: socket.socket, socket_path: str, env: dict[str, str]) -> tupl
         child.wait(timeout=30)  # it exits once its connection is closed
 
 
-def forked(listener: socket.socket, socket_path: str, main: object) -> tuple[float, float]:
+def forked(listener: socket.socket, server: object, spec: object) -> tuple[float, float]:
     t0 = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:  # the child: the executor, as a fork server's child would run it
-        code = 70
-        try:
-            listener.close()
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            os.setsid()
-            code = main(flags(socket_path))  # type: ignore[operator]
-        finally:
-            os._exit(code if isinstance(code, int) else 70)
+    child = server.spawn(spec)  # type: ignore[attr-defined]
     try:
         return wait_connected(listener, t0)
     finally:
-        os.waitpid(pid, 0)
+        child.wait(timeout=30)  # it exits once its connection is closed
+        for pipe in (child.stdout, child.stderr):
+            pipe.close()
+
+
+TASK = """\
+functions:
+  f: {source: "def f(x):\\n    return x + 1\\n"}
+calls:
+  - {function: f, args: [1]}
+"""
+
+
+def one_call_run(task: Path, env: dict[str, str], fork_server: bool) -> float:
+    """Seconds of one ``blockx run`` of ``task``, executors forked or cold."""
+    run_env = {**env, "EXECUTOR_FORK_SERVER": "1" if fork_server else "0", "EXECUTOR_COUNT": "2"}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "blockx", "run", str(task)],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - t0
+    if done.returncode != 0 or done.stdout.split() != ["2"]:
+        raise SystemExit(f"blockx run failed ({done.returncode}): {done.stderr[-2000:]}")
+    return took
 
 
 def main() -> None:
@@ -114,34 +130,44 @@ def main() -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as a user's install runs: bytecode cached
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(SRC / "blockx")], check=True)
 
-    # The warm parent: what a fork server would import once, before any spawn.
     sys.path.insert(0, str(SRC))
-    t0 = time.perf_counter()
-    from blockx.msgspec_import import import_msgspec
-
-    import_msgspec()
-    import blockx.executor.__main__ as executor_main
-
-    for late in ("blockx.executor.runtime", "blockx.executor.uds_session"):  # main's late ones
-        importlib.import_module(late)
-
-    warm_import_s = time.perf_counter() - t0
+    from blockx.wire.launch import ExecutorArgs
+    from blockx.worker.pool.fork_server import ForkServer
+    from blockx.worker.pool.launch import ExecutorLaunchSpec
 
     with tempfile.TemporaryDirectory(prefix="bx-start-") as directory:
         socket_path = os.path.join(directory, "worker.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(socket_path)
         listener.listen(4)
+        spec = ExecutorLaunchSpec(args=ExecutorArgs.parse(flags(socket_path)))
+        os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the server's, as the cold ones'
+        os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+        server = ForkServer()
+        t0 = time.perf_counter()
+        forked(listener, server, spec)  # the server's imports, then a first executor
+        warm_s = time.perf_counter() - t0
         runs: dict[str, list[tuple[float, float]]] = {"cold": [], "forked": []}
         cpu: dict[str, float] = {"cold": 0.0, "forked": 0.0}
         for _ in range(args.runs):
             before = children_cpu_s()
             runs["cold"].append(cold(listener, socket_path, env))
             middle = children_cpu_s()
-            runs["forked"].append(forked(listener, socket_path, executor_main.main))
+            runs["forked"].append(forked(listener, server, spec))
             cpu["cold"] += middle - before
             cpu["forked"] += children_cpu_s() - middle
+        server.close()
         listener.close()
+
+        task = Path(directory) / "one.yaml"
+        task.write_text(TASK)
+        whole: dict[bool, list[float]] = {True: [], False: []}
+        whole_cpu: dict[bool, float] = {True: 0.0, False: 0.0}
+        for _ in range(args.runs):
+            for on in (False, True):
+                before = children_cpu_s()
+                whole[on].append(one_call_run(task, env, on))
+                whole_cpu[on] += children_cpu_s() - before
 
     def median_ms(name: str, index: int) -> float:
         return statistics.median(r[index] for r in runs[name]) * 1e3
@@ -156,8 +182,21 @@ def main() -> None:
         )
     ratio = median_ms("cold", 1) / max(median_ms("forked", 1), 1e-9)
     print(
-        f"first frame: cold / forked = {ratio:.1f}x; the warm parent's own imports took "
-        f"{warm_import_s * 1e3:.1f} ms (a fork server pays them once, not per executor)"
+        f"first frame: cold / forked = {ratio:.1f}x; the server's start and first executor "
+        f"took {warm_s * 1e3:.1f} ms (paid once per worker, not per executor)"
+    )
+    print()
+    print(f"one-call `blockx run`, 2 executors, medians of {args.runs} (interleaved)")
+    print("| executors | wall ms | CPU ms per run |")
+    print("| --------- | -------:| --------------:|")
+    for on, name in ((False, "cold"), (True, "forked")):
+        print(
+            f"| {name:<9} | {statistics.median(whole[on]) * 1e3:7.1f} "
+            f"| {whole_cpu[on] / args.runs * 1e3:14.1f} |"
+        )
+    print(
+        f"wall: cold / forked = {statistics.median(whole[False]) / statistics.median(whole[True]):.2f}x; "
+        f"CPU: cold / forked = {whole_cpu[False] / max(whole_cpu[True], 1e-9):.2f}x"
     )
 
 

@@ -121,8 +121,12 @@ def test_executor_start_times_both_starts() -> None:
     done = run_bench(str(BENCH / "executor_start.py"), "--runs", "1")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith(("| cold", "| forked"))]
-    assert len(rows) == 2, done.stdout
-    for row in rows:
+    assert len(rows) == 4, done.stdout  # executor starts, then one-call blockx runs
+    for row in rows[:2]:
         connected, first = (float(cell) for cell in row.split("|")[2:4])
         assert 0 < connected <= first, row
-    assert "cold / forked" in done.stdout
+    for row in rows[2:]:
+        wall, cpu = (float(cell) for cell in row.split("|")[2:4])
+        assert wall > 0 and cpu > 0, row
+    assert "first frame: cold / forked" in done.stdout
+    assert "wall: cold / forked" in done.stdout
