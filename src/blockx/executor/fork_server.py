@@ -111,6 +111,9 @@ def unsupported() -> str | None:
         return "not glibc"
     if sys.implementation.name != "cpython":
         return "not CPython"
+    gil = getattr(sys, "_is_gil_enabled", None)
+    if gil is not None and not gil():
+        return "a free-threaded interpreter"
     return None
 
 
