@@ -27,7 +27,9 @@ What ``fork()`` does and the raw call does not -- glibc's at-fork handlers, and 
 thread id glibc caches -- matters to no caller here: glibc asks the kernel for the
 id where it signals its own thread (``raise``), and the executor's threads are
 created in the child. Only ``x86_64`` and ``aarch64`` Linux with glibc take this
-path (:func:`unsupported`); elsewhere the pool spawns as before.
+path (:func:`unsupported`); elsewhere the pool spawns as before. The executors of
+one server share its string-hash seed (as children of any ``fork`` do); ``random``,
+``os.urandom`` and OpenSSL's generator (reseeded on a new pid) do not repeat.
 
 **The child**, before the executor's ``main``:
 
