@@ -57,7 +57,6 @@ executor the cold way.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -70,6 +69,9 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 if TYPE_CHECKING:
     import argparse
+
+# ctypes is imported where it is used: the worker imports this module for unsupported()
+# and MARK_PLACEHOLDER, at blockx run's first step.
 
 __all__ = [
     "EXIT_PARENT_GONE",
@@ -122,6 +124,8 @@ def unsupported() -> str | None:
 def clone_parent() -> int:
     """``fork()`` whose child is the caller's parent's child: 0 in the child, its pid in
     the caller. Only from a single-threaded process (see the module docstring)."""
+    import ctypes
+
     if threading.active_count() != 1:
         raise OSError("the fork server has more than one thread")
     api = ctypes.pythonapi
@@ -161,6 +165,8 @@ def _regions() -> tuple[int, int, int, int]:
 
 def identity_fits(cmdline: bytes, mark: str | None, mark_env: str) -> str | None:
     """Whether :func:`write_identity` can write these here (None), else why not."""
+    import ctypes
+
     arg_start, arg_end, env_start, env_end = _regions()
     if len(cmdline) > arg_end - arg_start:
         return f"the command line ({len(cmdline)} bytes) is longer than the room left for it"
@@ -186,6 +192,8 @@ def write_identity(cmdline: bytes, mark: str | None, mark_env: str) -> None:
     ``/proc/<pid>/environ`` in place (the regions the kernel reads them from); the
     rest of each region is zeroed. ``cmdline`` keeps the server's ``argv[0]`` (glibc's
     ``program_invocation_name`` points there); no mark zeroes the whole entry."""
+    import ctypes
+
     arg_start, arg_end, env_start, env_end = _regions()
     room = arg_end - arg_start
     ctypes.memmove(arg_start, cmdline + bytes(room - len(cmdline)), room)
@@ -200,6 +208,8 @@ def write_identity(cmdline: bytes, mark: str | None, mark_env: str) -> None:
 
 def executor_cmdline(argv: Sequence[str]) -> bytes:
     """A cold executor's ``/proc`` command line with these flags, this ``argv[0]``."""
+    import ctypes
+
     arg_start, arg_end, _, _ = _regions()
     head = ctypes.string_at(arg_start, arg_end - arg_start)
     argv0 = head[: head.index(b"\0") + 1]
@@ -308,6 +318,8 @@ def _become_executor(
     mark_env: str,
 ) -> NoReturn:
     """The child: the steps of the module docstring, then the executor's main."""
+    import ctypes
+
     status = EXIT_CHILD_FAILED
     try:
         sock.close()
