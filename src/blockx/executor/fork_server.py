@@ -13,7 +13,8 @@ executor imports, then forks one executor per request, each at its first frame i
 "mark": run mark or null, "env": {the worker's environment}}`` with the write ends of
 the executor's stdout and stderr pipes as ``SCM_RIGHTS``. The answer is one message,
 ``{"pid": N}`` or ``{"error": "why"}``; the worker then spawns that executor itself.
-The server serves requests one at a time and exits when the socket closes.
+The server serves requests one at a time and exits when the socket closes (with
+``os._exit``: the worker waits for it as it stops).
 
 **The worker is the executor's parent.** The server forks with
 ``clone(CLONE_PARENT)`` (:func:`clone_parent`): the child's parent is the server's
@@ -366,4 +367,8 @@ def _become_executor(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Out at once, as an executor leaves: the interpreter's teardown (~10-20 ms) would
+    # hold the worker's own exit, which reaps this process last.
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)
