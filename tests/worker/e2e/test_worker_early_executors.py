@@ -100,12 +100,12 @@ def test_an_interrupt_between_two_early_spawns_leaves_no_executor_and_no_socket(
             super().__init__()
             self.started: list[int] = []
 
-        def spawn(self, spec):  # type: ignore[no-untyped-def]
+        def begin(self, spec):  # type: ignore[no-untyped-def]
             if self.started:
                 raise KeyboardInterrupt  # Ctrl-C while blockx run spawns its second executor
-            process = super().spawn(spec)
+            process = self.spawn_cold(spec)
             self.started.append(process.pid)
-            return process
+            return lambda: process
 
     spawner = InterruptedSecond()
     before = set(os.listdir(e2e_config().adapter.socket_dir or "/tmp"))

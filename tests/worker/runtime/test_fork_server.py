@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,81 @@ def test_a_fork_server_that_cannot_start_raises_and_spawns_go_cold(tmp_path: Pat
         server.start()
     with pytest.raises(ForkServerError):
         server.spawn(_spec(str(tmp_path / "w.sock")))
+
+
+def _gated_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter that waits for ``gate`` to exist before it starts: a fork server
+    started with it cannot answer until the test opens the gate."""
+    gate = tmp_path / "gate"
+    wrapper = tmp_path / "gated-python"
+    wrapper.write_text(f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.02; done\nexec {PY} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper, gate
+
+
+def _early_pool(tmp_path: Path, wrapper: Path) -> tuple[PoolManager, ProcessSpawner]:
+    worker_side.start_early(python=str(wrapper))  # blockx run's first step, this thread
+    spawner = ProcessSpawner(fork_server=True)  # takes it
+    assert spawner.fork_server is not None and spawner.fork_server.python == str(wrapper)
+    pool = PoolManager(
+        str(tmp_path / "w.sock"), executor_count=2, spawner=spawner, python=str(wrapper)
+    )
+    return pool, spawner
+
+
+def _in_thread(function: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=function, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_early_spawns_send_their_requests_and_do_not_wait_for_the_server(tmp_path: Path) -> None:
+    """blockx run's main thread sends the early spawns' requests and goes on importing the
+    worker; the answers are awaited on the spawner thread (the server may still be
+    importing itself)."""
+    wrapper, gate = _gated_python(tmp_path)
+    pool, spawner = _early_pool(tmp_path, wrapper)
+    pids: list[int] = []
+    try:
+        spawning = _in_thread(pool.spawn_early)
+        spawning.join(30)
+        assert not spawning.is_alive(), "spawn_early waited for the fork server's answers"
+        assert spawner.fork_server is not None and spawner.fork_server.forked == 0
+        gate.touch()
+        pids = pool.early_pids()
+        assert len(pids) == 2 and all(_ppid(pid) == os.getpid() for pid in pids)
+        assert spawner.fork_server.forked == 2
+    finally:
+        gate.touch()
+        pool.discard_early()
+    assert all(process_is_gone(pid) for pid in pids)
+
+
+def test_early_spawns_discarded_before_the_server_answered_leave_no_executor(
+    tmp_path: Path,
+) -> None:
+    wrapper, gate = _gated_python(tmp_path)
+    pool, spawner = _early_pool(tmp_path, wrapper)
+    pool.spawn_early()
+    server = spawner.fork_server
+    assert server is not None and server.forked == 0
+    discarding = _in_thread(pool.discard_early)  # waits for the answers, then kills
+    time.sleep(0.1)
+    assert discarding.is_alive()
+    gate.touch()
+    discarding.join(60)
+    assert not discarding.is_alive()
+    assert server.forked == 2 and server.pid is None  # forked, then closed with the pool
+    left = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _is_our_executor(int(entry.name))
+    ]
+    assert left == [], f"executors left behind: {left}"
+
+
+def _is_our_executor(pid: int) -> bool:
+    try:
+        return _ppid(pid) == os.getpid() and "blockx.executor" in _cmdline(pid)
+    except (OSError, IndexError, ValueError):
+        return False

@@ -50,8 +50,7 @@ class EarlyExecutors:
         pool: PoolManager | None = None
         try:
             pool = PoolManager.from_config(config, self.socket_path, spawner=spawner)
-            #: The executors' pids (a spawn that failed has none: the pool restarts it).
-            self.pids = pool.spawn_early()
+            pool.spawn_early()
         except BaseException:  # a Ctrl-C between two spawns: the first one is killed too
             if pool is not None:
                 pool.discard_early()
@@ -62,6 +61,12 @@ class EarlyExecutors:
     def __repr__(self) -> str:
         state = "taken" if self._taken else "waiting"
         return f"EarlyExecutors({self.socket_path!r}, {state}, {self.pool!r})"
+
+    @property
+    def pids(self) -> list[int]:
+        """The executors' pids, once spawned (a spawn that failed has none: the pool
+        restarts it). Waits for spawns still in flight."""
+        return self.pool.early_pids()
 
     @property
     def taken(self) -> bool:

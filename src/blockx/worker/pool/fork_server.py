@@ -36,6 +36,8 @@ says why there); stdout is ``/dev/null``.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from blockx.worker.pool import launch
@@ -136,13 +139,20 @@ class ForkServer:
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
+        #: Guards the process, the socket and the sends (held only briefly).
         self._lock = threading.Lock()
+        #: Held by the one thread reading answers (up to ANSWER_TIMEOUT_S).
+        self._receiving = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
         #: Why the server is out of use (None: usable).
         self.broken: str | None = None
         #: Executors it forked so far.
         self.forked = 0
+        #: Requests sent and answers read so far; answers read for a later collector.
+        self._sent = 0
+        self._received = 0
+        self._answers: dict[int, dict[str, Any]] = {}
 
     def __repr__(self) -> str:
         pid = None if self._process is None else self._process.pid
@@ -214,40 +224,68 @@ class ForkServer:
 
     def spawn(self, spec: ExecutorLaunchSpec) -> ForkedProcess:
         """One executor for ``spec``, forked by the server (started first if need be)."""
+        return self.request(spec)()
+
+    def request(self, spec: ExecutorLaunchSpec) -> Callable[[], ForkedProcess]:
+        """Ask for an executor for ``spec`` now, without waiting for the answer: the
+        function returned waits for it (call it exactly once, from any thread). The
+        answers come in the order of the requests; a server still importing answers
+        once it is ready, so ``blockx run``'s main thread sends its requests and goes
+        on importing the worker while the spawner thread waits (``PoolManager.spawn_early``)."""
         with self._lock:
             self._start()
             assert self._socket is not None
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            request: dict[str, Any] = {
+                "argv": spec.args.to_argv(),
+                "mark": spec.run_mark,
+                "env": {k: v for k, v in os.environ.items() if k != MARK_ENV},
+            }
+            failed: OSError | None = None
             try:
-                request: dict[str, Any] = {
-                    "argv": spec.args.to_argv(),
-                    "mark": spec.run_mark,
-                    "env": {k: v for k, v in os.environ.items() if k != MARK_ENV},
-                }
-                answer = self._ask(json.dumps(request).encode(), [out_w, err_w])
-            except BaseException:
+                socket.send_fds(self._socket, [json.dumps(request).encode()], [out_w, err_w])
+            except OSError as exc:
+                failed = exc
                 os.close(out_r)
                 os.close(err_r)
-                raise
             finally:
                 os.close(out_w)
                 os.close(err_w)
+            ticket = self._sent
+            self._sent += 1
+        if failed is not None:
+            self._break(self._ended() or f"the fork server's socket failed: {failed}")
+        return functools.partial(self._collect, ticket, out_r, err_r)
+
+    def _collect(self, ticket: int, out_r: int, err_r: int) -> ForkedProcess:
+        """The answer to request ``ticket``: its executor, or :class:`ForkServerError`."""
+        try:
+            with self._receiving:  # one reader at a time; senders do not wait for it
+                while ticket not in self._answers:
+                    self._answers[self._received] = self._receive()
+                    self._received += 1
+                answer = self._answers.pop(ticket)
             pid = answer.get("pid")
             if not isinstance(pid, int) or pid <= 0:
-                os.close(out_r)
-                os.close(err_r)
                 raise ForkServerError(f"the fork server refused: {answer.get('error', answer)}")
-            self.forked += 1
-            stdout, stderr = open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0)
-            return ForkedProcess(pid, stdout, stderr)
+            with self._lock:
+                self.forked += 1
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        stdout, stderr = open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0)
+        return ForkedProcess(pid, stdout, stderr)
 
-    def _ask(self, request: bytes, fds: list[int]) -> dict[str, Any]:
-        assert self._socket is not None
+    def _receive(self) -> dict[str, Any]:
+        """The next answer on the socket (breaking the server when there is none)."""
+        sock = self._socket
+        if sock is None:
+            raise ForkServerError(self.broken or "the fork server is closed")
         try:
-            socket.send_fds(self._socket, [request], fds)
-            self._socket.settimeout(ANSWER_TIMEOUT_S)
-            answer = self._socket.recv(_ANSWER_MAX)
+            sock.settimeout(ANSWER_TIMEOUT_S)
+            answer = sock.recv(_ANSWER_MAX)
         except TimeoutError:
             self._break(f"no answer from the fork server in {ANSWER_TIMEOUT_S:.0f}s")
         except OSError as exc:
@@ -276,8 +314,10 @@ class ForkServer:
 
     def _break(self, why: str) -> Any:
         """Out of use for good: the server is killed and reaped; raises."""
-        self.broken = why
-        self._stop(kill=True)
+        with self._lock:
+            if self.broken is None:
+                self.broken = why
+            self._stop(kill=True)
         raise ForkServerError(why)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -289,6 +329,8 @@ class ForkServer:
 
     def _stop(self, *, kill: bool, timeout: float = 5.0) -> None:
         if self._socket is not None:
+            with contextlib.suppress(OSError):  # wakes a reader blocked on it
+                self._socket.shutdown(socket.SHUT_RDWR)
             self._socket.close()
             self._socket = None
         process, self._process = self._process, None
@@ -324,14 +366,13 @@ def start_early(python: str | None = None) -> None:
     atexit.register(discard_early)  # a command that ends before any pool took it
 
 
-def take_early(python: str | None = None) -> ForkServer | None:
+def take_early() -> ForkServer | None:
     """The server :func:`start_early` started, for a spawner whose spawns this thread
-    makes (once; None: none, another interpreter, or another thread started it)."""
+    makes (once; None: none, or another thread started it). A spawn for another
+    interpreter than the server's starts cold all the same."""
     global _early, _early_thread
     server = _early
     if server is None or threading.current_thread() is not _early_thread:
-        return None
-    if server.python != (python or sys.executable):
         return None
     _early = _early_thread = None
     return server

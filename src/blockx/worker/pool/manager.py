@@ -72,10 +72,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from blockx.wire.blackbox import BLACKBOX_SIZE, read_blackbox
-from blockx.wire.launch import ExecutorArgs
+from blockx.wire.blackbox import read_blackbox
 from blockx.worker.errors import AdapterUsageError, SpawnError
 from blockx.worker.pool import process_tree
 from blockx.worker.pool.exits import (
@@ -85,6 +84,7 @@ from blockx.worker.pool.exits import (
     shell_status_as_signal,
 )
 from blockx.worker.pool.launch import ExecutorLaunchSpec, ExecutorProcess
+from blockx.worker.pool.launch_plan import LaunchPlan
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
 from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner, spawn_thread
@@ -152,21 +152,26 @@ class PoolManager:
         self._spawner: ExecutorSpawner = spawner or ProcessSpawner()
         if memory_limit_mb < 0 or max_open_files < 0:
             raise ValueError("memory_limit_mb and max_open_files must be >= 0")
-        #: The executors' flags every spawn shares (blockx.wire.launch.ExecutorArgs).
-        self._launch: dict[str, Any] = {
-            "executor_max_inflight": max_inflight,
-            "executor_max_runnable": max_runnable,
-            "heartbeat_interval": float(heartbeat_interval_s),
-            "memory_limit_mb": memory_limit_mb,
-            "max_open_files": max_open_files,
-        }
         self._memory_limit_mb = memory_limit_mb
-        self._blackbox_dir = (
-            os.path.dirname(os.path.abspath(socket_path)) if blackbox_dir is None else blackbox_dir
-        )
         self._mark_prefix = process_tree.worker_mark_prefix() if mark_processes else None
+        self._plan = LaunchPlan(
+            socket_path,
+            flags={
+                "executor_max_inflight": max_inflight,
+                "executor_max_runnable": max_runnable,
+                "heartbeat_interval": float(heartbeat_interval_s),
+                "memory_limit_mb": memory_limit_mb,
+                "max_open_files": max_open_files,
+            },
+            python=python,
+            blackbox_dir=(
+                os.path.dirname(os.path.abspath(socket_path))
+                if blackbox_dir is None
+                else blackbox_dir
+            ),
+            mark_prefix=self._mark_prefix,
+        )
         self._exit_listeners: list[Callable[[ProcessExit], None]] = []
-        self._python = python
         self._restart_delay_s = restart_delay_ms / 1000.0
         self._max_restarts = max_restarts
         self._restart_window_s = restart_window_ms / 1000.0
@@ -300,9 +305,13 @@ class PoolManager:
         if self._spawn_thread is None:
             self._spawn_thread = spawn_thread()
         early = [(slot, slot.early) for slot in self._slots.values() if slot.early is not None]
-        for slot, spawned in early:  # spawn_early's: registered before anything awaits
+        for slot, spawned in early:  # spawn_early's: registered (or pending) before any await
             slot.early = None
-            self._spawned(slot, spawned)  # type: ignore[arg-type]  # a done Future all the same
+            if spawned.done():
+                self._spawned(slot, spawned)  # type: ignore[arg-type]  # a done Future all the same
+            else:  # a forked one whose answer the spawner thread still awaits
+                slot.spawning = asyncio.wrap_future(spawned)
+                slot.spawning.add_done_callback(functools.partial(self._spawned, slot))
         if self._mark_prefix is not None:
             # What workers killed with SIGKILL left behind (their executors' children).
             orphans = await self._loop.run_in_executor(
@@ -320,23 +329,36 @@ class PoolManager:
         await self._spawns_settled()
         _log.info("executor pool started: %d slot(s), %r", len(self._slots), self._spawner)
 
-    def spawn_early(self) -> list[int]:
-        """Spawn every slot's executor now, before :meth:`start`, with no event loop, in the
-        calling thread (``blockx run``'s main thread: it outlives them, and their
-        parent-death signal is tied to it; the spawner thread would wait for the GIL
-        while it imports the worker); return their pids. :meth:`start` adopts them;
-        :meth:`discard_early` (or :meth:`stop` before :meth:`start`) kills them."""
+    def spawn_early(self) -> None:
+        """Spawn every slot's executor now, before :meth:`start`, with no event loop, from
+        the calling thread (``blockx run``'s main thread: it outlives them, and their
+        parent-death signal is tied to it). A spawner with ``begin`` (the fork server's
+        request sent now, its answer read on the spawner thread) leaves this thread to
+        import the worker meanwhile. :meth:`start` adopts them; :meth:`discard_early`
+        (or :meth:`stop` before :meth:`start`) kills them; :meth:`early_pids` waits."""
         if self._started or self._spawn_thread is not None:
             raise AdapterUsageError("PoolManager.spawn_early() after a spawn")
         self._spawn_thread = spawn_thread()  # restarts and the rest, as usual
+        begin = getattr(self._spawner, "begin", None)
         for slot in self._slots.values():
-            slot.early = concurrent.futures.Future()
+            spawned: concurrent.futures.Future[ExecutorProcess]
             try:
-                slot.early.set_result(self._spawner.spawn(self._spec(slot, 1)))
+                spec = self._spec(slot, 1)
+                if begin is not None:
+                    spawned = self._spawn_thread.submit(begin(spec))
+                else:
+                    spawned = concurrent.futures.Future()
+                    spawned.set_result(self._spawner.spawn(spec))
             except Exception as exc:  # start() registers it as a failed spawn
-                slot.early.set_exception(exc)
-        early = [s.early for s in self._slots.values() if s.early is not None]
-        return [spawned.result().pid for spawned in early if spawned.exception() is None]
+                spawned = concurrent.futures.Future()
+                spawned.set_exception(exc)
+            slot.early = spawned  # (a Ctrl-C above leaves none: nothing began)
+
+    def early_pids(self) -> list[int]:
+        """The pids of :meth:`spawn_early`'s executors (waiting for their spawns)."""
+        spawns = [s.early for s in self._slots.values() if s.early is not None]
+        concurrent.futures.wait(spawns)
+        return [spawned.result().pid for spawned in spawns if spawned.exception() is None]
 
     def discard_early(self) -> None:
         """The pool never started: kill and reap what :meth:`spawn_early` started, close
@@ -346,11 +368,11 @@ class PoolManager:
         self._stopping = True
         for slot in self._slots.values():
             early, slot.early = slot.early, None
-            if early is None or not early.done():  # interrupted before it spawned
+            if early is None:
                 continue
-            try:
+            try:  # a spawn still on the spawner thread is waited for: no executor escapes
                 slot.process = early.result()
-            except Exception:  # the spawn failed: nothing runs
+            except Exception:  # the spawn failed (or never began): nothing runs
                 continue
             self._kill_tree(slot)
             slot.process.wait()
@@ -499,34 +521,8 @@ class PoolManager:
                 _log.exception("on_slot_state callback failed for %s", slot.executor_id)
 
     def _spec(self, slot: _Slot, generation: int) -> ExecutorLaunchSpec:
-        args = ExecutorArgs(
-            executor_id=slot.executor_id,
-            socket_path=self._socket_path,
-            blackbox_path=self._reset_blackbox(slot),
-            **self._launch,
-        )
-        run_mark = None
-        if self._mark_prefix is not None:
-            run_mark = process_tree.mark_of(self._mark_prefix, slot.executor_id, generation)
-        if self._python is not None:
-            return ExecutorLaunchSpec(args=args, python=self._python, run_mark=run_mark)
-        return ExecutorLaunchSpec(args=args, run_mark=run_mark)
-
-    def _reset_blackbox(self, slot: _Slot) -> str | None:
-        """A zeroed black box for the next process (None: the directory is not writable)."""
-        path = os.path.join(self._blackbox_dir, f"{slot.executor_id}.blackbox")
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, bytes(BLACKBOX_SIZE))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            _log.warning("no black box for %s: %s", slot.executor_id, exc)
-            slot.blackbox_path = None
-            return None
-        slot.blackbox_path = path
-        return path
+        spec, slot.blackbox_path = self._plan.spec(slot.executor_id, generation)
+        return spec
 
     def _spawn(self, slot: _Slot) -> None:
         """Start the slot's process on the spawner thread; ``_spawned`` registers it."""

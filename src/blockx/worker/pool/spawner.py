@@ -46,6 +46,7 @@ everything else. It is thread-safe: the pool calls it on its spawner thread.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import shutil
@@ -157,24 +158,48 @@ class ProcessSpawner:
         return env
 
     def spawn(self, spec: ExecutorLaunchSpec) -> ExecutorProcess:
+        return self.begin(spec)()
+
+    def begin(self, spec: ExecutorLaunchSpec) -> Callable[[], ExecutorProcess]:
+        """Start the spawn of ``spec`` now; the function returned finishes it (once, on
+        any thread that outlives the process). Forked, the request is sent to the server
+        now and its answer awaited by the function (``blockx run``'s main thread does
+        not wait for a server still importing: ``PoolManager.spawn_early``); a refusal or
+        a failed server then spawns it cold there. Cold, it is spawned now."""
         if self._forks:
             if self._server is None:
                 self._server = ForkServer()
             if spec.python == self._server.python:
                 try:
-                    return self._server.spawn(spec)
+                    finish = self._server.request(spec)
                 except ForkServerError as exc:
-                    # A refusal (this spawn's flags do not fit) costs this spawn only; a
-                    # broken server, every spawn from now on.
-                    self._forks = self._server.broken is None
-                    _log.warning(
-                        "executor %s: the fork server failed (%s); %s",
-                        spec.executor_id,
-                        exc,
-                        "this one starts cold" if self._forks else "executors start cold now",
-                        extra={"executorId": spec.executor_id},
-                    )
-        return self.spawn_cold(spec)
+                    self._fork_failed(spec, exc)
+                else:
+                    return functools.partial(self._finish_forked, spec, finish)
+        process = self.spawn_cold(spec)
+        return lambda: process
+
+    def _finish_forked(
+        self, spec: ExecutorLaunchSpec, finish: Callable[[], ExecutorProcess]
+    ) -> ExecutorProcess:
+        try:
+            return finish()
+        except ForkServerError as exc:
+            self._fork_failed(spec, exc)
+            return self.spawn_cold(spec)
+
+    def _fork_failed(self, spec: ExecutorLaunchSpec, exc: ForkServerError) -> None:
+        # A refusal (this spawn's flags do not fit) costs this spawn only; a broken
+        # server, every spawn from now on.
+        server = self._server
+        self._forks = server is not None and server.broken is None
+        _log.warning(
+            "executor %s: the fork server failed (%s); %s",
+            spec.executor_id,
+            exc,
+            "this one starts cold" if self._forks else "executors start cold now",
+            extra={"executorId": spec.executor_id},
+        )
 
     def spawn_cold(self, spec: ExecutorLaunchSpec) -> subprocess.Popen[bytes]:
         """``python -m blockx.executor`` started afresh (no fork server)."""
