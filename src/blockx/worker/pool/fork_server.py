@@ -6,10 +6,13 @@ A cold executor spends ~100 ms of CPU importing before its first frame; one fork
 from a process that imported all that once is at its first frame in ~10 ms
 (``bench/executor_start.py``). :class:`ForkServer` starts that process
 (``python -m blockx.executor.fork_server``) and asks it for executors:
-:meth:`ForkServer.spawn` sends one request on a ``SOCK_SEQPACKET`` socket pair -- the
-executor's flags, its run mark, this process's environment, and the write ends of
-two fresh pipes for the executor's stdout and stderr (``SCM_RIGHTS``) -- and gets the
-pid back. The server forks with ``clone(CLONE_PARENT)``, so the executor is *this*
+:meth:`ForkServer.request` sends one request on a ``SOCK_SEQPACKET`` socket pair --
+the executor's flags, its run mark, this process's environment, and the write ends of
+two fresh pipes for the executor's stdout and stderr (``SCM_RIGHTS``) -- and returns
+what waits for its answer, the pid (:meth:`ForkServer.spawn` does both). Answers come
+in the order of the requests and are read by one thread at a time; sending never
+waits for them, so ``blockx run``'s main thread is not held by a server still
+importing itself. The server forks with ``clone(CLONE_PARENT)``, so the executor is *this*
 process's child: the pool reaps it, reads its status through a pidfd and kills its
 group as for any process it started. :class:`ForkedProcess` is what the pool holds
 for it (the part of ``subprocess.Popen`` it uses, :class:`~.launch.ExecutorProcess`).
