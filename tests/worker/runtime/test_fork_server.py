@@ -26,6 +26,7 @@ from blockx.wire import keys
 from blockx.wire.launch import ExecutorArgs
 from blockx.worker.link.adapter import ExecutorAdapter
 from blockx.worker.pool import fork_server as worker_side
+from blockx.worker.pool import process_tree
 from blockx.worker.pool.fork_server import ForkedProcess, ForkServer, ForkServerError
 from blockx.worker.pool.launch import ExecutorLaunchSpec
 from blockx.worker.pool.manager import PoolManager
@@ -38,6 +39,7 @@ pytestmark = [
 ]
 
 PY = sys.executable
+MARK_PREFIX = process_tree.worker_mark_prefix()
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -59,7 +61,9 @@ def _ppid(pid: int) -> int:
 def _spec(socket_path: str, executor_id: str = "exec-0", **args: object) -> ExecutorLaunchSpec:
     return ExecutorLaunchSpec(
         args=ExecutorArgs(executor_id=executor_id, socket_path=socket_path, **args),  # type: ignore[arg-type]
-        run_mark=f"1:2:token:{executor_id}:1",
+        # A mark of this live process: a made-up worker would make the executor an
+        # orphan to any pool starting meanwhile (process_tree.kill_orphans kills those).
+        run_mark=process_tree.mark_of(MARK_PREFIX, executor_id, 1),
     )
 
 
