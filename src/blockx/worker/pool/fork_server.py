@@ -196,7 +196,7 @@ class ForkServer:
             "--mark-env",
             MARK_ENV,
             "--cmdline-room",
-            "." * CMDLINE_ROOM,
+            " " * CMDLINE_ROOM,  # blank in `ps`
         ]
         env = {k: v for k, v in os.environ.items() if k != MARK_ENV}
         env[MARK_ENV] = MARK_PLACEHOLDER  # last: the children write their mark over it
