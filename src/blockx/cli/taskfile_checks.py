@@ -195,9 +195,11 @@ def parse_document(text: str, label: str, is_json: bool) -> tuple[Any, Any]:
             raise SpecError(
                 [f"{label}: duplicate key {exc.key!r} (the last one would win)"]
             ) from None
-    import yaml  # type: ignore[import-untyped,unused-ignore]
-
-    from blockx.cli.yaml12 import Yaml12Loader  # YAML 1.2's core schema: NO stays a string
+    # yaml12 first: it imports PyYAML without compiling its unused patterns.
+    from blockx.cli.yaml12 import (
+        Yaml12Loader,  # YAML 1.2's core schema: NO stays a string
+        yaml,
+    )
 
     loader = Yaml12Loader(text)
     try:

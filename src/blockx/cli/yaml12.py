@@ -30,11 +30,62 @@ are unchanged. Nothing here reads a file.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, ClassVar, Final
 
-import yaml  # type: ignore[import-untyped,unused-ignore]
-
 __all__ = ["Yaml12Loader", "load"]
+
+
+class _LazyPattern:
+    """A pattern compiled at its first use (PyYAML's own, see :func:`_import_yaml`)."""
+
+    __slots__ = ("_args", "_compile", "_pattern")
+
+    def __init__(self, compile_: Any, pattern: Any, flags: int) -> None:
+        self._compile = compile_
+        self._args = (pattern, flags)
+        self._pattern: re.Pattern[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        pattern = self._pattern
+        if pattern is None:
+            pattern = self._pattern = self._compile(*self._args)
+        return getattr(pattern, name)
+
+    def __repr__(self) -> str:
+        return f"_LazyPattern({self._args[0]!r})"
+
+
+def _import_yaml() -> Any:
+    """``import yaml``, PyYAML's module-level patterns compiled at their first use.
+
+    Importing PyYAML compiles ~9 regular expressions (its reader's non-printable
+    character class, its YAML 1.1 resolvers, the timestamp): ~10 ms of every ``blockx
+    run``, ``validate`` and ``submit``, for patterns our C loader with its own 1.2
+    resolvers never uses (its Python reader and 1.1 resolver are not involved). While
+    it is imported, ``re.compile`` called from a ``yaml`` module returns a
+    :class:`_LazyPattern` (``match``, ``search``, ... compile it then); any other caller,
+    another thread's included, gets the real one, which is back in place after.
+    """
+    if "yaml" in sys.modules:
+        return sys.modules["yaml"]
+    compile_ = re.compile
+
+    def lazy_compile(pattern: Any, flags: int = 0) -> Any:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "yaml" or caller.startswith("yaml."):
+            return _LazyPattern(compile_, pattern, flags)
+        return compile_(pattern, flags)
+
+    re.compile = lazy_compile
+    try:
+        import yaml  # type: ignore[import-untyped,unused-ignore]
+    finally:
+        re.compile = compile_
+    return yaml
+
+
+yaml = _import_yaml()
 
 _NULL: Final = re.compile(r"^(?:~|null|Null|NULL|)$")
 _BOOL: Final = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
