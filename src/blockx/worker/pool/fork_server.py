@@ -32,7 +32,10 @@ at its first step (:func:`start_early`), so the server imports while the CLI doe
 the first pool built for the default configuration adopts it (:func:`take_early`).
 
 **The server's own end.** :meth:`ForkServer.close` closes the socket; the server
-exits on that and is reaped. ``stderr`` is inherited (a server that cannot start
+exits on that and is reaped. A server killed between a fork and its answer leaves an
+executor the pool never heard of: the worker's peer check refuses its connection
+(it is no slot's process), it exits, and stays a zombie of the worker until the
+worker exits. ``stderr`` is inherited (a server that cannot start
 says why there); stdout is ``/dev/null``.
 """
 
