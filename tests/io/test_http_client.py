@@ -402,6 +402,147 @@ def test_a_stale_keep_alive_connection_is_retried_once_on_a_fresh_one(loop_run: 
     loop_run(main())
 
 
+def test_start_post_writes_at_once_on_an_idle_connection(loop_run: Any) -> None:
+    """start_post writes before anything is awaited; finish_post reads the answer as
+    post_answer would, and the connection goes back to the pool."""
+
+    async def main() -> None:
+        async with RawServer(echo()) as server:
+            client = HttpClient()
+            try:
+                assert await client.post(server.url, b"1") == (200, b"1")  # one idle now
+                started = client.start_post(server.url, b"2")
+                assert started is not None
+                await wait_until(lambda: len(server.requests) == 2)  # written already
+                assert await client.finish_post(started) == (200, b"2", "")
+                assert client.open_connections() == 1
+                assert await client.post(server.url, b"3") == (200, b"3")
+            finally:
+                await client.close()
+            assert server.accepted == 1 and [r.body for r in server.requests] == [
+                b"1",
+                b"2",
+                b"3",
+            ]
+
+    loop_run(main())
+
+
+def test_start_post_does_nothing_without_an_idle_connection_or_a_free_slot(
+    loop_run: Any,
+) -> None:
+    release = asyncio.Event()
+
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.body == b"held":
+            await release.wait()
+        writer.write(ok_response(request.body))
+        return True
+
+    async def main() -> None:
+        async with RawServer(answer) as server:
+            client = HttpClient(max_connections=1)
+            try:
+                assert client.start_post(server.url, b"x") is None  # no connection yet
+                assert client.open_connections() == 0
+                assert await client.post(server.url, b"1") == (200, b"1")
+                held = asyncio.create_task(client.post(server.url, b"held"))
+                await wait_until(lambda: len(server.requests) == 2)
+                assert client.start_post(server.url, b"x") is None  # the one slot is taken
+                release.set()
+                assert await held == (200, b"held")
+                started = client.start_post(server.url, b"2")
+                assert started is not None
+                assert await client.finish_post(started) == (200, b"2", "")
+            finally:
+                await client.close()
+            assert client.start_post(server.url, b"x") is None  # closed
+            assert [r.body for r in server.requests] == [b"1", b"held", b"2"]
+
+    loop_run(main())
+
+
+def test_a_started_post_on_a_stale_connection_is_retried_once_on_a_fresh_one(
+    loop_run: Any,
+) -> None:
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.connection == 1 and request.body == b"2":
+            return False
+        writer.write(ok_response(request.body))
+        return True
+
+    async def main() -> None:
+        async with RawServer(answer) as server:
+            client = HttpClient()
+            try:
+                assert await client.post(server.url, b"1") == (200, b"1")
+                started = client.start_post(server.url, b"2")
+                assert started is not None
+                assert await client.finish_post(started) == (200, b"2", "")
+            finally:
+                await client.close()
+            assert [(r.connection, r.body) for r in server.requests] == [
+                (1, b"1"),
+                (1, b"2"),
+                (2, b"2"),
+            ]
+
+    loop_run(main())
+
+
+def test_an_abandoned_started_post_closes_its_connection_and_frees_its_slot(
+    loop_run: Any,
+) -> None:
+    async def main() -> None:
+        async with RawServer(echo()) as server:
+            client = HttpClient(max_connections=1)
+            other = HttpClient()
+            try:
+                assert await client.post(server.url, b"1") == (200, b"1")
+                started = client.start_post(server.url, b"2")
+                assert started is not None
+                with pytest.raises(RuntimeError, match="another client's"):
+                    await other.finish_post(started)
+                started.abandon()
+                started.abandon()  # once is enough; the second does nothing
+                assert client.open_connections() == 0  # a half-used connection is gone
+                assert await client.post(server.url, b"3") == (200, b"3")  # the slot is free
+                with pytest.raises(RuntimeError, match="finished or abandoned"):
+                    await client.finish_post(started)
+            finally:
+                await client.close()
+                await other.close()
+
+    loop_run(main())
+
+
+def test_a_started_post_past_its_time_raises_timeout_and_closes_its_connection(
+    loop_run: Any,
+) -> None:
+    async def answer(request: Request, writer: asyncio.StreamWriter) -> bool:
+        if request.body == b"1":
+            writer.write(ok_response(request.body))
+            return True
+        await asyncio.Event().wait()  # never an answer
+        return True
+
+    async def main() -> None:
+        async with RawServer(answer) as server:
+            client = HttpClient(timeout_s=0.3, max_connections=1)
+            try:
+                assert await client.post(server.url, b"1") == (200, b"1")
+                started = client.start_post(server.url, b"2")
+                assert started is not None
+                with pytest.raises(TimeoutError):
+                    await client.finish_post(started)
+                assert client.open_connections() == 0
+                assert client.start_post(server.url, b"3") is None  # no idle connection
+            finally:
+                await client.close()
+
+    loop_run(main())
+
+
 def test_a_fresh_connection_dropped_without_an_answer_is_not_retried(loop_run: Any) -> None:
     async def answer(_request: Request, _writer: asyncio.StreamWriter) -> bool:
         return False

@@ -387,3 +387,70 @@ def test_a_batch_nobody_waits_for_stops_its_http_request_at_once(node: FakeNode)
             await rpc.close()
 
     run(main())
+
+
+@pytest.mark.parametrize("rate", [None, 1000.0])
+def test_a_batch_leaves_in_the_loop_turn_that_flushes_it(
+    node: FakeNode, rate: float | None
+) -> None:
+    """With a kept-alive connection free and no rate limit, the flush writes the batch
+    itself (its task only reads the answer); a rate-limited chain's batches wait for
+    their task, which takes their tokens."""
+    rpc = backend_for(node.url, **({} if rate is None else {"max_requests_per_s": rate}))
+
+    async def main() -> None:
+        try:
+            first = await call_backend(rpc, R, "eth_getBalance", params(ALICE, hex(105)))
+            assert first.error is None  # a kept-alive connection is idle now
+            futures = [
+                rpc.execute(rpc.prepare(R, "eth_getBalance", params(who, hex(105)), None))
+                for who in (ALICE, BOB)
+            ]
+            assert rpc.stats.http_requests == 1
+            await asyncio.sleep(0)  # the flush's turn
+            assert rpc.stats.http_requests == (2 if rate is None else 1)
+            replies = await asyncio.gather(*futures)
+            assert [int(r.result, 16) for r in replies] == [
+                balance(ALICE, 105),
+                balance(BOB, 105),
+            ]
+            assert rpc.stats.http_requests == 2 and rpc.stats.retries == 0
+            assert rpc.session().open_connections() == 1  # the same connection throughout
+        finally:
+            await rpc.close()
+
+    run(main())
+    assert node.bodies == [1, 2]
+
+
+def test_a_written_batch_nobody_waits_for_leaves_no_connection_behind(node: FakeNode) -> None:
+    """A batch the flush wrote, whose reads are all cancelled at once: its connection (a
+    request on it, unanswered) is closed, never put back in the pool, and the next
+    read gets a fresh one."""
+    rpc = backend_for(node.url, timeout_s=10.0, max_attempts=1)
+
+    async def main() -> None:
+        try:
+            first = await call_backend(rpc, R, "eth_getBalance", params(ALICE, hex(105)))
+            assert first.error is None
+            node.faults = ["hang"]
+            node.hang_s = 5.0
+            futures = [
+                rpc.execute(rpc.prepare(R, "eth_getBalance", params(who, hex(105)), None))
+                for who in (ALICE, BOB)
+            ]
+            await asyncio.sleep(0)  # flushed: written on the idle connection
+            assert rpc.stats.http_requests == 2
+            (client,) = rpc._chains.values()
+            (task,) = client._tasks
+            for future in futures:
+                future.cancel()
+            await asyncio.sleep(0.05)
+            assert task.cancelled() and not client._tasks
+            assert rpc.session().open_connections() == 0
+            again = await call_backend(rpc, R, "eth_getBalance", params(BOB, hex(106)))
+            assert int(again.result, 16) == balance(BOB, 106)
+        finally:
+            await rpc.close()
+
+    run(main())

@@ -45,6 +45,16 @@ connection before any byte of the response arrived is sent once more on a
 calls are reads — idempotent — and it is the only retry this client makes
 (the backend's own retries are in ``rpc.py``).
 
+**Writing in the caller's turn.** :meth:`HttpClient.start_post` writes a request
+at once, without a coroutine, when a slot and an idle keep-alive connection are
+free (else it answers None and the caller uses :meth:`HttpClient.post_answer`);
+:meth:`HttpClient.finish_post` then reads its answer exactly as ``post_answer``
+would (the stale-connection retry included). The ``rpc`` backend uses it so a
+batch leaves in the loop turn that flushed it instead of one turn later, when its
+task first runs. A :class:`StartedPost` whose answer nobody will read (its task
+cancelled before it ran) is dropped with :meth:`StartedPost.abandon`: its
+connection closed, its slot freed.
+
 **Time and cancellation.** ``timeout_s`` bounds a whole ``post`` — waiting for
 a slot, connecting, sending, reading — and ends it with ``TimeoutError``.
 A request cancelled or timed out mid-way aborts the connection it was using:
@@ -95,6 +105,7 @@ __all__ = [
     "MalformedResponseError",
     "ResponseParser",
     "ServerDisconnectedError",
+    "StartedPost",
 ]
 
 #: An idle connection older than this is closed rather than reused (as aiohttp's 30 s).
@@ -262,6 +273,13 @@ class _HostPool:
                 waiter.cancel()  # release_slot skips it
             raise
 
+    def try_acquire_slot(self) -> bool:
+        """Take a free slot now (nobody waiting for one); False when none is free."""
+        if self._in_use < self.limit and not self._waiters:
+            self._in_use += 1
+            return True
+        return False
+
     def release_slot(self) -> None:
         """Hand the slot to the first live waiter, or free it."""
         waiters = self._waiters
@@ -352,6 +370,50 @@ class _Target:
         return f"_Target({self.scheme}://{self.host}:{self.port})"
 
 
+class StartedPost:
+    """A request :meth:`HttpClient.start_post` wrote, its answer not read yet.
+
+    Hand it to :meth:`HttpClient.finish_post`, or :meth:`abandon` it; the first of the
+    two owns its connection and slot (the second does nothing).
+    """
+
+    __slots__ = ("claimed", "client", "connection", "pool", "request", "target", "waiter")
+
+    def __init__(
+        self,
+        client: HttpClient,
+        target: _Target,
+        pool: _HostPool,
+        connection: _Connection,
+        request: bytes,
+        waiter: asyncio.Future[ResponseParser],
+    ) -> None:
+        #: The client that wrote it: the one to finish it.
+        self.client = client
+        self.target = target
+        self.pool = pool
+        self.connection = connection
+        self.request = request
+        self.waiter = waiter
+        #: True once finish_post or abandon took the connection and the slot.
+        self.claimed = False
+
+    def __repr__(self) -> str:
+        return f"StartedPost({self.target.key!r}, claimed={self.claimed})"
+
+    def abandon(self, _done: object = None) -> None:
+        """Nobody will read the answer: close the connection, free the slot (unless
+        :meth:`HttpClient.finish_post` took them over). Usable as a done callback."""
+        if self.claimed:
+            return
+        self.claimed = True
+        waiter = self.waiter
+        if waiter.done() and not waiter.cancelled():
+            waiter.exception()  # read, so asyncio does not log it as never retrieved
+        self.connection.close()
+        self.pool.release_slot()
+
+
 class HttpClient:
     """POSTs over pooled HTTP/1.1 keep-alive connections (see the module docstring).
 
@@ -411,36 +473,87 @@ class HttpClient:
         header's text, ``""`` when the response has none."""
         if self._closed:
             raise ClientClosedError("the HTTP client was closed")
+        target = self._target(url)
+        request = b"%s%d\r\n\r\n%s" % (target.head_prefix, len(body), body)
+        async with asyncio.timeout(self.timeout_s):
+            return await self._exchange(target, request, None)
+
+    def start_post(self, url: str, body: bytes) -> StartedPost | None:
+        """Write a POST of ``body`` to ``url`` now, when a slot and an idle connection
+        are free; None (nothing done) otherwise, or when the client is closed.
+
+        Read its answer with :meth:`finish_post` (or drop it with
+        :meth:`StartedPost.abandon`). Raises :class:`InvalidURLError` for a bad URL.
+        """
+        if self._closed:
+            return None
+        target = self._target(url)
+        pool = self._pool(target)
+        if not pool.try_acquire_slot():
+            return None
+        connection = pool.take_idle(asyncio.get_running_loop().time())
+        if connection is None:
+            pool.release_slot()
+            return None
+        request = b"%s%d\r\n\r\n%s" % (target.head_prefix, len(body), body)
+        return StartedPost(self, target, pool, connection, request, connection.send(request))
+
+    async def finish_post(self, started: StartedPost) -> tuple[int, bytes, str]:
+        """The answer to a :meth:`start_post`, as :meth:`post_answer` answers (the
+        stale-connection retry, ``timeout_s`` and errors alike)."""
+        if started.claimed or started.client is not self:
+            raise RuntimeError(f"{started!r} was finished or abandoned, or is another client's")
+        started.claimed = True
+        async with asyncio.timeout(self.timeout_s):
+            return await self._exchange(started.target, started.request, started)
+
+    def _target(self, url: str) -> _Target:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _Target(url, self.headers)
-        request = b"%s%d\r\n\r\n%s" % (target.head_prefix, len(body), body)
-        async with asyncio.timeout(self.timeout_s):
-            return await self._exchange(target, request)
+        return target
 
-    async def _exchange(self, target: _Target, request: bytes) -> tuple[int, bytes, str]:
+    def _pool(self, target: _Target) -> _HostPool:
         pool = self._pools.get(target.key)
         if pool is None:
             pool = self._pools[target.key] = _HostPool(target.key, self.limit)
-        await pool.acquire_slot()
+        return pool
+
+    async def _exchange(
+        self, target: _Target, request: bytes, started: StartedPost | None
+    ) -> tuple[int, bytes, str]:
         loop = asyncio.get_running_loop()
+        # The connection in use: closed by the finally unless it went back to the pool.
         connection: _Connection | None = None
+        if started is None:
+            pool = self._pool(target)
+            await pool.acquire_slot()
+        else:  # the slot is held and the request written (start_post)
+            pool = started.pool
+            connection = started.connection
         try:
-            connection = pool.take_idle(loop.time())
-            if connection is None:
-                connection = await self._connect(pool, target)
-            try:
-                parser = await connection.send(request)
-            except (ServerDisconnectedError, ConnectionError):
-                if not connection.reused or connection.received_any:
-                    raise
-                connection.close()  # stale keep-alive connection: once more on a fresh one
-                connection = await self._connect(pool, target)
-                parser = await connection.send(request)
-            if connection.closed:
-                connection.close()
+            if started is None:
+                using = pool.take_idle(loop.time())
+                if using is None:
+                    using = await self._connect(pool, target)
+                connection = using
+                sent = using.send(request)
             else:
-                pool.put_idle(connection, loop.time())
+                using = started.connection
+                sent = started.waiter
+            try:
+                parser = await sent
+            except (ServerDisconnectedError, ConnectionError):
+                if not using.reused or using.received_any:
+                    raise
+                using.close()  # stale keep-alive connection: once more on a fresh one
+                connection = None
+                using = connection = await self._connect(pool, target)
+                parser = await using.send(request)
+            if using.closed:
+                using.close()
+            else:
+                pool.put_idle(using, loop.time())
             connection = None
         except (HttpClientError, OSError) as exc:
             if self._closed and not isinstance(exc, ClientClosedError):

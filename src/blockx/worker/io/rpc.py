@@ -13,7 +13,13 @@ event-loop turn (``batch_window_ms = 0``; or within that many ms) and sends
 them as one JSON-RPC batch (a JSON array) in one HTTP POST, up to
 ``max_batch`` per batch (a full batch leaves at once). One request alone is
 sent as a plain JSON-RPC object. Ids are the positions in the batch;
-responses are matched by id, in any order. Every batch is one asyncio task.
+responses are matched by id, in any order. Every batch is one asyncio task;
+when the chain has no ``max_requests_per_s``, nothing holds it and a kept-alive
+connection is free, the flush writes the batch itself
+(``HttpClient.start_post``) and the task only reads the answer — the batch
+leaves in the loop turn that flushed it, not one turn later, when its task first
+runs (a read's round trip is a few loop turns, each busy with the frames of
+hundreds of calls).
 
 **Retries.** Transient failures — connection errors, a timeout
 (``timeout_s`` per HTTP request), HTTP 5xx and 429, a body that is not
@@ -90,7 +96,7 @@ from blockx.wire import dumps_wire, loads_wire
 
 from .backend import IORequestError, PreparedRequest, Reply
 from .config import RpcConfig
-from .http_client import HttpClient, HttpClientError
+from .http_client import HttpClient, HttpClientError, StartedPost
 from .rate_limit import TokenBucket, is_rate_limit_error, retry_after_s
 
 __all__ = ["IMMUTABLE_AT_BLOCK", "VOLATILE_METHODS", "RpcBackend", "RpcStats", "immutable_read"]
@@ -318,9 +324,13 @@ class _ChainClient:
         loop = asyncio.get_running_loop()
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
-            task = loop.create_task(self._send(batch))
+            started = self._start(batch, loop)
+            task = loop.create_task(self._send(batch, started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            if started is not None:
+                # A task cancelled before it ran never reads the answer: drop it.
+                task.add_done_callback(started[1].abandon)
             abandoned = partial(self._request_done, task, batch)
             for request in batch:
                 request.abandoned = abandoned
@@ -352,7 +362,26 @@ class _ChainClient:
 
     # --- one batch, with its retries ------------------------------------------------------------
 
-    async def _send(self, requests: list[_Request]) -> None:
+    def _start(
+        self, requests: list[_Request], loop: asyncio.AbstractEventLoop
+    ) -> tuple[str, StartedPost] | None:
+        """Write the batch's first try now, when it may leave at once: no rate limit, no
+        ``Retry-After`` hold, a free slot and kept-alive connection (the URL and the
+        started POST); None leaves the whole batch to :meth:`_send`."""
+        bucket = self.bucket
+        if bucket.rate is not None or bucket.reserve(len(requests), loop.time()) > 0:
+            return None  # (unlimited, reserve takes nothing: it answers the hold)
+        url = self.endpoints[self._current % len(self.endpoints)]
+        session = self.backend.session()
+        started = session.start_post(url, self._body(requests))
+        if started is None:
+            return None
+        self._count(requests)
+        return url, started
+
+    async def _send(
+        self, requests: list[_Request], started: tuple[str, StartedPost] | None = None
+    ) -> None:
         backend = self.backend
         config = backend.config
         stats = backend.stats
@@ -362,16 +391,22 @@ class _ChainClient:
         reason = ""
         try:
             while True:
-                requests = [r for r in requests if not r.future.done()]
-                if not requests:
-                    return
-                await self._wait_for_turn(requests)
-                requests = [r for r in requests if not r.future.done()]
-                if not requests:
-                    return
-                attempt += 1
-                url = self.endpoints[self._current % len(self.endpoints)]
-                reason, retry_after = await self._post(url, requests)
+                if started is not None:  # written by _flush: its ids are these positions
+                    attempt = 1
+                    url, first = started
+                    started = None
+                    reason, retry_after = await self._post(url, requests, first)
+                else:
+                    requests = [r for r in requests if not r.future.done()]
+                    if not requests:
+                        return
+                    await self._wait_for_turn(requests)
+                    requests = [r for r in requests if not r.future.done()]
+                    if not requests:
+                        return
+                    attempt += 1
+                    url = self.endpoints[self._current % len(self.endpoints)]
+                    reason, retry_after = await self._post(url, requests, None)
                 if not reason:
                     return
                 if reason.startswith("!"):  # permanent: already answered
@@ -426,32 +461,47 @@ class _ChainClient:
                 request.throttled = True
             await asyncio.sleep(held)
 
-    async def _post(self, url: str, requests: list[_Request]) -> tuple[str, float | None]:
-        """Send ``requests`` once; answer what can be answered.
+    @staticmethod
+    def _body(requests: list[_Request]) -> bytes:
+        """The JSON-RPC text of one try: a plain object for one request, else a batch
+        whose ids are the requests' positions."""
+        if len(requests) == 1:
+            r = requests[0]
+            return dumps_wire({"jsonrpc": "2.0", "id": 0, "method": r.method, "params": r.params})
+        return dumps_wire(
+            [
+                {"jsonrpc": "2.0", "id": i, "method": r.method, "params": r.params}
+                for i, r in enumerate(requests)
+            ]
+        )
+
+    def _count(self, requests: list[_Request]) -> None:
+        """Count one try of ``requests`` (an HTTP request; a batch when more than one)."""
+        stats = self.backend.stats
+        if len(requests) > 1:
+            stats.batches += 1
+        stats.http_requests += 1
+        stats.rpc_requests += len(requests)
+
+    async def _post(
+        self, url: str, requests: list[_Request], started: StartedPost | None
+    ) -> tuple[str, float | None]:
+        """Send ``requests`` once (``started``: already sent by :meth:`_start`); answer
+        what can be answered.
 
         Returns ``""`` when every request got an answer, ``"!..."`` when they were
         failed for good, else the transient reason (the unanswered ones are retried);
         and the node's ``Retry-After`` in seconds (None when it gave none).
         """
         backend = self.backend
-        stats = backend.stats
         single = len(requests) == 1
-        if single:
-            r = requests[0]
-            body = dumps_wire({"jsonrpc": "2.0", "id": 0, "method": r.method, "params": r.params})
-        else:
-            body = dumps_wire(
-                [
-                    {"jsonrpc": "2.0", "id": i, "method": r.method, "params": r.params}
-                    for i, r in enumerate(requests)
-                ]
-            )
-            stats.batches += 1
-        stats.http_requests += 1
-        stats.rpc_requests += len(requests)
-        session = backend.session()
         try:
-            status, data, retry_after_text = await session.post_answer(url, body)
+            if started is None:
+                body = self._body(requests)
+                self._count(requests)
+                status, data, retry_after_text = await backend.session().post_answer(url, body)
+            else:
+                status, data, retry_after_text = await started.client.finish_post(started)
         except TimeoutError:
             return f"{url}: no answer within {backend.config.timeout_s:g}s", None
         except (HttpClientError, OSError) as exc:
