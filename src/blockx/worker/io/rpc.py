@@ -369,8 +369,8 @@ class _ChainClient:
         ``Retry-After`` hold, a free slot and kept-alive connection (the URL and the
         started POST); None leaves the whole batch to :meth:`_send`."""
         bucket = self.bucket
-        if bucket.rate is not None or bucket.reserve(len(requests), loop.time()) > 0:
-            return None  # (unlimited, reserve takes nothing: it answers the hold)
+        if bucket.rate is not None or bucket.held_for(loop.time()) > 0:
+            return None  # tokens to take, or a Retry-After hold: _wait_for_turn's work
         url = self.endpoints[self._current % len(self.endpoints)]
         session = self.backend.session()
         started = session.start_post(url, self._body(requests))
@@ -391,11 +391,10 @@ class _ChainClient:
         reason = ""
         try:
             while True:
+                first: StartedPost | None = None
                 if started is not None:  # written by _flush: its ids are these positions
-                    attempt = 1
                     url, first = started
                     started = None
-                    reason, retry_after = await self._post(url, requests, first)
                 else:
                     requests = [r for r in requests if not r.future.done()]
                     if not requests:
@@ -404,9 +403,9 @@ class _ChainClient:
                     requests = [r for r in requests if not r.future.done()]
                     if not requests:
                         return
-                    attempt += 1
                     url = self.endpoints[self._current % len(self.endpoints)]
-                    reason, retry_after = await self._post(url, requests, None)
+                attempt += 1
+                reason, retry_after = await self._post(url, requests, first)
                 if not reason:
                     return
                 if reason.startswith("!"):  # permanent: already answered
