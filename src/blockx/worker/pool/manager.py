@@ -85,6 +85,7 @@ from blockx.worker.pool.exits import (
 )
 from blockx.worker.pool.launch import ExecutorLaunchSpec, ExecutorProcess
 from blockx.worker.pool.launch_plan import LaunchPlan
+from blockx.worker.pool.listener import sweep_beside
 from blockx.worker.pool.output import OutputReader
 from blockx.worker.pool.slots import SlotInfo, SlotState, _Slot
 from blockx.worker.pool.spawner import ExecutorSpawner, ProcessSpawner, spawn_thread
@@ -313,7 +314,9 @@ class PoolManager:
                 slot.spawning = asyncio.wrap_future(spawned)
                 slot.spawning.add_done_callback(functools.partial(self._spawned, slot))
         if self._mark_prefix is not None:
-            # What workers killed with SIGKILL left behind (their executors' children).
+            # What workers killed with SIGKILL left behind: their executors' children, and
+            # their socket directories (listener.sweep_dead_socket_dirs).
+            await self._loop.run_in_executor(self._spawn_thread, sweep_beside, self._socket_path)
             orphans = await self._loop.run_in_executor(
                 self._spawn_thread, process_tree.kill_orphans
             )
