@@ -848,3 +848,25 @@ def test_the_answer_values_behave_as_the_plain_classes_they_replaced() -> None:
         True,
     )
     assert repr(prepared) == "PreparedRequest('get', domain='t', cacheable=True)"
+
+
+def test_a_scope_used_on_a_second_loop_binds_its_answers_to_that_loop() -> None:
+    """The scope keeps its loop (asking for the running loop costs a system call per read
+    on CPython 3.11) but never hands out a future of a loop that is no longer running."""
+    gate = GateBackend()
+    io = subsystem(gate)
+    scope = io.task_scope("t1")
+
+    async def read(k: int) -> None:
+        first = scope.handle_io("t1", "c1", payload("gate", "get", {"k": k}), None)
+        joined = scope.handle_io("t1", "c2", payload("gate", "get", {"k": k}), None)
+        assert isinstance(first, asyncio.Future) and isinstance(joined, asyncio.Future)
+        loop = asyncio.get_running_loop()
+        assert first.get_loop() is loop and joined.get_loop() is loop
+        gate.release(k)
+        assert ok(await answer(first))["result"] == k
+        assert ok(await answer(joined))["result"] == k
+
+    run(read(1))
+    run(read(2))  # a fresh loop: the kept one is closed
+    assert gate.calls == 2

@@ -274,6 +274,7 @@ class _ChainClient:
     __slots__ = (
         "_current",
         "_flush_handle",
+        "_loop",
         "_pending",
         "_tasks",
         "backend",
@@ -286,10 +287,11 @@ class _ChainClient:
         self.backend = backend
         self.chain = chain
         self.endpoints = endpoints
+        #: The loop it runs on, kept: ``asyncio.get_running_loop()`` costs a ``getpid``
+        #: system call on CPython 3.11 (its fork check), and ``submit`` runs per request.
+        self._loop = asyncio.get_running_loop()
         #: ``max_requests_per_s`` and the node's ``Retry-After``, for every batch of the chain.
-        self.bucket = TokenBucket(
-            backend.config.rate_of(chain), now=asyncio.get_running_loop().time()
-        )
+        self.bucket = TokenBucket(backend.config.rate_of(chain), now=self._loop.time())
         self._current = 0
         self._pending: list[_Request] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -301,8 +303,15 @@ class _ChainClient:
             f"sending={len(self._tasks)})"
         )
 
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop: the one kept while it runs (no system call), else asked for."""
+        loop = self._loop
+        if not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     def submit(self, method: str, params: list[Any]) -> asyncio.Future[Reply]:
-        loop = asyncio.get_running_loop()
+        loop = self.running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending.append(_Request(method, params, future))
         config = self.backend.config
@@ -321,7 +330,7 @@ class _ChainClient:
             self._flush_handle = None
         pending, self._pending = self._pending, []
         size = self.bucket.max_batch(self.backend.config.max_batch)
-        loop = asyncio.get_running_loop()
+        loop = self.running_loop()
         for start in range(0, len(pending), size):
             batch = pending[start : start + size]
             started = self._start(batch, loop)

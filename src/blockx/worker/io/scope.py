@@ -130,9 +130,9 @@ class _Flight:
         #: The backend's future while the call runs (the scope cancels it when it closes,
         #: or when every waiter of a read is gone).
         self.pending: asyncio.Future[Any] | None = None
-        # No loop argument: the C future takes the running loop itself (and this saves
-        # the get_running_loop() call, once per backend call).
-        answer = self.answer = ReadAnswer()
+        # The scope's loop, given: without it the C future asks for the running loop,
+        # which costs a getpid system call on CPython 3.11 (its fork check).
+        answer = self.answer = ReadAnswer(loop=scope.running_loop())
         answer.flight = self
         answer.direct = None
         #: The answer futures of the waiters that joined; None: nobody did (or the
@@ -153,7 +153,7 @@ class _Flight:
 
     def join(self) -> ReadAnswer:
         """One more waiter of this read: an answer future of its own."""
-        waiter = ReadAnswer()
+        waiter = ReadAnswer(loop=self.scope.running_loop())
         waiter.flight = self
         waiter.direct = None
         joiners = self.joiners
@@ -313,6 +313,7 @@ class TaskIOScope:
         "_cache",
         "_closed",
         "_flights",
+        "_loop",
         "_op_stats",
         "_resolve",
         "_running",
@@ -341,6 +342,16 @@ class TaskIOScope:
         self._op_stats: dict[str, OperationStats] = {}
         self._closed = False
         self.stats = IOStats(parent=stats_parent)
+        #: The loop its flights run on, kept once known (:meth:`running_loop`).
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop: the one kept while it runs, else asked for (once: asking
+        costs a ``getpid`` system call on CPython 3.11, and every flight needs it)."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def __repr__(self) -> str:
         return (
