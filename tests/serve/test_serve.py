@@ -445,13 +445,19 @@ def test_calls_posted_past_the_window_are_held_until_calls_settle(tmp_path: Path
 
 
 def test_a_cancel_survives_a_crash_before_the_run_ends(tmp_path: Path) -> None:
-    # The call spins without yielding, so the executor cannot act on the cancel: the run
-    # is still going when the server is killed. After the restart the task must end
-    # cancelled -- not run again and succeed (the gate is open by then).
+    # The server is killed as soon as it answered the cancel (stored before its 202),
+    # while the call spins: the run ends cancelled ~50 ms after the 202 (the core does not
+    # wait for a call that cannot yield), so the kill nearly always lands first. Either
+    # way the task must end cancelled after the restart -- not run again and succeed (the
+    # gate is open by then). Its state is not read between the 202 and the kill: whether
+    # the run had ended by then is a race, and was this test's flake.
     gate = tmp_path / "gate"
+    spinning = tmp_path / "spinning"
     source = (
         "import os\n"
         "def _(i):\n"
+        f"    if not os.path.exists({str(gate)!r}):\n"
+        f"        open({str(spinning)!r}, 'w').close()\n"
         f"    while not os.path.exists({str(gate)!r}):\n"
         "        pass\n"
         "    return {'i': i}\n"
@@ -465,9 +471,9 @@ def test_a_cancel_survives_a_crash_before_the_run_ends(tmp_path: Path) -> None:
     server = Server(data).start()
     try:
         task_id = server.submit(task)
-        wait_for(lambda: server.status(task_id)["state"] == "running", what="running")
+        wait_for(spinning.exists, what="the call spinning")
+        assert server.status(task_id)["state"] == "running"
         assert server.request("DELETE", f"/v1/tasks/{task_id}").status == 202
-        assert server.status(task_id)["state"] == "running"  # the spinning call holds it
     finally:
         server.kill()
     gate.touch()
