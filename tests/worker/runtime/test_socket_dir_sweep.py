@@ -78,14 +78,14 @@ def test_only_directories_of_dead_workers_are_removed(tmp_path: Path) -> None:
             # A worker between mkdtemp and its owner write, or of an older version.
             "no owner": _dir(tmp_path, "no-owner", None),
             "malformed owner": _dir(tmp_path, "malformed", "not a pid"),
+            # A worker that could not read its own start time wrote 0: never judged.
+            "unknown start": _dir(tmp_path, "unknown-start", f"{dead_pid} 0 {ns}"),
             # A dead pid as seen from another PID namespace is never judged from here.
             "other namespace": _dir(tmp_path, "elsewhere", f"{dead_pid} {dead_start} pid:[1]"),
             "not ours by name": tmp_path / "other-dir",
         }
         kept["not ours by name"].mkdir()
-        (kept["not ours by name"] / listener.OWNER_NAME).write_text(
-            f"{dead_pid} {dead_start} {ns}"
-        )
+        (kept["not ours by name"] / listener.OWNER_NAME).write_text(f"{dead_pid} {dead_start} {ns}")
         # A link to a dead worker's directory is not followed (nor removed).
         elsewhere = tmp_path / "target"
         elsewhere.mkdir()

@@ -104,6 +104,8 @@ def _owner_is_dead(directory: str, namespace: str) -> bool:
         return False
     if len(fields) != 3 or not fields[0].isdigit() or not fields[1].isdigit():
         return False
+    if fields[1] == "0":  # its worker could not read its own start time: never judged
+        return False
     if fields[2] != namespace or namespace == "-":
         return False
     pid = int(fields[0])
