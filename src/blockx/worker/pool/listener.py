@@ -15,7 +15,8 @@ the ``blockx-worker-*`` directories in the same parent whose owner no longer run
 user, same PID namespace (a worker in another container sharing the directory is never
 judged by pids it cannot see), and that pid running with another start time or not at
 all. A directory without a readable ``owner`` (a worker between ``mkdtemp`` and its
-write, or one of an older version) is left alone.
+write, or one of an older version), or whose worker could not read its own start time
+(it wrote 0), is left alone.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def sweep_dead_socket_dirs(parent: str | None) -> list[str]:
             if not os.path.lexists(entry.path):
                 removed.append(entry.path)
     if removed:
-        _log.info("removed %d socket director(ies) of dead workers under %s", len(removed), root)
+        _log.info("removed %d socket directories of dead workers under %s", len(removed), root)
     return removed
 
 

@@ -313,10 +313,10 @@ class PoolManager:
             else:  # a forked one whose answer the spawner thread still awaits
                 slot.spawning = asyncio.wrap_future(spawned)
                 slot.spawning.add_done_callback(functools.partial(self._spawned, slot))
+        # What workers killed with SIGKILL left behind: their socket directories
+        # (listener.sweep_dead_socket_dirs) and their executors' children.
+        await self._loop.run_in_executor(self._spawn_thread, sweep_beside, self._socket_path)
         if self._mark_prefix is not None:
-            # What workers killed with SIGKILL left behind: their executors' children, and
-            # their socket directories (listener.sweep_dead_socket_dirs).
-            await self._loop.run_in_executor(self._spawn_thread, sweep_beside, self._socket_path)
             orphans = await self._loop.run_in_executor(
                 self._spawn_thread, process_tree.kill_orphans
             )
