@@ -129,11 +129,17 @@ def blockx_argv(task: Path, executors: int, *extra: str) -> list[str]:
     ]
 
 
-def run_blockx(task: Path, calls: int, executors: int, timeout_s: float = 600) -> ProcessRun:
-    """Run ``blockx run`` on ``task`` as a child process; raise if it does not succeed."""
+def run_blockx(
+    task: Path, calls: int, executors: int, timeout_s: float = 600, *, knobs: tuple[str, ...] = ()
+) -> ProcessRun:
+    """Run ``blockx run`` on ``task`` as a child process; raise if it does not succeed.
+
+    ``knobs``: ``KNOB=VALUE`` settings passed as ``--set`` (the product's defaults
+    otherwise)."""
     rows = task.parent / "rows.jsonl"
     summary_path = task.parent / "summary.json"
-    argv = blockx_argv(task, executors, "--summary-json", str(summary_path))
+    sets = [arg for knob in knobs for arg in ("--set", knob)]
+    argv = blockx_argv(task, executors, "--summary-json", str(summary_path), *sets)
     env = blockx_env()
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)

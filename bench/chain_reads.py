@@ -50,11 +50,23 @@ Systems, interleaved within each repeat, medians of ``--repeats``:
 
 Printed per workload: calls/s, HTTP and JSON-RPC requests the node saw, and
 BlockX's ratio to the best peer; then BlockX's start-up and steady-state rate.
+
+``--inflight 256,512`` adds BlockX runs (interleaved with the rest) with that many
+calls in flight per executor (``--set dispatcher.executor_max_inflight=N``; the
+default, the seed's, is 128: 256 in flight with 2 executors, as many as the peers
+have). Whether the calls in flight or the CPU bound a run shows here. 2026-12-03,
+medians of 3 interleaved repeats, distinct: 6,187 calls/s at 128 per executor,
+6,199 at 256, 6,680 at 512, 6,902 at 1,024 (runs ranged 4,595-7,906); repeated:
+23,038, 27,996, 25,167, 26,437. So ~10% more at most: the CPU (the worker's and
+the executors' per read) bounds it, not the calls in flight. The peers are
+CPU-bound at 256 already: the same day, 6,000 distinct calls, ThreadPool
+1,480-1,546 calls/s with 256 threads and 1,471-1,553 with 1,024; aiohttp
+1,608-2,028 with 256 coroutines and 1,277-1,416 with 1,024. So they keep 256.
 Figures are only worth anything on a quiet machine: the node, the driver and
 BlockX's processes all share its cores.
 
     .venv/bin/python bench/chain_reads.py [--calls 10000] [--reads 5] [--executors 2]
-        [--repeats 3] [--delay-ms 2] [--workloads distinct,repeated]
+        [--repeats 3] [--delay-ms 2] [--workloads distinct,repeated] [--inflight 256,512]
 """
 
 from __future__ import annotations
@@ -311,11 +323,16 @@ def write_reads_task(
 
 
 def blockx_run(
-    node: Node, addresses: list[list[str]], executors: int, directory: Path
+    node: Node,
+    addresses: list[list[str]],
+    executors: int,
+    directory: Path,
+    knobs: tuple[str, ...] = (),
 ) -> ProcessRun:
-    """``blockx run`` over the node; the rows are read back and returned in call order."""
+    """``blockx run`` over the node (``knobs``: ``--set`` settings); the rows are read
+    back by :func:`blockx_answers`."""
     task, n = write_reads_task(directory, node.url, addresses)
-    return run_blockx(task, n, executors)
+    return run_blockx(task, n, executors, knobs=knobs)
 
 
 def blockx_answers(run: ProcessRun, calls: int) -> list[list[int]]:
@@ -403,9 +420,10 @@ def timed_blockx(
     expected: list[list[int]],
     executors: int,
     directory: Path,
+    knobs: tuple[str, ...] = (),
 ) -> dict[str, float]:
     node.reset()
-    run = blockx_run(node, addresses, executors, directory)
+    run = blockx_run(node, addresses, executors, directory, knobs)
     check("BlockX", blockx_answers(run, len(addresses)), expected)
     return {
         "calls_per_s": run.calls_per_s,
@@ -424,6 +442,9 @@ def _steady(calls: int, results: dict[str, list[dict[str, float]]], startup: lis
     return f"{format_rate(rate)} calls/s ({rate / best:.2f}x)"
 
 
+#: ``dispatcher.executor_max_inflight``'s default (the seed's ``ExecutorMaxInflight``).
+DEFAULT_INFLIGHT = 128
+
 PEERS = {
     "threads": f"ThreadPool({PEER_CONCURRENCY}) + http.client",
     "aiohttp": f"asyncio + aiohttp, {PEER_CONCURRENCY} coroutines",
@@ -438,6 +459,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=2.0)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument(
+        "--inflight",
+        default="",
+        help="extra BlockX runs with these calls in flight per executor "
+        "(dispatcher.executor_max_inflight), e.g. 256,512",
+    )
     parser.add_argument("--serve-node", action="store_true", help=argparse.SUPPRESS)
     # A node whose balances are off by this much: the checks must stop the bench (a test).
     parser.add_argument("--node-skew", type=int, default=0, help=argparse.SUPPRESS)
@@ -446,12 +473,22 @@ def main() -> None:
         serve_node(args.delay_ms, args.node_skew)
         return
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    try:
+        inflight = [int(n) for n in args.inflight.split(",") if n.strip()]
+    except ValueError:
+        inflight = [0]
+    if any(n < 1 for n in inflight):
+        parser.error(
+            f"--inflight takes positive numbers of calls per executor, e.g. 256,512; "
+            f"got {args.inflight!r}"
+        )
+    swept = {f"blockx@{n}": n for n in inflight}
     plans = {w: workload_addresses(w, args.calls, args.reads) for w in workloads}
     expected = {w: expected_balances(a) for w, a in plans.items()}
 
     node = Node(args.delay_ms, args.node_skew)
     results: dict[str, dict[str, list[dict[str, float]]]] = {
-        w: {"blockx": [], "threads": [], "aiohttp": []} for w in workloads
+        w: {"blockx": [], "threads": [], "aiohttp": [], **{k: [] for k in swept}} for w in workloads
     }
     startup: list[float] = []
     outside: list[float] = []
@@ -467,16 +504,21 @@ def main() -> None:
                 startup.append(first.wall_s)
                 outside.append(first.outside_command_clock_s)
                 for w in workloads:
-                    order = ["blockx", "threads", "aiohttp"]
-                    order = order[r % 3 :] + order[: r % 3]  # each system goes first in turn
+                    order = ["blockx", "threads", "aiohttp", *swept]
+                    turn = r % len(order)
+                    order = order[turn:] + order[:turn]  # each system goes first in turn
                     for system in order:
-                        if system == "blockx":
+                        if system.startswith("blockx"):
+                            knobs = ()
+                            if system in swept:
+                                knobs = (f"dispatcher.executor_max_inflight={swept[system]}",)
                             result = timed_blockx(
                                 node,
                                 plans[w],
                                 expected[w],
                                 args.executors,
-                                root / f"{w}-{r}",
+                                root / f"{w}-{r}-{system}",
+                                knobs,
                             )
                         else:
                             result = timed_peer(system, node, plans[w], expected[w])
@@ -523,14 +565,46 @@ def main() -> None:
             for w in workloads
         )
     )
+    if swept:
+        _print_inflight(args, workloads, results, swept)
     print(
         "runs (calls/s): "
         + "; ".join(
             f"{w} {s} " + ", ".join(f"{r['calls_per_s']:,.0f}" for r in results[w][s])
             for w in workloads
-            for s in ("blockx", *PEERS)
+            for s in ("blockx", *PEERS, *swept)
         )
     )
+
+
+def _print_inflight(
+    args: argparse.Namespace,
+    workloads: list[str],
+    results: dict[str, dict[str, list[dict[str, float]]]],
+    swept: dict[str, int],
+) -> None:
+    """The ``--inflight`` rows: BlockX with more calls in flight, against the same peers."""
+    med = statistics.median
+    print(
+        f"\nBlockX with more calls in flight (dispatcher.executor_max_inflight per executor, "
+        f"x {args.executors} executors; the default is {DEFAULT_INFLIGHT}); the peers keep "
+        f"{PEER_CONCURRENCY}, which more does not help (see the module docstring)"
+    )
+    print(
+        f"| {'workload: calls in flight':<48} | {'calls/s':>9} | {'HTTP reqs':>9} | {'vs best peer':>12} |"
+    )
+    print(f"| {'-' * 48} | {'-' * 9}:| {'-' * 9}:| {'-' * 12}:|")
+    for w in workloads:
+        best = max(med(r["calls_per_s"] for r in results[w][s]) for s in PEERS)
+        rows = [("blockx", DEFAULT_INFLIGHT), *swept.items()]
+        for system, per_executor in rows:
+            runs = results[w][system]
+            rate = med(r["calls_per_s"] for r in runs)
+            label = f"{w}: {per_executor} x {args.executors} = {per_executor * args.executors}"
+            print(
+                f"| {label:<48} | {rate:>9,.0f} | {med(r['http'] for r in runs):>9,.0f} |"
+                f" {rate / best:>11.2f}x |"
+            )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,32 @@ def test_chain_reads_runs_both_workloads_through_every_system() -> None:
 
 
 @pytest.mark.slow
+def test_chain_reads_inflight_rows_run_blockx_with_that_many_calls_in_flight() -> None:
+    done = run_bench(
+        str(BENCH / "chain_reads.py"),
+        *("--calls", "20", "--repeats", "1", "--workloads", "distinct", "--inflight", "1"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "BlockX with more calls in flight" in out
+    assert "| distinct: 128 x 2 = 256" in out
+    row = next(line for line in out.splitlines() if line.startswith("| distinct: 1 x 2 = 2 "))
+    # Two calls in flight: the node sees at most two reads per HTTP request (100 reads),
+    # where the default's 20 calls in flight share a handful of requests.
+    http_requests = int(row.split("|")[3].replace(",", ""))
+    assert http_requests >= 50, row
+    assert "distinct blockx@1 " in out
+
+
+@pytest.mark.parametrize("value", ["0", "256,x"])
+def test_chain_reads_refuses_a_bad_inflight(value: str) -> None:
+    done = run_bench(str(BENCH / "chain_reads.py"), "--inflight", value)
+    assert done.returncode == 2
+    assert "--inflight takes positive numbers" in done.stderr
+    assert repr(value) in done.stderr
+
+
+@pytest.mark.slow
 def test_chain_reads_fails_loudly_on_a_wrong_answer() -> None:
     done = run_bench(
         str(BENCH / "chain_reads.py"),
