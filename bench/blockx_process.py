@@ -19,6 +19,12 @@ the executors' start, which runs concurrently with it) is kept too, and so is
 the part of the wall time the command's own clock (``wall_time_s``) does not
 see: interpreter start-up, imports, the input checks, the exit.
 
+CPU is counted the same way from outside: :func:`children_cpu_s` before and after the
+child, the ``RUSAGE_CHILDREN`` of this process -- the child's own CPU and that of every
+descendant it waited for (the executors and their fork server: the worker reaps them
+before it exits). :func:`steady_cpu_per_call` subtracts a one-call run's, as the
+steady-state rate does with wall time.
+
 Nothing here checks the rows: each bench reads ``rows_path`` and checks them
 against what its calls must return, failing loudly on a wrong answer.
 """
@@ -29,6 +35,7 @@ import compileall
 import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,6 +56,8 @@ class ProcessRun:
     wall_s: float
     summary: dict[str, Any]
     rows_path: Path
+    #: CPU seconds of the process and the descendants it reaped (:func:`children_cpu_s`).
+    cpu_s: float = 0.0
 
     @property
     def calls_per_s(self) -> float:
@@ -141,15 +150,33 @@ def run_blockx(
     sets = [arg for knob in knobs for arg in ("--set", knob)]
     argv = blockx_argv(task, executors, "--summary-json", str(summary_path), *sets)
     env = blockx_env()
+    cpu0 = children_cpu_s()
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
+    cpu = children_cpu_s() - cpu0
     if done.returncode != 0:
         raise SystemExit(f"blockx run {task} exited {done.returncode}:\n{done.stderr[-4000:]}")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     if summary.get("succeeded") != calls or summary.get("failed"):
         raise SystemExit(f"blockx run {task}: not every call succeeded: {summary}")
-    return ProcessRun(calls=calls, wall_s=wall, summary=summary, rows_path=rows)
+    return ProcessRun(calls=calls, wall_s=wall, summary=summary, rows_path=rows, cpu_s=cpu)
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that ended and were waited
+    for, and of the descendants they waited for (``getrusage(RUSAGE_CHILDREN)``)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def steady_cpu_per_call(calls: int, cpus: list[float], fixed: list[float]) -> float | None:
+    """The median of ``(cpu - fixed) / calls`` over paired runs (``fixed``: a one-call
+    run's CPU), in seconds; None when a run took no more CPU than its one-call run."""
+    spans = [cpu - f for cpu, f in zip(cpus, fixed, strict=True)]
+    if min(spans) <= 0:
+        return None
+    return statistics.median(span / calls for span in spans)
 
 
 def read_rows(path: Path) -> list[Any]:

@@ -78,6 +78,7 @@ import hashlib
 import http.client
 import itertools
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -90,8 +91,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blockx_process import ProcessRun, format_rate, read_rows, run_blockx, steady_rate, write_task
+from blockx_process import (
+    ProcessRun,
+    format_rate,
+    read_rows,
+    run_blockx,
+    steady_cpu_per_call,
+    steady_rate,
+    write_task,
+)
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BLOCK = 19_000_000
 CHAIN = "eth"
 REPEATED_ADDRESSES = 100
@@ -294,6 +304,12 @@ class Node:
     def stats(self) -> dict[str, int]:
         return self._get("GET", "/stats")
 
+    def cpu_s(self) -> float:
+        """The node process's CPU seconds so far (``/proc``: Linux)."""
+        with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
     def close(self) -> None:
         assert self.process.stdin is not None
         self.process.stdin.close()
@@ -404,14 +420,24 @@ def timed_peer(
     name: str, node: Node, addresses: list[list[str]], expected: list[list[int]]
 ) -> dict[str, float]:
     node.reset()
+    node_cpu0 = node.cpu_s()
+    cpu0 = time.process_time()  # the peers run in this process (its threads included)
     t0 = time.perf_counter()
     if name == "threads":
         got = threads_run(node.port, addresses)
     else:
         got = aiohttp_run(node.url, addresses)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    node_cpu = node.cpu_s() - node_cpu0
     check(PEERS[name], got, expected)
-    return {"calls_per_s": len(addresses) / wall, **node.stats()}
+    calls = len(addresses)
+    return {
+        "calls_per_s": calls / wall,
+        "cpu_per_call_s": cpu / calls,
+        "node_cpu_per_call_s": node_cpu / calls,
+        **node.stats(),
+    }
 
 
 def timed_blockx(
@@ -423,10 +449,14 @@ def timed_blockx(
     knobs: tuple[str, ...] = (),
 ) -> dict[str, float]:
     node.reset()
+    node_cpu0 = node.cpu_s()
     run = blockx_run(node, addresses, executors, directory, knobs)
+    node_cpu = node.cpu_s() - node_cpu0
     check("BlockX", blockx_answers(run, len(addresses)), expected)
     return {
         "calls_per_s": run.calls_per_s,
+        "cpu_s": run.cpu_s,
+        "node_cpu_per_call_s": node_cpu / len(addresses),
         "task_calls_per_s": run.calls / run.task_wall_s,
         "wall_s": run.wall_s,
         "outside_s": run.outside_command_clock_s,
@@ -491,6 +521,7 @@ def main() -> None:
         w: {"blockx": [], "threads": [], "aiohttp": [], **{k: [] for k in swept}} for w in workloads
     }
     startup: list[float] = []
+    startup_cpu: list[float] = []
     outside: list[float] = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-chain-reads-") as tmp:
@@ -502,6 +533,7 @@ def main() -> None:
                 first = blockx_run(node, one, args.executors, root / f"one-{r}")
                 check("BlockX (one call)", blockx_answers(first, 1), expected_balances(one))
                 startup.append(first.wall_s)
+                startup_cpu.append(first.cpu_s)
                 outside.append(first.outside_command_clock_s)
                 for w in workloads:
                     order = ["blockx", "threads", "aiohttp", *swept]
@@ -565,6 +597,7 @@ def main() -> None:
             for w in workloads
         )
     )
+    _print_cpu(args, workloads, results, swept, startup_cpu)
     if swept:
         _print_inflight(args, workloads, results, swept)
     print(
@@ -575,6 +608,39 @@ def main() -> None:
             for s in ("blockx", *PEERS, *swept)
         )
     )
+
+
+def _print_cpu(
+    args: argparse.Namespace,
+    workloads: list[str],
+    results: dict[str, dict[str, list[dict[str, float]]]],
+    swept: dict[str, int],
+    startup_cpu: list[float],
+) -> None:
+    """CPU per call: each system's own processes, and the node's."""
+    med = statistics.median
+    print(
+        "\nCPU per call, µs (medians): the system's own processes -- BlockX: the worker, its "
+        "executors and their fork server (getrusage(RUSAGE_CHILDREN) around the process, a "
+        "one-call run's subtracted); a peer: this process, its threads included "
+        "(time.process_time) -- and the node's (/proc), both sharing the machine's cores"
+    )
+    print(f"| {'workload: system':<48} | {'own CPU':>9} | {'node CPU':>9} |")
+    print(f"| {'-' * 48} | {'-' * 9}:| {'-' * 9}:|")
+    for w in workloads:
+        for system in ("blockx", *PEERS, *swept):
+            runs = results[w][system]
+            if system.startswith("blockx"):
+                own = steady_cpu_per_call(args.calls, [r["cpu_s"] for r in runs], startup_cpu)
+                label = "BlockX, blockx run"
+                if system in swept:
+                    label += f", {swept[system]} in flight per executor"
+            else:
+                own = med(r["cpu_per_call_s"] for r in runs)
+                label = PEERS[system]
+            node = med(r["node_cpu_per_call_s"] for r in runs)
+            own_text = "n/a" if own is None else f"{own * 1e6:,.1f}"
+            print(f"| {f'{w}: {label}':<48} | {own_text:>9} | {node * 1e6:>9,.1f} |")
 
 
 def _print_inflight(

@@ -105,7 +105,15 @@ from blockx.worker.io import IOResult
 from blockx.worker.io.backend import PreparedRequest, Reply
 from blockx.worker.io.registry import BackendRegistry, IOSubsystem
 from blockx.worker.pool.spawner import ExecutorLaunchSpec, ProcessSpawner
-from blockx_process import format_rate, read_rows, run_blockx, steady_rate, write_task
+from blockx_process import (
+    children_cpu_s,
+    format_rate,
+    read_rows,
+    run_blockx,
+    steady_cpu_per_call,
+    steady_rate,
+    write_task,
+)
 
 TRIVIAL = 'def _(p):\n    return {"y": p["x"] + 1}\n'
 READS = 5
@@ -436,6 +444,7 @@ def blockx_process_run(directory: Path, n: int, executors: int) -> dict[str, flo
     check_trivial_rows("BlockX", read_rows(run.rows_path), n)
     return {
         "wall_s": run.wall_s,
+        "cpu_s": run.cpu_s,
         "task_wall_s": run.task_wall_s,
         "outside_s": run.outside_command_clock_s,
     }
@@ -445,19 +454,22 @@ def imap_process_run(directory: Path, n: int, executors: int) -> dict[str, float
     task = trivial_task(directory, n)  # the same calls file
     rows = task.parent / "imap-rows.jsonl"
     argv = [sys.executable, "-c", IMAP_PROCESS, str(task.parent / "calls.jsonl"), str(rows)]
+    cpu0 = children_cpu_s()
     t0 = time.perf_counter()
     done = subprocess.run([*argv, str(executors)], capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
+    cpu = children_cpu_s() - cpu0  # the pool's processes too: it joins them at its close
     if done.returncode != 0:
         raise SystemExit(f"the imap process exited {done.returncode}:\n{done.stderr[-4000:]}")
     check_trivial_rows("imap", read_rows(rows), n)
-    return {"wall_s": wall}
+    return {"wall_s": wall, "cpu_s": cpu}
 
 
 def whole_process_main(args: argparse.Namespace) -> None:
     n = args.calls
     runs: dict[str, list[dict[str, float]]] = {"blockx": [], "imap": []}
     fixed: dict[str, list[float]] = {"blockx": [], "imap": []}
+    fixed_cpu: dict[str, list[float]] = {"blockx": [], "imap": []}
     outside: list[float] = []  # BlockX one-call runs: wall time outside the command's clock
     systems = {"blockx": blockx_process_run, "imap": imap_process_run}
     with tempfile.TemporaryDirectory(prefix="bench-whole-process-") as tmp:
@@ -467,6 +479,7 @@ def whole_process_main(args: argparse.Namespace) -> None:
             for system in order:
                 one = systems[system](root / f"{system}-one-{r}", 1, args.executors)
                 fixed[system].append(one["wall_s"])
+                fixed_cpu[system].append(one["cpu_s"])
                 if system == "blockx":
                     outside.append(one["outside_s"])
             for system in order:
@@ -476,15 +489,19 @@ def whole_process_main(args: argparse.Namespace) -> None:
     rate = {s: med(n / run["wall_s"] for run in runs[s]) for s in runs}
     start = {s: med(fixed[s]) for s in fixed}
     steady = {s: steady_rate(n, [run["wall_s"] for run in runs[s]], fixed[s]) for s in runs}
+    cpu_per_call = {
+        s: steady_cpu_per_call(n, [run["cpu_s"] for run in runs[s]], fixed_cpu[s]) for s in runs
+    }
     task_rate = med(n / run["task_wall_s"] for run in runs["blockx"])
     print(
         f"\nwhole processes: {n:,} trivial calls from a calls file, rows to a file, "
         f"{args.executors} executors / processes, medians of {args.repeats}"
     )
     print(
-        f"| {'system':<52} | {'calls/s':>10} | {'start-up ms':>11} | {'steady calls/s':>14} | {'ratio to imap':>13} |"
+        f"| {'system':<52} | {'calls/s':>10} | {'start-up ms':>11} | {'steady calls/s':>14} |"
+        f" {'CPU µs/call':>11} | {'ratio to imap':>13} |"
     )
-    print(f"| {'-' * 52} | {'-' * 10}:| {'-' * 11}:| {'-' * 14}:| {'-' * 13}:|")
+    print(f"| {'-' * 52} | {'-' * 10}:| {'-' * 11}:| {'-' * 14}:| {'-' * 11}:| {'-' * 13}:|")
     labels = {
         "blockx": "BlockX: blockx run -o FILE",
         "imap": "python: multiprocessing.Pool.imap(chunksize=1)",
@@ -492,7 +509,8 @@ def whole_process_main(args: argparse.Namespace) -> None:
     for s in ("blockx", "imap"):
         print(
             f"| {labels[s]:<52} | {rate[s]:>10,.0f} | {start[s] * 1000:>11,.0f} |"
-            f" {format_rate(steady[s], 14)} | {rate['blockx'] / rate[s]:>12.2f}x |"
+            f" {format_rate(steady[s], 14)} | {_micros(cpu_per_call[s]):>11} |"
+            f" {rate['blockx'] / rate[s]:>12.2f}x |"
         )
     bx_steady, imap_steady = steady["blockx"], steady["imap"]
     steady_ratio = (
@@ -506,7 +524,9 @@ def whole_process_main(args: argparse.Namespace) -> None:
         f"start-up spends {med(outside) * 1000:,.0f} ms before and after the command's own "
         "clock (interpreter, imports, input checks, exit); "
         f"BlockX's summary rate (task_wall_time_s, from the task's submission, executors' "
-        f"start included): {task_rate:,.0f} calls/s"
+        f"start included): {task_rate:,.0f} calls/s; CPU µs/call: every process of the "
+        "system (BlockX: the worker, its executors and their fork server; imap: the script "
+        "and its pool), getrusage(RUSAGE_CHILDREN) around each, a one-call run's subtracted"
     )
     print(
         "runs (calls/s): "
@@ -516,6 +536,10 @@ def whole_process_main(args: argparse.Namespace) -> None:
         + "; start-up (ms): "
         + "; ".join(f"{s} " + ", ".join(f"{f * 1000:,.0f}" for f in fixed[s]) for s in fixed)
     )
+
+
+def _micros(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:,.1f}"
 
 
 def main() -> None:

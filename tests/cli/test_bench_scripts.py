@@ -47,6 +47,18 @@ def test_chain_reads_runs_both_workloads_through_every_system() -> None:
     # The node saw every peer's 100 reads as 100 HTTP requests.
     assert "|       100 |           100 |" in out
     assert "BlockX start-up (a one-call blockx run process, wall):" in out
+    assert "CPU per call, µs (medians)" in out
+    cpu_rows = [line for line in out.splitlines() if line.endswith(" |") and "CPU" not in line]
+    for workload in ("distinct", "repeated"):
+        for system in ("BlockX, blockx run", "ThreadPool(256) + http.client"):
+            row = next(
+                r
+                for r in cpu_rows
+                if r.startswith(f"| {workload}: {system} ") and r.count("|") == 4
+            )
+            own, node = (cell.strip() for cell in row.split("|")[2:4])
+            assert own == "n/a" or float(own.replace(",", "")) > 0, row
+            assert float(node.replace(",", "")) >= 0, row
 
 
 @pytest.mark.slow
@@ -102,6 +114,7 @@ def test_worker_throughput_whole_process_runs_blockx_and_imap() -> None:
     out = done.stdout
     assert "whole processes: 20 trivial calls from a calls file, rows to a file" in out
     assert "| system" in out and "| start-up ms |" in out and "| steady calls/s |" in out
+    assert "| CPU µs/call |" in out
     assert "| BlockX: blockx run -o FILE" in out
     assert "| python: multiprocessing.Pool.imap(chunksize=1)" in out
     assert "BlockX's summary rate" in out
@@ -111,8 +124,21 @@ def load_bench(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def test_children_cpu_counts_a_child_and_the_children_it_reaped() -> None:
+    bench = load_bench("blockx_process")
+    # A child that spends ~0.2 s of CPU in a grandchild it waits for.
+    burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.2: pass')"
+    waiter = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], check=True)"
+    before = bench.children_cpu_s()
+    subprocess.run([sys.executable, "-c", waiter], check=True, timeout=60)
+    assert bench.children_cpu_s() - before >= 0.2
+    assert bench.steady_cpu_per_call(10, [1.2, 1.4, 1.0], [0.2, 0.4, 0.2]) == pytest.approx(0.1)
+    assert bench.steady_cpu_per_call(10, [1.0], [1.0]) is None
 
 
 def test_whole_process_rows_check_refuses_a_missing_or_wrong_row() -> None:
