@@ -233,6 +233,57 @@ def test_blockx_run_spawns_its_executors_before_the_worker_is_imported(tmp_path:
     }
 
 
+#: ``blockx run`` whose pool cannot finish starting before the input check has begun: its
+#: wait for the executors' spawns waits for a file the check writes first.
+_OVERLAP_SPY = """
+import asyncio, os, sys, time
+from blockx.cli import run_input
+from blockx.worker.pool import manager
+flag = sys.argv[1]
+real_settled = manager.PoolManager._spawns_settled
+async def settled_once_the_check_began(self):
+    deadline = time.monotonic() + 10
+    while not os.path.exists(flag):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the input was not checked while the worker started")
+        await asyncio.sleep(0.005)
+    await real_settled(self)
+manager.PoolManager._spawns_settled = settled_once_the_check_began
+real_check = run_input.check_input
+def check(*args, **kwargs):
+    open(flag, "w").close()
+    return real_check(*args, **kwargs)
+run_input.check_input = check
+from blockx.cli import console_main
+sys.argv = ["blockx", "run", sys.argv[2], "-o", sys.argv[3], "-n", "2", "--quiet"]
+console_main()
+"""
+
+
+def test_blockx_run_checks_its_input_while_the_worker_waits_for_its_executors(
+    tmp_path: Path,
+) -> None:
+    # The worker's start waits for the fork server's first forks (~60 ms after its own
+    # start); the input is checked meanwhile, not after.
+    task = write(
+        tmp_path / "task.yaml",
+        'task_id: overlap\nfunctions:\n  f: {source: "'
+        + FUNCTION.replace("\n", "\\n")
+        + '"}\ncalls:\n  - {function: f, args: 1}\n',
+    )
+    flag, rows = tmp_path / "checked", tmp_path / "rows.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _OVERLAP_SPY, str(flag), str(task), str(rows)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert rows.read_text() == '{"x":1}\n'
+
+
 def test_start_executors_gives_early_executors_for_a_good_configuration() -> None:
     # start_executors falls back to None (the worker spawns them) on any failure: that
     # must stay the exception, or every run loses the head start silently.
