@@ -203,19 +203,18 @@ console_main()
 """
 
 
-def test_blockx_run_spawns_its_executors_before_the_worker_is_imported(tmp_path: Path) -> None:
-    # The point of the early spawn: the executors boot while the worker is imported and
-    # the task file read. An import of blockx.worker.app before it (as a `from
-    # blockx.worker.app import run` once did) silently gave the head start back.
+def _run_one_call_with(spy: str, spy_file: Path, tmp_path: Path) -> None:
+    """``blockx run`` of a one-call task in a process running ``spy`` first (its
+    ``sys.argv``: ``spy_file``, the task, the rows file); it must succeed."""
     task = write(
         tmp_path / "task.yaml",
-        'task_id: early\nfunctions:\n  f: {source: "'
+        'task_id: spied\nfunctions:\n  f: {source: "'
         + FUNCTION.replace("\n", "\\n")
         + '"}\ncalls:\n  - {function: f, args: 1}\n',
     )
-    seen_file, rows = tmp_path / "seen.json", tmp_path / "rows.jsonl"
+    rows = tmp_path / "rows.jsonl"
     done = subprocess.run(
-        [sys.executable, "-c", _SPAWN_SPY, str(seen_file), str(task), str(rows)],
+        [sys.executable, "-c", spy, str(spy_file), str(task), str(rows)],
         cwd=tmp_path,
         env=clean_env(),
         capture_output=True,
@@ -224,6 +223,14 @@ def test_blockx_run_spawns_its_executors_before_the_worker_is_imported(tmp_path:
     )
     assert done.returncode == 0, done.stderr
     assert rows.read_text() == '{"x":1}\n'
+
+
+def test_blockx_run_spawns_its_executors_before_the_worker_is_imported(tmp_path: Path) -> None:
+    # The point of the early spawn: the executors boot while the worker is imported and
+    # the task file read. An import of blockx.worker.app before it (as a `from
+    # blockx.worker.app import run` once did) silently gave the head start back.
+    seen_file = tmp_path / "seen.json"
+    _run_one_call_with(_SPAWN_SPY, seen_file, tmp_path)
     import json
 
     assert json.loads(seen_file.read_text()) == {
@@ -265,23 +272,7 @@ def test_blockx_run_checks_its_input_while_the_worker_waits_for_its_executors(
 ) -> None:
     # The worker's start waits for the fork server's first forks (~60 ms after its own
     # start); the input is checked meanwhile, not after.
-    task = write(
-        tmp_path / "task.yaml",
-        'task_id: overlap\nfunctions:\n  f: {source: "'
-        + FUNCTION.replace("\n", "\\n")
-        + '"}\ncalls:\n  - {function: f, args: 1}\n',
-    )
-    flag, rows = tmp_path / "checked", tmp_path / "rows.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-c", _OVERLAP_SPY, str(flag), str(task), str(rows)],
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert rows.read_text() == '{"x":1}\n'
+    _run_one_call_with(_OVERLAP_SPY, tmp_path / "checked", tmp_path)
 
 
 def test_start_executors_gives_early_executors_for_a_good_configuration() -> None:

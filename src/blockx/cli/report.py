@@ -76,7 +76,7 @@ class RunOutcome:
     result: Any = None
     interrupted: str | None = None
     output_closed: bool = False
-    #: Rows not written: stdout was not read within blockx.cli.run.OUTPUT_GRACE_S after an
+    #: Rows not written: stdout was not read within blockx.cli.run_verdict.OUTPUT_GRACE_S after an
     #: interruption.
     rows_dropped: int = 0
     #: A streamed task: the calls its file holds (the pre-run check's count).

@@ -15,7 +15,7 @@ driver (:func:`blockx.cluster.driver.run_on_cluster`, ``docs/cluster.md``):
    go to the same :class:`~blockx.cli.output.RowWriter` in call order (the driver's
    reorder buffer), as a local run writes them; SIGINT/SIGTERM cancel the run
    as they cancel a local one;
-3. the verdict (:func:`blockx.cli.run.verdict`): the same failure report, summary,
+3. the verdict (:func:`blockx.cli.run_verdict.verdict`): the same failure report, summary,
    ``--errors`` and ``--summary-json``, plus the per-node figures (``"nodes"``).
 
 The run joins Ray and owns its :class:`~blockx.cluster.nodes.NodePool` itself (handed
