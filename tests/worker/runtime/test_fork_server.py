@@ -469,3 +469,24 @@ def _is_our_executor(pid: int) -> bool:
         return _ppid(pid) == os.getpid() and "blockx.executor" in _cmdline(pid)
     except (OSError, IndexError, ValueError):
         return False
+
+
+def test_wait_for_exit_reaps_an_exit_and_raises_past_its_timeout() -> None:
+    # ForkServer's close waits for its server this way (a pidfd where Linux has one).
+    quick = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(3)"]
+    )
+    assert worker_side.wait_for_exit(quick, 30.0) == 3
+    assert quick.returncode == 3
+    assert worker_side.wait_for_exit(quick, 30.0) == 3  # reaped already: its status again
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker_side.wait_for_exit(stuck, 0.2)
+        assert stuck.poll() is None
+    finally:
+        stuck.kill()
+        stuck.wait()
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    assert worker_side.wait_for_exit(killed, 30.0) == -signal.SIGKILL
