@@ -490,3 +490,24 @@ def test_wait_for_exit_reaps_an_exit_and_raises_past_its_timeout() -> None:
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     killed.kill()
     assert worker_side.wait_for_exit(killed, 30.0) == -signal.SIGKILL
+
+
+def test_wait_for_exit_works_with_descriptors_past_select_s_limit() -> None:
+    # A worker serving many connections holds descriptors past FD_SETSIZE (1024): the
+    # pidfd it waits on is then one of them, which select() refuses.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: cannot open 1,100 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held: list[int] = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"], close_fds=True)
+        assert worker_side.wait_for_exit(quick, 30.0) == 4
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

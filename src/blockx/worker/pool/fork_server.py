@@ -366,7 +366,11 @@ def wait_for_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
     except (AttributeError, OSError):  # not Linux >= 5.3, or already reaped elsewhere
         return process.wait(timeout)
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        # poll, not select: a worker holding many connections has descriptors past
+        # select's FD_SETSIZE (1024), and the pidfd would be one of them.
+        watch = select.poll()
+        watch.register(pidfd, select.POLLIN)
+        ready = watch.poll(max(timeout, 0.0) * 1000)
     finally:
         os.close(pidfd)
     if not ready and process.poll() is None:
