@@ -92,6 +92,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from blockx_process import (
+    SRC,
     ProcessRun,
     format_rate,
     read_rows,
@@ -472,9 +473,6 @@ def _steady(calls: int, results: dict[str, list[dict[str, float]]], startup: lis
     return f"{format_rate(rate)} calls/s ({rate / best:.2f}x)"
 
 
-#: ``dispatcher.executor_max_inflight``'s default (the seed's ``ExecutorMaxInflight``).
-DEFAULT_INFLIGHT = 128
-
 PEERS = {
     "threads": f"ThreadPool({PEER_CONCURRENCY}) + http.client",
     "aiohttp": f"asyncio + aiohttp, {PEER_CONCURRENCY} coroutines",
@@ -610,6 +608,15 @@ def main() -> None:
     )
 
 
+def default_inflight() -> int:
+    """``dispatcher.executor_max_inflight``'s default in this checkout (the seed's
+    ``ExecutorMaxInflight``): what the ``blockx run`` children get without ``--set``."""
+    sys.path.insert(0, str(SRC))
+    from blockx.worker.core.config import DispatcherConfig
+
+    return DispatcherConfig().executor_max_inflight
+
+
 def _print_cpu(
     args: argparse.Namespace,
     workloads: list[str],
@@ -651,9 +658,10 @@ def _print_inflight(
 ) -> None:
     """The ``--inflight`` rows: BlockX with more calls in flight, against the same peers."""
     med = statistics.median
+    default = default_inflight()
     print(
         f"\nBlockX with more calls in flight (dispatcher.executor_max_inflight per executor, "
-        f"x {args.executors} executors; the default is {DEFAULT_INFLIGHT}); the peers keep "
+        f"x {args.executors} executors; the default is {default}); the peers keep "
         f"{PEER_CONCURRENCY}, which more does not help (see the module docstring)"
     )
     print(
@@ -662,7 +670,7 @@ def _print_inflight(
     print(f"| {'-' * 48} | {'-' * 9}:| {'-' * 9}:| {'-' * 12}:|")
     for w in workloads:
         best = max(med(r["calls_per_s"] for r in results[w][s]) for s in PEERS)
-        rows = [("blockx", DEFAULT_INFLIGHT), *swept.items()]
+        rows = [("blockx", default), *swept.items()]
         for system, per_executor in rows:
             runs = results[w][system]
             rate = med(r["calls_per_s"] for r in runs)
