@@ -136,6 +136,18 @@ def test_call_cache_keeps_the_newest_entries_within_its_bound() -> None:
     assert [b.call_id for b in rt.binds(out)] == ["t1/c2"]  # "1" was evicted by "2"
 
 
+def test_the_call_cache_grows_to_its_limit_once_the_task_repeats_a_call() -> None:
+    # Distinct calls keep the first bound; a call joining an equal one in flight (or a
+    # cache hit) is the sign that the task repeats calls, and the full limit applies.
+    rt = make_runtime()
+    rt.register("t1", [spec("f", "1"), spec("f", "2")])
+    rt.register("t2", [spec("f", "1"), spec("f", "1")])
+    rt.pump()
+    t1, t2 = rt.core.task_state("t1"), rt.core.task_state("t2")
+    assert t1 is not None and t2 is not None
+    assert not t1.call_cache.grown and t2.call_cache.grown  # t2/c1 joined t2/c0
+
+
 def test_call_cache_can_be_disabled() -> None:
     rt = make_runtime(DispatcherConfig(task_max_inflight_calls=1, call_cache_max_entries=0))
     rt.register("t1", [spec("f", "7"), spec("f", "7")])

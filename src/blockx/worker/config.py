@@ -380,7 +380,8 @@ class DispatcherSettings:
         65_536,
         kind=NON_NEGATIVE,
         env="CALL_CACHE_MAX_ENTRIES",
-        doc="Results kept per task for call-cache hits (0 = no cache).",
+        doc="Results kept per task for call-cache hits (0 = no cache); 4,096 until the task "
+        "repeats a call (a cache hit, or a call joining an equal one in flight).",
     )
     #: Derived: the effective wedge threshold (see the module docstring).
     stall_timeout_ms: int = field(init=False)

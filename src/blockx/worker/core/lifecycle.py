@@ -452,11 +452,7 @@ def finish_call(
     task = ctx.task
     key = ctx.call.call_key
     if outcome is _SUCCEEDED and output is not None and core.cache_limit:
-        cache = task.call_cache
-        if key not in cache:
-            if len(cache) >= core.cache_limit:
-                cache.popitem(last=False)
-            cache[key] = output
+        task.call_cache.put(key, output, core.cache_limit)
     if task.singleflight.get(key) is ctx:
         del task.singleflight[key]
         waiters = ctx.sf_waiters
@@ -717,8 +713,10 @@ def start_subcall(core: CoreState, ctx: DispatchCallContext, out: Out) -> None:
 
 
 def add_waiter(leader: DispatchCallContext, ctx: DispatchCallContext) -> None:
-    """``ctx`` (READY, unqueued) waits for ``leader``'s result."""
+    """``ctx`` (READY, unqueued) waits for ``leader``'s result: the task repeats calls,
+    so its call cache grows to its full bound."""
     ctx.sf_waiting = True
+    ctx.task.call_cache.grow()
     waiters = leader.sf_waiters
     if waiters is None:
         leader.sf_waiters = [ctx]
