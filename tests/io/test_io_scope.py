@@ -17,7 +17,7 @@ from io_support import answer, ok, payload, run
 
 from blockx.wire import keys
 from blockx.worker.io.backend import IORequestError, PreparedRequest, Reply
-from blockx.worker.io.cache import ReadCache, request_key
+from blockx.worker.io.cache import READ_CACHE_FIRST_ENTRIES, ReadCache, request_key
 from blockx.worker.io.config import IOConfigError, load_io_config
 from blockx.worker.io.handler import IOResult
 from blockx.worker.io.registry import BackendRegistry, IOSubsystem, default_registry
@@ -331,6 +331,42 @@ def test_the_cache_is_bounded_by_entries_and_bytes() -> None:
     gen = small.generation("b", "t1")
     small.invalidate("b", "t1")
     assert not small.put("late", answer_, "b", "t1", gen, 1)
+
+
+def test_the_cache_keeps_its_first_bound_until_the_task_repeats_a_read() -> None:
+    answer_ = IOResult(result="x")
+    cache = ReadCache(max_entries=10_000, max_bytes=10_000_000)
+    n = READ_CACHE_FIRST_ENTRIES + 100
+    for i in range(n):
+        assert cache.put(f"k{i}", answer_, "b", "d", cache.generation("b", "d"), 10)
+    assert len(cache) == READ_CACHE_FIRST_ENTRIES and not cache.grown
+    assert cache.evictions == 100
+    assert cache.get(f"k{n - 1}") is answer_ and cache.grown  # a hit: the full bound
+    for i in range(n, 3000):
+        cache.put(f"k{i}", answer_, "b", "d", cache.generation("b", "d"), 10)
+    assert len(cache) == 3000 - 100 and cache.evictions == 100
+    # A bound below the first one is the bound from the start.
+    small = ReadCache(max_entries=3, max_bytes=10_000)
+    assert small.grown and "3 of 3" in repr(small)
+
+
+def test_a_read_joining_an_equal_one_in_flight_grows_the_cache() -> None:
+    gate = GateBackend()
+
+    async def main() -> None:
+        io = subsystem(gate)
+        scope = io.task_scope("t")
+        p = payload("gate", "get", {})
+        assert not scope._cache.grown
+        a = scope.handle_io("t", "a", p, None)
+        assert not scope._cache.grown
+        b = scope.handle_io("t", "b", p, None)
+        assert scope._cache.grown and gate.calls == 1
+        gate.release()
+        assert await answer(a) == await answer(b)
+        await io.close()
+
+    run(main())
 
 
 def test_a_disabled_cache_still_joins_identical_reads() -> None:

@@ -494,7 +494,9 @@ class IOConfig:
         10_000,
         kind=NON_NEGATIVE_INT,
         env="IO_CACHE_MAX_ENTRIES",
-        doc="Entries of one task's read cache; 0 disables caching (singleflight stays).",
+        doc="Entries of one task's read cache; 0 disables caching (singleflight stays). "
+        "1,024 until the task repeats a read (a hit, or a read joining an equal one in "
+        "flight).",
     )
     cache_max_bytes: int = knob(
         16 * 1024 * 1024,

@@ -491,6 +491,7 @@ class TaskIOScope:
             backend_name, flight.domain
         ):
             stats.record_join()
+            cache.grow()
             return flight.join()
         backend = self._backend(backend_name, stats)
         if type(backend) is IOResult:
