@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from greenlet import GreenletExit, getcurrent, greenlet
@@ -82,7 +83,6 @@ from .tracing import traced_envelope
 
 if TYPE_CHECKING:
     import contextvars
-    from collections import OrderedDict
     from collections.abc import Callable
 
     from blockx.wire.blackbox import BlackboxWriter
@@ -92,12 +92,51 @@ if TYPE_CHECKING:
     from .outbox import Outbox
     from .sdk_bridge import SdkBridge
 
-__all__ = ["FINISHED_ATTEMPTS_REMEMBERED", "CallRunner", "admission_failure"]
+__all__ = ["FINISHED_ATTEMPTS_REMEMBERED", "CallRunner", "EndedAttempts", "admission_failure"]
 
 _log = logging.getLogger("blockx.executor")
 
 #: How many ended calls' attempt numbers are remembered to drop late duplicates.
 FINISHED_ATTEMPTS_REMEMBERED: Final = 16384
+
+
+class EndedAttempts:
+    """The highest ended attempt of the last :data:`FINISHED_ATTEMPTS_REMEMBERED` calls
+    that ended here, by call id: a late re-delivery of an ended attempt is a duplicate,
+    not a new call (one terminal per attempt).
+
+    A dict and a deque of its keys, oldest first. It was an ``OrderedDict``, which
+    compiled code reaches only through generic method calls (its ``popitem`` per call
+    at the bound); ``del d[next(iter(d))]`` on a plain dict walks the deleted slots at
+    its front (14 µs a call at this size, py-spy found it).
+    """
+
+    __slots__ = ("_order", "_seqs")
+
+    def __init__(self) -> None:
+        self._seqs: dict[str, int] = {}
+        self._order: deque[str] = deque()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def get(self, call_id: str) -> int:
+        """The highest ended attempt of ``call_id`` remembered, 0 for none."""
+        return self._seqs.get(call_id, 0)
+
+    def note(self, call_id: str, attempt_seq: int) -> None:
+        """Attempt ``attempt_seq`` of ``call_id`` ended (a lower one than remembered is
+        ignored); past the bound the call remembered longest is forgotten."""
+        seqs = self._seqs
+        known = seqs.get(call_id)
+        if known is None:
+            seqs[call_id] = attempt_seq
+            order = self._order
+            order.append(call_id)
+            if len(order) > FINISHED_ATTEMPTS_REMEMBERED:
+                del seqs[order.popleft()]
+        elif attempt_seq > known:
+            seqs[call_id] = attempt_seq
 
 
 def admission_failure(exc: AdmissionError) -> Failure:
@@ -122,7 +161,7 @@ class CallRunner:
         *,
         registry: ModuleRegistry,
         contexts: dict[str, ExecContext],
-        finished_attempts: OrderedDict[str, int],
+        finished_attempts: EndedAttempts,
         counters: dict[str, int],
         monotonic: Callable[[], float],
         outbox: Outbox,
@@ -463,13 +502,7 @@ class CallRunner:
         if contexts.get(call_id) is ctx:
             del contexts[call_id]
         # Remember the ended attempt: a late re-delivery of it is a duplicate.
-        finished = self._finished_attempts
-        if ctx.attempt_seq > finished.get(call_id, 0):
-            finished[call_id] = ctx.attempt_seq
-            if len(finished) > FINISHED_ATTEMPTS_REMEMBERED:
-                # OrderedDict: O(1). ``del d[next(iter(d))]`` on a plain dict walks the
-                # deleted slots at its front: 14 µs a call at this size (py-spy found it).
-                finished.popitem(last=False)
+        self._finished_attempts.note(call_id, ctx.attempt_seq)
         self.registry.release_task(ctx.task_id)
         counters = self._counters
         if ctx.suppress_terminal_emit or self._outbox.transport_lost:

@@ -92,10 +92,10 @@ from .execute_frames import ExecuteCallFrame, ResumeCallFrame
 from .tracing import execute_span_from
 
 if TYPE_CHECKING:
-    from collections import OrderedDict, deque
+    from collections import deque
     from collections.abc import Callable
 
-    from .call_runner import CallRunner
+    from .call_runner import CallRunner, EndedAttempts
     from .module_registry import ModuleRegistry
     from .outbox import Outbox
     from .sdk_bridge import SdkBridge
@@ -124,7 +124,7 @@ class InboundFrames:
         call_timeout_ms: int,
         registry: ModuleRegistry,
         contexts: dict[str, ExecContext],
-        finished_attempts: OrderedDict[str, int],
+        finished_attempts: EndedAttempts,
         runnable: deque[ExecContext],
         timers: CallTimers,
         counters: dict[str, int],
@@ -179,7 +179,7 @@ class InboundFrames:
                 _log.debug("dropped duplicate ExecuteCall", extra=ctx.log_fields())
                 return False
             self._replace_existing_attempt(existing)
-        elif ctx.attempt_seq <= self._finished_attempts.get(ctx.call_id, 0):
+        elif ctx.attempt_seq <= self._finished_attempts.get(ctx.call_id):
             counters["duplicate_execute_dropped"] += 1
             _log.debug("dropped ExecuteCall of an ended attempt", extra=ctx.log_fields())
             return False

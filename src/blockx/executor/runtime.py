@@ -91,7 +91,7 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -99,7 +99,7 @@ from blockx.sdk.runtime import set_provider
 from blockx.wire.blackbox import BlackboxWriter
 from blockx.wire.keys import DEFAULT_CANCEL_REASON
 
-from .call_runner import CallRunner
+from .call_runner import CallRunner, EndedAttempts
 from .containment import PauseClock
 from .context import (
     CUT_OFF_STATES,
@@ -205,7 +205,7 @@ class ExecutorRuntime:
         # callId -> the highest attempt that already ended here, for the most
         # recent FINISHED_ATTEMPTS_REMEMBERED calls: a late re-delivery of an
         # ended attempt is a duplicate, not a new call (one terminal per attempt).
-        self._finished_attempts: OrderedDict[str, int] = OrderedDict()
+        self._finished_attempts = EndedAttempts()
         self._runnable: deque[ExecContext] = deque()
         self._sleep_ready: deque[ExecContext] = deque()
         self._timers = CallTimers()

@@ -21,29 +21,38 @@ than 1,024 reads apart reads them again. Eviction is CLOCK
 (second chance), which approximates least-recently-used: a hit only sets the
 entry's ``referenced`` bit (no reordering on the hot path); eviction walks
 from the oldest entry, gives a referenced one a second chance (clears the bit,
-moves it to the back) and drops the first unreferenced one.
+moves it to the back) and drops the first unreferenced one. The order is a
+deque of the entries beside the dict (an ``OrderedDict`` is no dict to compiled
+code: each of its ``pop`` / ``popitem`` was a generic method call); an entry
+replaced or dropped is marked dead and skipped when the hand reaches it, and
+the deque is compacted when dead entries outnumber the live ones.
 ``max_entries == 0`` or ``max_bytes == 0`` disables caching (singleflight
 still works: it lives in the scope). An answer larger than ``max_bytes`` alone
 is never stored.
 
 Invalidation by generations: every ``(backend, domain)`` has a generation
 number, and every backend one more (the ``None`` domain). :meth:`invalidate`
-drops the domain's entries and bumps its generation (``domain=None``: every
-entry of the backend, and the backend's generation). A read records the
+bumps the domain's generation (``domain=None``: the backend's, which every
+domain of the backend counts). An entry remembers the generation pair it was
+stored under; a lookup that finds it older than the current pair drops it and
+misses, so no entry stored before a write answers after it (and nothing walks
+the entries of a domain at a write: a table written by every call cost a set
+per domain, and one ``add`` and one ``discard`` per read). A read records the
 generation it started under (:meth:`generation`); :meth:`put` stores its
 answer only when the generation has not moved since, so an answer that may
 predate a write is never cached after that write. The scope invalidates at a
 write's start *and* at its end: reads that overlapped the write in any way are
-not stored, and later reads go to the backend.
+not stored, and later reads go to the backend. Stale entries keep their room
+until a lookup or the hand drops them.
 
-Invariants: ``_bytes`` is the sum of the entries' sizes; every key of
-``_entries`` is in ``_by_domain[entry.domain]`` and vice versa. Only the event
-loop thread touches a cache.
+Invariants: ``_bytes`` is the sum of the sizes of the entries of ``_entries``;
+those are exactly the live entries, and each is in ``_order`` once. Only the
+event loop thread touches a cache.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Any, Final
 
 import orjson
@@ -133,24 +142,36 @@ def estimate_size(result: Any, sidecar: bytes | None) -> int:
 
 
 class _Entry:
-    __slots__ = ("answer", "domain", "referenced", "size")
+    __slots__ = ("alive", "answer", "domain", "generation", "key", "referenced", "size")
 
-    def __init__(self, answer: IOResult, domain: tuple[str, str | None], size: int) -> None:
+    def __init__(
+        self,
+        key: Any,
+        answer: IOResult,
+        domain: tuple[str, str | None],
+        generation: tuple[int, int],
+        size: int,
+    ) -> None:
+        self.key = key
         self.answer = answer
         self.domain = domain
+        self.generation = generation
         self.size = size
         self.referenced = False
+        #: False once replaced or dropped: the hand skips it.
+        self.alive = True
 
 
 class ReadCache:
-    """LRU of read answers by request bytes, with domain invalidation (see the module doc)."""
+    """CLOCK cache of read answers by request bytes, invalidated by generations (see the
+    module doc)."""
 
     __slots__ = (
         "_bound",
-        "_by_domain",
         "_bytes",
         "_entries",
         "_generations",
+        "_order",
         "evictions",
         "invalidations",
         "max_bytes",
@@ -164,9 +185,9 @@ class ReadCache:
         self.max_bytes = max_bytes
         #: The entries kept now: the first bound until :meth:`grow`, then ``max_entries``.
         self._bound = min(max_entries, READ_CACHE_FIRST_ENTRIES)
-        # OrderedDict: evicting from the front is O(1) (a plain dict walks its deleted slots)
-        self._entries: OrderedDict[Any, _Entry] = OrderedDict()
-        self._by_domain: dict[tuple[str, str | None], set[Any]] = {}
+        self._entries: dict[Any, _Entry] = {}
+        #: The live entries oldest first (the CLOCK hand at the left), and dead ones.
+        self._order: deque[_Entry] = deque()
         self._generations: dict[tuple[str, str | None], int] = {}
         self._bytes = 0
         self.evictions = 0
@@ -199,10 +220,16 @@ class ReadCache:
         self._bound = self.max_entries
 
     def get(self, key: Any) -> IOResult | None:
-        """The cached answer of ``key`` (marked referenced), or None."""
+        """The cached answer of ``key`` (marked referenced), or None -- also for an entry
+        stored before a write to its domain (dropped here)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
+        if self._generations:
+            backend, domain = entry.domain
+            if entry.generation != self.generation(backend, domain):
+                self._drop(entry)
+                return None
         entry.referenced = True
         self._bound = self.max_entries
         return entry.answer
@@ -232,55 +259,46 @@ class ReadCache:
         size = nbytes + key_size(key) + ENTRY_OVERHEAD
         if size > self.max_bytes:
             return False
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._forget(key, old)
-        domain_key = (backend, domain)
-        self._entries[key] = _Entry(answer, domain_key, size)
-        self._by_domain.setdefault(domain_key, set()).add(key)
-        self._bytes += size
         entries = self._entries
+        old = entries.get(key)
+        if old is not None:
+            self._drop(old)
+        entry = _Entry(key, answer, (backend, domain), generation, size)
+        entries[key] = entry
+        order = self._order
+        order.append(entry)
+        self._bytes += size
         bound = self._bound
         while len(entries) > bound or self._bytes > self.max_bytes:
-            oldest, entry = entries.popitem(last=False)
-            if entry.referenced and oldest != key:
-                entry.referenced = False  # second chance: to the back
-                entries[oldest] = entry
+            oldest = order.popleft()
+            if not oldest.alive:
                 continue
-            self._forget(oldest, entry)
+            if oldest.referenced and oldest is not entry:
+                oldest.referenced = False  # second chance: to the back
+                order.append(oldest)
+                continue
+            self._drop(oldest)
             self.evictions += 1
+        if len(order) > 2 * len(entries) + 64:
+            self._order = deque([e for e in order if e.alive])
         return True
 
-    def invalidate(self, backend: str, domain: str | None) -> int:
-        """Drop the entries of (backend, domain) — every entry of ``backend`` when
-        ``domain`` is None — and bump the generation. Returns how many were dropped."""
+    def invalidate(self, backend: str, domain: str | None) -> None:
+        """Bump the generation of (backend, domain) -- of the whole ``backend`` when
+        ``domain`` is None: every entry stored before is stale from now on."""
         generations = self._generations
         domain_key = (backend, domain)
         generations[domain_key] = generations.get(domain_key, 0) + 1
         self.invalidations += 1
-        if domain is None:
-            doomed = [k for k in self._by_domain if k[0] == backend]
-        else:
-            doomed = [domain_key] if domain_key in self._by_domain else []
-        dropped = 0
-        entries = self._entries
-        for k in doomed:
-            for key in self._by_domain.pop(k, ()):
-                entry = entries.pop(key, None)
-                if entry is not None:
-                    self._bytes -= entry.size
-                    dropped += 1
-        return dropped
 
     def clear(self) -> None:
+        for entry in self._order:
+            entry.alive = False
         self._entries.clear()
-        self._by_domain.clear()
+        self._order.clear()
         self._bytes = 0
 
-    def _forget(self, key: Any, entry: _Entry) -> None:
+    def _drop(self, entry: _Entry) -> None:
+        entry.alive = False
+        del self._entries[entry.key]
         self._bytes -= entry.size
-        keys = self._by_domain.get(entry.domain)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._by_domain[entry.domain]
