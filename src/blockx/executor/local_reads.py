@@ -27,7 +27,13 @@ once: no frame, no suspension, no round trip.
 * **Bounded**: at most ``max_entries`` answers and ``max_bytes`` bytes
   (estimated: the stored form's length plus a fixed overhead) per task,
   first in, first out; an answer larger than a quarter of ``max_bytes`` is
-  not kept. ``BLOCKX_EXECUTOR_LOCAL_READ_CACHE`` sets ``max_entries``
+  not kept. Until the task's first hit at most :data:`FIRST_ENTRIES` (1,024):
+  a task of distinct reads never hits, and its answers kept alive only made
+  every new read's objects land in memory the CPU's caches no longer held
+  (the worker's read cache does the same, ``blockx/worker/io/cache.py``). A
+  dict and a deque of the entries, oldest first (an ``OrderedDict`` is reached
+  only by generic method calls from compiled code); a replaced entry is marked
+  dead and skipped. ``BLOCKX_EXECUTOR_LOCAL_READ_CACHE`` sets ``max_entries``
   (default 4096; 0 turns the cache off), ``BLOCKX_EXECUTOR_LOCAL_READ_CACHE_BYTES``
   ``max_bytes`` (default 8 MiB).
 * **Writes**: a write by one of the task's calls to a backend drops the
@@ -47,7 +53,7 @@ them to the task's IO statistics (``local_hits``, apart from its own
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Any, Final
 
 import orjson
@@ -56,6 +62,7 @@ __all__ = [
     "DEFAULT_LOCAL_READ_CACHE",
     "DEFAULT_LOCAL_READ_CACHE_BYTES",
     "ENTRY_OVERHEAD",
+    "FIRST_ENTRIES",
     "LOCAL_READ_CACHE_BYTES_ENV",
     "LOCAL_READ_CACHE_ENV",
     "MISS",
@@ -69,6 +76,8 @@ DEFAULT_LOCAL_READ_CACHE: Final = 4096
 DEFAULT_LOCAL_READ_CACHE_BYTES: Final = 8 << 20
 #: Bytes charged per entry on top of its key and value (dict slot, objects).
 ENTRY_OVERHEAD: Final = 96
+#: The answers a task keeps until its first hit (then up to ``max_entries``).
+FIRST_ENTRIES: Final = 1024
 
 
 class _Miss:
@@ -93,26 +102,32 @@ def read_key(backend: str, operation: str, cache_key: str) -> str:
 class _Entry:
     """A kept answer: ``value`` itself, or its JSON bytes when ``encoded``."""
 
-    __slots__ = ("encoded", "size", "value")
+    __slots__ = ("alive", "encoded", "key", "size", "value")
 
-    def __init__(self, value: Any, encoded: bool, size: int) -> None:
+    def __init__(self, key: str, value: Any, encoded: bool, size: int) -> None:
+        self.key = key
         self.value = value
         self.encoded = encoded
         self.size = size
+        #: False once replaced or dropped: eviction skips it.
+        self.alive = True
 
 
 class TaskReads:
     """One task's immutable answers (see the module docstring)."""
 
-    __slots__ = ("_entries", "evictions", "max_bytes", "max_entries", "nbytes")
+    __slots__ = ("_bound", "_entries", "_order", "evictions", "max_bytes", "max_entries", "nbytes")
 
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         if max_entries <= 0 or max_bytes <= 0:
             raise ValueError("a TaskReads needs max_entries and max_bytes > 0")
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        # OrderedDict: popping the oldest is O(1) (a plain dict walks its deleted slots).
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: dict[str, _Entry] = {}
+        #: The live entries oldest first, and dead ones (replaced or dropped).
+        self._order: deque[_Entry] = deque()
+        #: The answers kept now: :data:`FIRST_ENTRIES` until the first hit.
+        self._bound = min(max_entries, FIRST_ENTRIES)
         self.nbytes = 0
         self.evictions = 0
 
@@ -130,6 +145,7 @@ class TaskReads:
         entry = self._entries.get(key)
         if entry is None:
             return MISS
+        self._bound = self.max_entries
         if entry.encoded:
             return orjson.loads(entry.value)
         return entry.value
@@ -162,15 +178,28 @@ class TaskReads:
         if size > self.max_bytes // 4:
             return False
         entries = self._entries
-        old = entries.pop(key, None)
+        old = entries.get(key)
         if old is not None:
-            self.nbytes -= old.size
-        while entries and (len(entries) >= self.max_entries or self.nbytes + size > self.max_bytes):
-            self.nbytes -= entries.popitem(last=False)[1].size
-            self.evictions += 1
-        entries[key] = _Entry(stored, encoded, size)
+            self._drop(old)
+        order = self._order
+        bound = self._bound
+        while entries and (len(entries) >= bound or self.nbytes + size > self.max_bytes):
+            oldest = order.popleft()
+            if oldest.alive:
+                self._drop(oldest)
+                self.evictions += 1
+        entry = _Entry(key, stored, encoded, size)
+        entries[key] = entry
+        order.append(entry)
         self.nbytes += size
+        if len(order) > 2 * len(entries) + 64:
+            self._order = deque([e for e in order if e.alive])
         return True
+
+    def _drop(self, entry: _Entry) -> None:
+        entry.alive = False
+        del self._entries[entry.key]
+        self.nbytes -= entry.size
 
     def drop_backend(self, backend: str) -> int:
         """Forget every answer of ``backend`` (a write to it); how many were dropped."""
@@ -178,7 +207,7 @@ class TaskReads:
         if not entries:
             return 0
         prefix = backend + "\x00"
-        doomed = [key for key in entries if key.startswith(prefix)]
-        for key in doomed:
-            self.nbytes -= entries.pop(key).size
+        doomed = [entry for key, entry in entries.items() if key.startswith(prefix)]
+        for entry in doomed:
+            self._drop(entry)
         return len(doomed)

@@ -9,6 +9,7 @@ from blockx.executor.local_reads import (
     DEFAULT_LOCAL_READ_CACHE,
     DEFAULT_LOCAL_READ_CACHE_BYTES,
     ENTRY_OVERHEAD,
+    FIRST_ENTRIES,
     LOCAL_READ_CACHE_BYTES_ENV,
     LOCAL_READ_CACHE_ENV,
     MISS,
@@ -52,6 +53,26 @@ def test_first_in_first_out_by_entries() -> None:
         assert reads.put(f"k{i}", i)
     assert [reads.get(f"k{i}") for i in range(5)] == [MISS, MISS, 2, 3, 4]
     assert reads.evictions == 2 and len(reads) == 3
+
+
+def test_a_task_keeps_the_first_bound_until_its_first_hit() -> None:
+    reads = TaskReads(10_000, 1 << 30)
+    for i in range(FIRST_ENTRIES + 10):
+        assert reads.put(f"k{i}", i)
+    assert len(reads) == FIRST_ENTRIES and reads.get("k9") is MISS
+    assert reads.get(f"k{FIRST_ENTRIES}") == FIRST_ENTRIES  # a hit: the full bound
+    for i in range(FIRST_ENTRIES + 10, 3000):
+        assert reads.put(f"k{i}", i)
+    assert len(reads) == 3000 - 10 and reads.evictions == 10
+
+
+def test_replacing_a_key_keeps_one_entry_and_the_order_compact() -> None:
+    reads = TaskReads(10, 1 << 20)
+    for i in range(1000):
+        assert reads.put("k", i)
+    assert reads.get("k") == 999 and len(reads) == 1 and reads.evictions == 0
+    assert len(reads._order) <= 2 * len(reads) + 64
+    assert reads.nbytes == ENTRY_OVERHEAD + 1
 
 
 def test_bounded_by_bytes_and_too_large_answers_are_not_kept() -> None:
