@@ -499,7 +499,7 @@ def whole_process_main(args: argparse.Namespace) -> None:
     )
     print(
         f"| {'system':<52} | {'calls/s':>10} | {'start-up ms':>11} | {'steady calls/s':>14} |"
-        f" {'CPU µs/call':>11} | {'ratio to imap':>13} |"
+        f" {'CPU µs/call':>11} | {'BlockX ratio':>13} |"
     )
     print(f"| {'-' * 52} | {'-' * 10}:| {'-' * 11}:| {'-' * 14}:| {'-' * 11}:| {'-' * 13}:|")
     labels = {

@@ -482,3 +482,36 @@ def test_a_cancel_survives_a_crash_before_the_run_ends(tmp_path: Path) -> None:
         assert status["state"] == "cancelled", status
         assert status["rows"] == 0
         assert status["failure"]["message"] == "cancelled through the API"
+
+
+def test_a_cancelled_tasks_call_stuck_in_pure_cpu_work_frees_its_executor(
+    tmp_path: Path,
+) -> None:
+    # No budget, a loop that never yields: the cancel must still end it in its executor,
+    # or that executor computes for good and the next task's calls placed there wait
+    # forever (before: the next task of 200 trivial calls had not finished after 10 s).
+    gate = tmp_path / "gate"  # never made while the server runs: the loop never ends
+    spinning = tmp_path / "spinning"
+    source = (
+        "import os\n"
+        "def _(i):\n"
+        f"    open({str(spinning)!r}, 'w').close()\n"
+        f"    while not os.path.exists({str(gate)!r}):\n"
+        "        pass\n"
+        "    return {'i': i}\n"
+    )
+    with Server(tmp_path / "data") as server:
+        stuck = server.submit(
+            {
+                "functions": {"spin": {"source": source}},
+                "calls": [{"function": "spin", "args": 0}],
+                "policy": {"call_budget_ms": 0},
+            }
+        )
+        wait_for(spinning.exists, what="the call spinning")
+        assert server.request("DELETE", f"/v1/tasks/{stuck}").status == 202
+        assert server.wait_finished(stuck)["state"] == "cancelled"
+        after = server.submit(_task(200))
+        status = server.wait_finished(after, timeout=60)
+        assert status["state"] == "succeeded" and status["rows"] == 200, status
+        assert sorted(r["x"] for r in server.rows(after)) == list(range(200))

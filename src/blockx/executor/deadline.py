@@ -18,6 +18,19 @@ only when a call is ``RUNNING`` on the current greenlet and
 really expired: framework code (waits, terminal frames) runs in other states
 and is never interrupted.
 
+**A cancel reaches a call stuck in pure CPU work the same way.** A ``CancelCall``
+is handled on the scheduler thread, which such a call never gives back: the
+cancel would wait for the call forever (and with it every other call of the
+executor, and any task whose calls were placed there). So the socket's reader
+thread, which sees every frame first, notes each ``CancelCall`` here
+(:func:`note_cancel_request`: ``CANCEL_REQUESTS``, by call id) and raises
+``SIGALRM`` in the main thread at once (``_thread.interrupt_main``; only while
+our handler is installed). The handler ends the running call as cancelled when
+a request names it (and its attempt, or any attempt), exactly as its next safe
+point would; otherwise it does what it does for budgets. The scheduler's own
+handling of the frame takes the request back (:func:`take_cancel_request`), so
+a call that waits or is queued is cancelled there, as before.
+
 Only the main thread may own a signal handler: off it the alarm stays
 disabled (budgets still hold at safe points). Someone else may take
 ``SIGALRM`` later (a test runner's timeout); :meth:`DeadlineAlarm.refresh`
@@ -30,6 +43,7 @@ previous handler at shutdown. Scheduler thread only.
 
 from __future__ import annotations
 
+import _thread
 import math
 import signal
 import threading
@@ -44,9 +58,17 @@ from greenlet import getcurrent
 
 from .containment import PAUSE_CLOCK
 from .context import ExecState, running
-from .errors import DeadlineSignalExpired
+from .errors import DeadlineSignalExpired, termination_exception
 
-__all__ = ["ALARM_INTERVAL_S", "MAX_TIMER_S", "DeadlineAlarm", "on_deadline_signal"]
+__all__ = [
+    "ALARM_INTERVAL_S",
+    "CANCEL_REQUESTS",
+    "MAX_TIMER_S",
+    "DeadlineAlarm",
+    "note_cancel_request",
+    "on_deadline_signal",
+    "take_cancel_request",
+]
 
 #: SIGALRM re-fires this often while a call overruns (the handler re-checks).
 ALARM_INTERVAL_S: Final = 0.1
@@ -54,11 +76,38 @@ ALARM_INTERVAL_S: Final = 0.1
 MAX_TIMER_S: Final = 86_400.0
 
 
+#: ``CancelCall`` requests the reader thread saw and the scheduler has not handled yet:
+#: call id -> (attempt, 0 = whichever is resident; reason). Written by the reader thread,
+#: taken by the main thread; each single dict operation is atomic under the GIL.
+CANCEL_REQUESTS: Final[dict[str, tuple[int, str]]] = {}
+
+
+def note_cancel_request(call_id: str, attempt_seq: int, reason: str) -> None:
+    """Reader thread: a ``CancelCall`` for ``call_id`` arrived. Note it and raise SIGALRM
+    in the main thread, so a call stuck in pure CPU work ends now rather than never."""
+    CANCEL_REQUESTS[call_id] = (attempt_seq, reason)
+    if _getsignal(signal.SIGALRM) is on_deadline_signal:
+        _thread.interrupt_main(signal.SIGALRM)
+
+
+def take_cancel_request(call_id: str) -> None:
+    """Scheduler thread: the ``CancelCall`` of ``call_id`` is being handled."""
+    CANCEL_REQUESTS.pop(call_id, None)
+
+
 def on_deadline_signal(signum: int, frame: Any) -> None:
-    """SIGALRM: end a call stuck in pure CPU work once its budget really expired."""
+    """SIGALRM: end a call stuck in pure CPU work once its budget really expired, or once
+    a ``CancelCall`` names it (:func:`note_cancel_request`)."""
     ctx = running.ctx
     if ctx is None or ctx.state is not ExecState.RUNNING or ctx.greenlet is not getcurrent():
         return
+    if CANCEL_REQUESTS:
+        request = CANCEL_REQUESTS.get(ctx.call_id)
+        if request is not None and (request[0] == 0 or request[0] == ctx.attempt_seq):
+            del CANCEL_REQUESTS[ctx.call_id]
+            if ctx.cancel_reason is None:
+                ctx.cancel_reason = request[1]
+            raise termination_exception(ctx.cancel_reason, retryable=ctx.cancel_retryable)
     reason = ctx.deadline_expired_reason()
     if reason is None:
         # Armed for an earlier call of this pass (or the budget moved): aim at this

@@ -79,6 +79,7 @@ from .context import (
     ResumePayload,
     current_context,
 )
+from .deadline import take_cancel_request
 from .debug_capture import ensure_debug_tee
 from .errors import (
     REASON_ATTEMPT_REPLACED,
@@ -416,4 +417,5 @@ class InboundFrames:
             reason = DEFAULT_CANCEL_REASON
         if type(attempt_seq) is not int:
             attempt_seq = 0
+        take_cancel_request(call_id)
         self.cancel_call(call_id, reason, attempt_seq=attempt_seq)

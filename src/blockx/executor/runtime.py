@@ -109,7 +109,7 @@ from .context import (
     ResumePayload,
     current_context,
 )
-from .deadline import DeadlineAlarm
+from .deadline import DeadlineAlarm, note_cancel_request
 from .errors import REASON_CALL_TIMEOUT, REASON_TRANSPORT_LOST
 from .greenlet_pool import POOL_MAX_IDLE
 from .heartbeat import MetricsLike, heartbeat_payload
@@ -241,6 +241,11 @@ class ExecutorRuntime:
         os.environ["BLOCKX_EXECUTOR_RUNTIME"] = "1"
         install_global_sleep_patch()
         self._alarm = DeadlineAlarm()  # installs the SIGALRM handler on the main thread
+        reader_hooks: Any = session  # a UDSSession has the hook; fakes in tests need not
+        if self._alarm.enabled and hasattr(reader_hooks, "cancel_notice"):
+            # The reader thread notes each CancelCall and interrupts a call stuck in pure
+            # CPU work at once (deadline.py); the scheduler would never get to the frame.
+            reader_hooks.cancel_notice = note_cancel_request
         # The parts.
         self._outbox = Outbox(session)
         self._bridge = SdkBridge(self, self._outbox)

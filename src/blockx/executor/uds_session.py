@@ -55,6 +55,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Final
 
 from blockx.wire import Frame, FrameDecoder, ProtocolError, batch_frames, encode_frame, keys
@@ -204,6 +205,10 @@ class UDSSession:
         self.frames_sent = 0
         self.writes = 0
         self.wakeups = 0
+        #: Called by the reader thread with (call id, attempt, reason) for every
+        #: CancelCall, before the frame is queued: the runtime sets it (deadline.py,
+        #: ``note_cancel_request``) so a call stuck in pure CPU work can be cancelled.
+        self.cancel_notice: Callable[[str, int, str], None] | None = None
         self._reader = threading.Thread(
             target=self._read_loop, name="blockx-uds-reader", daemon=True
         )
@@ -403,6 +408,15 @@ class UDSSession:
                     break
                 self.reads += 1
                 if frames:
+                    notice = self.cancel_notice
+                    if notice is not None:
+                        for frame in frames:
+                            envelope = frame.envelope
+                            if (
+                                type(envelope) is dict
+                                and envelope.get(keys.F_MESSAGE_TYPE) == keys.MT_CANCEL_CALL
+                            ):
+                                _notice_cancel(notice, envelope)
                     incoming.extend(frames)
                     self.frames_received += len(frames)
                     if not wake.flag:
@@ -540,6 +554,28 @@ class UDSSession:
             self._partial = None
             self._wake_writer_locked(force=True)
         self._wake.set()
+
+
+def _notice_cancel(notice: Callable[[str, int, str], None], envelope: dict[str, Any]) -> None:
+    """Pass a CancelCall's call id, attempt (0: any) and reason to ``notice``; a frame
+    without a call id is left to the scheduler (which counts it invalid)."""
+    call_id = envelope.get(keys.F_CALL_ID)
+    if type(call_id) is not str:
+        return
+    payload = envelope.get(keys.F_PAYLOAD)
+    reason: Any = None
+    attempt_seq: Any = 0
+    if type(payload) is dict:
+        reason = payload.get(keys.FP_REASON)
+        attempt_seq = payload.get(keys.FP_ATTEMPT_SEQ, 0)
+    if type(reason) is not str or not reason:
+        reason = keys.DEFAULT_CANCEL_REASON
+    if type(attempt_seq) is not int:
+        attempt_seq = 0
+    try:
+        notice(call_id, attempt_seq, reason)
+    except Exception:  # pragma: no cover - the scheduler still handles the frame
+        _log.exception("noting a CancelCall failed")
 
 
 def _coalesce(frames: list[bytes], batching: bool = False) -> list[bytes]:

@@ -275,6 +275,41 @@ def test_a_pure_cpu_loop_is_preempted_at_its_budget(start_worker: StartWorker) -
     _assert_alive(worker)
 
 
+def test_a_cancel_ends_a_pure_cpu_loop_with_no_budget_at_once(start_worker: StartWorker) -> None:
+    # The scheduler thread never gets the CancelCall back from a call that computes
+    # without pause: the reader thread notes it and interrupts the call (deadline.py).
+    # Before, the call spun on for good and every later call of the executor waited.
+    worker = start_worker()
+    spin = "def _(p):\n    while True:\n        pass\n"
+    worker.execute_call("spin", source=spin, call_budget_ms=0)
+    time.sleep(0.3)  # it runs
+    assert worker.drain_frames() == []
+    start = time.monotonic()
+    worker.cancel_call("spin", reason="task_cancelled", attempt_seq=1)
+    failed = _assert_failed(worker.wait_terminal("spin", timeout=20), keys.ERR_CANCELLED)
+    assert time.monotonic() - start < 5
+    assert "task_cancelled" in failed[keys.FP_ERROR_MESSAGE], failed
+    _assert_alive(worker)
+
+
+def test_a_cancel_of_another_attempt_leaves_a_running_loop_alone(start_worker: StartWorker) -> None:
+    worker = start_worker()
+    spin_until = (
+        "import time\n"
+        "def _(p):\n"
+        "    end = time.monotonic() + 0.6\n"
+        "    while time.monotonic() < end:\n"
+        "        pass\n"
+        "    return {'done': True}\n"
+    )
+    worker.execute_call("spin", source=spin_until, call_budget_ms=0)
+    time.sleep(0.2)
+    worker.cancel_call("spin", reason="task_cancelled", attempt_seq=7)  # a stale attempt
+    completed = _assert_completed(worker.wait_terminal("spin", timeout=20))
+    assert completed[keys.FP_OUTPUT] == {"done": True}
+    _assert_alive(worker)
+
+
 def test_an_io_wait_never_answered_ends_the_call_at_its_budget(start_worker: StartWorker) -> None:
     # The worker's backend would answer only after its own timeouts and retries (tens of
     # seconds): the wait is charged to the budget, so the executor ends the call at 300 ms.
