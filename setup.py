@@ -58,6 +58,7 @@ STAMP = Path("blockx") / "_native_build.json"
 NATIVE_MODULES = [
     "blockx/worker/core/attempts.py",
     "blockx/worker/core/blame.py",
+    "blockx/worker/core/call_cache.py",
     "blockx/worker/core/commands.py",
     "blockx/worker/core/convergence.py",
     "blockx/worker/core/dispatcher.py",

@@ -1,4 +1,4 @@
-"""A task's call cache (``blockx.worker.core.state.CallCache``): the first output of a key
+"""A task's call cache (``blockx.worker.core.call_cache.CallCache``): the first output of a key
 is kept, at most ``limit`` keys, the oldest inserted dropped first -- checked against a
 reference model of exactly that (the ``OrderedDict`` the cache replaced) -- and at most
 ``CALL_CACHE_FIRST_ENTRIES`` until the task repeats a call."""
@@ -10,7 +10,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockx.worker.core.state import CALL_CACHE_FIRST_ENTRIES, CallCache
+from blockx.worker.core.call_cache import CALL_CACHE_FIRST_ENTRIES, CallCache
 
 
 def test_the_first_output_of_a_key_stays() -> None:
