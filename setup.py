@@ -40,10 +40,8 @@ STAMP = Path("blockx") / "_native_build.json"
 #: the core -- ``__init__`` (nothing hot), ``errors`` (exceptions deriving from
 #: builtins), ``config`` (user-built values whose bad fields must raise
 #: ``ConfigError``, not a compiled class's ``TypeError``);
-#: the executor -- ``greenlet_pool`` (a pooled greenlet parked in compiled code has
-#: no frame: setting its ``gr_context`` fails), ``execute_frames`` (a hook over the
-#: wire schema's Structs, not yet tried compiled since they moved to
-#: ``blockx.wire.schema``), ``compiled_module`` (weak references
+#: the executor -- ``greenlet_loop`` (a pooled greenlet parked in compiled code has
+#: no frame: setting its ``gr_context`` fails), ``compiled_module`` (weak references
 #: to its instances), ``markers`` (names only, no code per call), ``errors``,
 #: ``__main__`` and the start-up modules;
 #: the worker's runtime -- ``actor/events`` (dataclasses naming a
@@ -52,6 +50,8 @@ STAMP = Path("blockx") / "_native_build.json"
 #: ``io/backend`` (runtime-checkable Protocols; the values they name are
 #: ``io/answers``), the error modules, and what is not per call (pool,
 #: spawner, sandbox, postgres, config);
+#: the CLI -- everything but ``calls_file`` (its chunk parser runs once per call of a
+#: calls file; the rest runs once per command);
 #: the wire -- ``messages`` (the slow paths' validation, not per call), ``schema`` (msgspec
 #: Structs, whose ``tag=`` mypyc drops), ``type_params`` (a branch for type checkers
 #: only, which mypyc would take for unreachable), ``errors``.
@@ -97,6 +97,7 @@ NATIVE_MODULES = [
     "blockx/worker/link/reservations.py",
     "blockx/worker/link/snapshot.py",
     "blockx/worker/io/answers.py",
+    "blockx/worker/io/rate_limit.py",
     "blockx/worker/io/blockdb.py",
     "blockx/worker/io/blockdb_sqlite.py",
     "blockx/worker/io/cache.py",
@@ -107,6 +108,8 @@ NATIVE_MODULES = [
     "blockx/executor/call_runner.py",
     "blockx/executor/context.py",
     "blockx/executor/deadline.py",
+    "blockx/executor/execute_frames.py",
+    "blockx/executor/greenlet_pool.py",
     "blockx/executor/inbound_frames.py",
     "blockx/executor/local_reads.py",
     "blockx/executor/module_registry.py",
@@ -117,6 +120,8 @@ NATIVE_MODULES = [
     "blockx/executor/sdk_bridge_provider.py",
     "blockx/executor/timers.py",
     "blockx/executor/uds_session.py",
+    "blockx/wire/blackbox.py",
+    "blockx/cli/calls_file.py",
     "blockx/wire/frames.py",
     "blockx/wire/keys.py",
     "blockx/wire/values.py",

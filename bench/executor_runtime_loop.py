@@ -31,6 +31,7 @@ import hashlib
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from blockx.executor.module_registry import ModuleRegistry
 from blockx.executor.runtime import ExecutorRuntime
 from blockx.wire import Frame, encode_frame, keys
+from blockx.wire.blackbox import BlackboxWriter
+
+#: The black box's file (removed when the bench exits).
+_BLACKBOX_FILE = tempfile.NamedTemporaryFile(prefix="bx-bench-blackbox-")
 
 TRIVIAL = 'def _(x):\n    return {"y": x + 1}\n'
 DIGEST = "sha256:" + hashlib.sha256(TRIVIAL.encode()).hexdigest()
@@ -80,7 +85,12 @@ def make_runtime() -> ExecutorRuntime:
     registry.compile_source("trivial", DIGEST, TRIVIAL)
     registry.compile_source("n_reads", N_READS_DIGEST, N_READS)
     registry.compile_source("n_kept", N_KEPT_DIGEST, N_KEPT)
-    return ExecutorRuntime("bench", session=BenchSession(), registry=registry, max_inflight=0)
+    # A black box, as the product's executor always has one (the worker names its file):
+    # written at every switch into a call and back.
+    blackbox = BlackboxWriter(_BLACKBOX_FILE.name)
+    return ExecutorRuntime(
+        "bench", session=BenchSession(), registry=registry, max_inflight=0, blackbox=blackbox
+    )
 
 
 def execute_envelope(

@@ -53,6 +53,7 @@ from typing import Any, Final
 import orjson
 
 from blockx.sdk.rpc import BACKEND as _RPC_BACKEND
+from blockx.sdk.runtime import _provider as _provider_var
 from blockx.sdk.runtime import get_provider as _get_provider
 
 __all__ = [
@@ -270,7 +271,11 @@ class ChainState:
                 if len(_read_keys) >= _READ_MEMO_MAX:
                     _read_keys.clear()
                 _read_keys[memo] = cache_key
-        result = _get_provider().read_req(
+        # get_provider() written out (it raises when there is none): a frame fewer a read.
+        provider = _provider_var.get()
+        if provider is None:
+            provider = _get_provider()
+        result = provider.read_req(
             _RPC_BACKEND, method, {"chain": chain, "params": params}, cache_key=cache_key
         )
         if type(result) is str:

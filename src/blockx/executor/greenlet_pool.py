@@ -14,7 +14,9 @@ the call's one terminal frame), switch :data:`CALL_FINISHED` back to the
 scheduler, receive the next context. ``run_call`` handles every outcome of
 the call itself; what escapes it (a preemption signal that landed in
 framework code after the call's own handlers) goes to ``fail_call``, so the
-call still gets its terminal frame. Switching :data:`RETIRE` in ends the loop.
+call still gets its terminal frame. Switching :data:`RETIRE` in ends the loop. The loop itself is
+:func:`.greenlet_loop.resident_loop`, interpreted: this module is compiled (it runs
+twice per call), and a greenlet's ``run`` needs a frame of its own.
 (Both markers live in :mod:`.markers`; this module names contexts only under
 ``TYPE_CHECKING``, and :mod:`.context` imports nothing of the executor's but
 :mod:`.errors`: no import cycle.)
@@ -29,10 +31,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from functools import partial
+from typing import TYPE_CHECKING, Final
 
-from greenlet import GreenletExit, getcurrent, greenlet
+from greenlet import GreenletExit, greenlet
 
+from .greenlet_loop import resident_loop
 from .markers import CALL_FINISHED, RETIRE
 
 if TYPE_CHECKING:
@@ -98,7 +102,7 @@ class ResidentGreenletPool:
         if idle:
             return idle.pop()
         self.created += 1
-        return greenlet(self._greenlet_main)
+        return greenlet(partial(resident_loop, self._run_call, self._fail_call))
 
     def release(self, glet: greenlet) -> None:
         """``glet`` switched back :data:`CALL_FINISHED`: keep it idle, or retire it."""
@@ -131,17 +135,3 @@ class ResidentGreenletPool:
             _log.exception("discarded call greenlet raised while ending")
         if not glet.dead:
             _log.error("a call greenlet refused to end; abandoning it")
-
-    def _greenlet_main(self, ctx: Any) -> None:
-        """A resident greenlet: run one call at a time until retired."""
-        parent = getcurrent().parent
-        assert parent is not None
-        run_call = self._run_call
-        while ctx is not RETIRE:
-            try:
-                run_call(ctx)
-            except GreenletExit:
-                raise
-            except BaseException as exc:  # a preemption signal that landed in framework code
-                self._fail_call(ctx, exc)
-            ctx = parent.switch(CALL_FINISHED)

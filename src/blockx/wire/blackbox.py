@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 __all__ = [
     "BLACKBOX_SIZE",
@@ -96,14 +96,14 @@ class BlackboxWriter:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, BLACKBOX_SIZE)
-            self._map = mmap.mmap(fd, BLACKBOX_SIZE)
+            self._map: Any = mmap.mmap(fd, BLACKBOX_SIZE)
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
         _HEADER.pack_into(self._map, 0, MAGIC, CAUSE_NONE, 0, 0)
         # The length field, stored through a ctypes view of the map: one store a switch.
-        self._length = ctypes.c_uint32.__ctype_be__.from_buffer(self._map, 8)
+        self._length: Any = ctypes.c_uint32.__ctype_be__.from_buffer(self._map, 8)
 
     def __repr__(self) -> str:
         return f"BlackboxWriter(fd={self._fd})"
@@ -129,7 +129,7 @@ class BlackboxWriter:
         self._map[4:8] = _U32.pack(cause)
 
     def close(self) -> None:
-        del self._length  # the ctypes view pins the map: released before it closes
+        self._length = None  # the ctypes view pins the map: released before it closes
         try:
             self._map.close()
         finally:

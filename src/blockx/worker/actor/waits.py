@@ -280,7 +280,12 @@ class Waits:
                     return
             answered = _partial(io_answered, executor_id, call_id, request_id, attempt, started)
             if type(answer) is _ReadAnswer:
-                answer.deliver_to(answered)  # a task scope's read: no loop turn between
+                # A task scope's read: no loop turn between. ReadAnswer.deliver_to written
+                # out (its flight set ``direct``): an interpreted method call fewer a read.
+                if answer.direct is None and not answer.done():
+                    answer.direct = answered
+                else:
+                    answer.add_done_callback(answered)
             else:
                 answer.add_done_callback(answered)
             # Only while the call waits: cleared by the core when the answer is delivered.

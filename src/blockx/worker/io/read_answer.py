@@ -52,7 +52,9 @@ class ReadAnswer(asyncio.Future[IOResult]):
         second one, or one given after the answer, is an ordinary done callback.
 
         Only its flight answers a ReadAnswer (``_Flight.finish``, which then calls
-        this callback); resolving it any other way would skip the callback.
+        this callback); resolving it any other way would skip the callback. The worker's
+        wait path (``blockx/worker/actor/waits.py``) writes this method out, to spare an
+        interpreted call per read: keep the two in step.
         """
         if getattr(self, "direct", None) is None and not self.done():
             self.direct = callback

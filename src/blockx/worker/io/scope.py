@@ -214,7 +214,8 @@ class _Flight:
     def start(self, backend: IOBackend, prepared: PreparedRequest) -> None:
         try:
             pending: Any = backend.execute(prepared)
-            if not asyncio.isfuture(pending):
+            # isinstance first: asyncio.isfuture is an interpreted function, once a read.
+            if not isinstance(pending, asyncio.Future) and not asyncio.isfuture(pending):
                 pending = asyncio.ensure_future(pending)
         except Exception as exc:
             _log.exception("IO backend %s raised starting %s", self.backend, prepared)
