@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.blockx-installed
 # The packages holding setup.py's NATIVE_MODULES (mypyc), and the build's stamp.
 NATIVE_SOURCES := setup.py $(wildcard src/blockx/worker/core/*.py src/blockx/worker/actor/*.py src/blockx/worker/link/*.py \
-	src/blockx/worker/io/*.py src/blockx/executor/*.py src/blockx/wire/*.py)
+	src/blockx/worker/io/*.py src/blockx/executor/*.py src/blockx/wire/*.py src/blockx/cli/calls_file.py)
 NATIVE_STAMP   := src/blockx/_native_build.json
 
 .PHONY: setup system-deps test test-fast demo lint bench clean

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from cli_support import blockx, clean_env, jsonl, without_stalls, write
 
+from blockx.cli.calls_file import KEEP_CHECKED_BYTES
+
 pytestmark = [pytest.mark.timeout(120)]
 
 DOUBLE = "functions:\n  double: {path: double.py}\n"
@@ -126,11 +128,15 @@ TRUNCATE_PY = """\
 import os
 
 
-def _(path, keep):
+def _(path, keep, pad=None):
     if path is not None:
         os.truncate(path, keep)  # the calls file, while the run reads it
     return {"ok": 1}
 """
+
+
+#: Each line padded so the file passes KEEP_CHECKED_BYTES: the run reads it again.
+PAD = "p" * (KEEP_CHECKED_BYTES // 3000 + 64)
 
 
 @pytest.mark.parametrize("keep", [0, 150])
@@ -139,8 +145,9 @@ def test_a_calls_file_cut_short_while_it_is_read_fails_and_says_how_many_calls_w
 ) -> None:
     calls = tmp_path / "calls.jsonl"
     lines = [json.dumps({"function": "cut", "args": [str(calls), keep]})]
-    lines += ['{"function":"cut","args":[null,0]}'] * 3000
+    lines += [f'{{"function":"cut","args":[null,0,"{PAD}"]}}'] * 3000
     write(calls, "\n".join(lines) + "\n")
+    assert calls.stat().st_size > KEEP_CHECKED_BYTES
     write(tmp_path / "cut.py", TRUNCATE_PY)
     task = write(
         tmp_path / "task.yaml", "functions:\n  cut: {path: cut.py}\ncalls_file: calls.jsonl\n"
@@ -170,6 +177,25 @@ def test_a_calls_file_cut_short_while_it_is_read_fails_and_says_how_many_calls_w
     assert len(jsonl(proc.stdout)) == summary["succeeded"]
     assert "nothing was run" not in err
     assert ": FAILED — " in err and f"{read:,} of 3,001 calls" in err
+
+
+def test_a_small_calls_file_cut_short_while_it_runs_runs_as_it_was_checked(
+    tmp_path: Path,
+) -> None:
+    # Up to KEEP_CHECKED_BYTES the check's decoded calls are what runs: the file is not
+    # read again, so cutting it changes nothing.
+    calls = tmp_path / "calls.jsonl"
+    lines = [json.dumps({"function": "cut", "args": [str(calls), 0]})]
+    lines += ['{"function":"cut","args":[null,0]}'] * 3000
+    write(calls, "\n".join(lines) + "\n")
+    write(tmp_path / "cut.py", TRUNCATE_PY)
+    task = write(
+        tmp_path / "task.yaml", "functions:\n  cut: {path: cut.py}\ncalls_file: calls.jsonl\n"
+    )
+    proc = blockx("run", task, "-n", "1", "--set", "stream_build.batch_max_rows=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert calls.stat().st_size == 0  # the first call did cut it
+    assert jsonl(proc.stdout) == [{"ok": 1}] * 3001
 
 
 def test_a_calls_file_whole_as_checked_still_succeeds(tmp_path: Path) -> None:

@@ -54,6 +54,21 @@ def test_the_native_module_list_is_read() -> None:
     assert all(path.exists() for path in modules), [p for p in modules if not p.exists()]
 
 
+def test_the_makefile_rebuilds_when_any_compiled_source_changes() -> None:
+    # `make setup` compiles again only when a prerequisite of the build's stamp changed: a
+    # compiled module outside NATIVE_SOURCES would leave a stale build (run as sources).
+    makefile = (ROOT / "Makefile").read_text()
+    block = makefile[makefile.index("NATIVE_SOURCES :=") :]
+    block = block[: block.index(")\n")]
+    patterns = re.findall(r"(src/blockx/\S+\.py)", block)
+    uncovered = [
+        str(path.relative_to(ROOT))
+        for path in _native_modules()
+        if not any(path.relative_to(ROOT).match(pattern) for pattern in patterns)
+    ]
+    assert patterns and uncovered == [], f"add to the Makefile's NATIVE_SOURCES: {uncovered}"
+
+
 def test_no_compiled_function_binds_one_name_to_two_exception_types() -> None:
     problems = {
         str(path.relative_to(ROOT)): found

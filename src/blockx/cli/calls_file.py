@@ -38,6 +38,7 @@ from blockx.cli.taskfile_checks import MAX_ARGS_BYTES, SpecError, parse_call_lin
 
 __all__ = [
     "CHUNK_BYTES",
+    "KEEP_CHECKED_BYTES",
     "CallChunk",
     "check_chunk",
     "iter_call_chunks",
@@ -56,6 +57,13 @@ _decoder: Final = msgspec.json.Decoder()
 
 #: ``(function id, args)`` of the calls of one chunk, in order.
 CallChunk = list[tuple[str, Any]]
+#: A calls file up to this size is decoded once: ``blockx run``'s check keeps the calls
+#: it decoded (:meth:`blockx.cli.taskfile.TaskFile.scan_calls_file`), and the run
+#: streams those instead of reading and decoding the file a second time -- the second
+#: decode was ~8% of the worker's instructions per trivial call (callgrind,
+#: bench/chain_instructions.py --workload trivial). Held as Python objects they take
+#: ~10x the file's bytes at most (tiny lines), so a larger file is read twice, as before.
+KEEP_CHECKED_BYTES: Final = 4 * 1024 * 1024
 
 
 def iter_chunks(handle: IO[bytes], chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, bytes]]:
@@ -160,22 +168,27 @@ def check_chunk(
     known: Mapping[str, Any],
     problems: list[str],
     max_problems: int,
+    kept: list[CallChunk] | None = None,
 ) -> tuple[int, int]:
     """Check the lines of ``chunk``: ``(calls, bad lines not listed)``. A bad line's
     problems are appended to ``problems`` while it holds fewer than ``max_problems``;
-    the bad lines past that are only counted."""
+    the bad lines past that are only counted. With ``kept``, the chunk's good calls are
+    appended to it as one :data:`CallChunk` (see :data:`KEEP_CHECKED_BYTES`)."""
     calls = parse_chunk_fast(chunk, known)
     if calls is not None:
+        if kept is not None:
+            kept.append(calls)
         return len(calls), 0
-    good = more = 0
+    good_calls: CallChunk = []
+    more = 0
     for lineno, line in parse_lines(chunk, first):
         try:
-            parse_call_line(line, lineno, label, known)
+            good_calls.append(parse_call_line(line, lineno, label, known))
         except SpecError as exc:
             if len(problems) < max_problems:
                 problems.extend(exc.problems)
             else:
                 more += 1
-            continue
-        good += 1
-    return good, more
+    if kept is not None:
+        kept.append(good_calls)
+    return len(good_calls), more

@@ -88,7 +88,11 @@ def check_input(options: RunOptions, console: Console) -> Checked | int:
 
     try:
         spec, total, settings = load_task_and_settings(
-            options.task, config_file=options.config, sets=options.sets, executors=options.executors
+            options.task,
+            config_file=options.config,
+            sets=options.sets,
+            executors=options.executors,
+            keep_calls=True,
         )
     except (SpecError, UsageError) as exc:
         print_problems(console, exc.problems)

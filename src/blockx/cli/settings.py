@@ -268,15 +268,17 @@ def load_task_and_settings(
     config_file: str | None = None,
     sets: Sequence[str] = (),
     executors: int | None = None,
+    keep_calls: bool = False,
 ) -> tuple[TaskFile, int, Settings]:
     """Step 1 of ``blockx run`` and all of ``blockx validate``'s input checks: the task
-    file (checked), its number of calls (a stream's file scanned) and the settings with
+    file (checked), its number of calls (a stream's file scanned; ``keep_calls``: the
+    calls it decoded kept for the run, ``TaskFile.scan_calls_file``) and the settings with
     the task's ``io:`` applied. Raises :class:`~blockx.cli.taskfile.SpecError` or
     :class:`UsageError` listing the problems."""
     from blockx.cli.taskfile import load_task_file
 
     spec = load_task_file(task)
-    count = spec.scan_calls_file() if spec.is_stream else len(spec.calls or ())
+    count = spec.scan_calls_file(keep=keep_calls) if spec.is_stream else len(spec.calls or ())
     settings = build_settings(
         config_file=config_file,
         sets=sets,

@@ -29,6 +29,9 @@ line (blank lines are skipped). It is never loaded whole:
 :meth:`TaskFile.iter_calls_file` yields :class:`Call` objects for the worker's
 stream path; both read and decode it a chunk of lines at a time
 (:mod:`blockx.cli.calls_file`), a bad line still reported with its number.
+``blockx run``'s scan keeps the calls it decoded when the file is no larger than
+:data:`~blockx.cli.calls_file.KEEP_CHECKED_BYTES` (4 MiB), and the run streams
+those: such a file is read and decoded once.
 
 Function sources are compiled by :meth:`TaskFile.code_problems` (the worker's
 own check, :func:`blockx.worker.code.function_code`): a syntax error or a
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -62,7 +66,13 @@ from typing import Any, Final
 
 # blockx.cli.taskfile stays the import path of the public names now defined in taskfile_checks
 # (SpecError, MAX_PROBLEMS and the field tuples): the ``X as X`` form re-exports them.
-from blockx.cli.calls_file import check_chunk, iter_call_chunks, iter_chunks
+from blockx.cli.calls_file import (
+    KEEP_CHECKED_BYTES,
+    CallChunk,
+    check_chunk,
+    iter_call_chunks,
+    iter_chunks,
+)
 from blockx.cli.taskfile_checks import CALL_FIELDS as CALL_FIELDS
 from blockx.cli.taskfile_checks import FAILURE_POLICIES as FAILURE_POLICIES
 from blockx.cli.taskfile_checks import IO_PATH_KNOBS as IO_PATH_KNOBS
@@ -153,6 +163,22 @@ class CodeProblem:
     excerpt: str | None = None
 
 
+class CheckedCalls:
+    """The calls of a calls file a scan decoded and checked, kept for the run that
+    follows (``chunks``, one :data:`~blockx.cli.calls_file.CallChunk` per chunk of lines)
+    when the file is no larger than :data:`~blockx.cli.calls_file.KEEP_CHECKED_BYTES`;
+    None when nothing is kept. Taken once."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self) -> None:
+        self.chunks: deque[CallChunk] | None = None
+
+    def take(self) -> deque[CallChunk] | None:
+        chunks, self.chunks = self.chunks, None
+        return chunks
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskFile:
     """A checked task file (see the module docstring)."""
@@ -171,6 +197,10 @@ class TaskFile:
     audit: bool | None
     #: The ``io`` section, relative paths resolved against the task file's directory.
     io: dict[str, Any] = field(default_factory=dict)
+    #: The calls a :meth:`scan_calls_file` with ``keep`` decoded, until the run takes them.
+    checked: CheckedCalls = field(
+        init=False, default_factory=CheckedCalls, compare=False, repr=False
+    )
 
     @property
     def is_stream(self) -> bool:
@@ -185,9 +215,14 @@ class TaskFile:
 
     # --- calls files ---------------------------------------------------------------------------
 
-    def scan_calls_file(self, *, max_problems: int = MAX_PROBLEMS) -> int:
+    def scan_calls_file(self, *, max_problems: int = MAX_PROBLEMS, keep: bool = False) -> int:
         """Check every line of ``calls_file`` (streaming, a chunk of lines at a time:
         :mod:`blockx.cli.calls_file`) and return how many calls it holds.
+
+        With ``keep`` (``blockx run``), a file of at most
+        :data:`~blockx.cli.calls_file.KEEP_CHECKED_BYTES` has its decoded calls kept in
+        :attr:`checked`: the run's :meth:`iter_call_batches` / :meth:`iter_calls_file`
+        stream those, and the file is read once.
 
         Raises :class:`SpecError` listing the first ``max_problems`` bad lines
         (and how many more there are).
@@ -198,6 +233,8 @@ class TaskFile:
         more = 0
         count = 0
         known = self.functions
+        kept: list[CallChunk] | None = [] if keep else None
+        kept_bytes = 0
         try:
             handle = open(self.calls_file, "rb")
         except OSError as exc:
@@ -206,13 +243,19 @@ class TaskFile:
             ) from None
         with handle:
             for first, chunk in iter_chunks(handle):
-                good, bad = check_chunk(chunk, first, label, known, problems, max_problems)
+                if kept is not None:
+                    kept_bytes += len(chunk)
+                    if kept_bytes > KEEP_CHECKED_BYTES:
+                        kept = None  # too large to hold: the run reads the file again
+                good, bad = check_chunk(chunk, first, label, known, problems, max_problems, kept)
                 count += good
                 more += bad
         if more:
             problems.append(f"{label}: … and {more} more bad line(s)")
         if problems:
             raise SpecError(problems)
+        if kept is not None:
+            self.checked.chunks = deque(kept)
         return count
 
     def iter_calls_file(self) -> Iterator[Any]:
@@ -220,16 +263,13 @@ class TaskFile:
         decoded a chunk of lines at a time: :mod:`blockx.cli.calls_file`).
 
         A bad line (the file changed since it was scanned) raises :class:`SpecError`.
+        The calls a scan kept (:attr:`checked`) are the file as it was checked.
         """
         from blockx.worker.api import Call
 
-        assert self.calls_file is not None
-        label = self.calls_label
-        known = self.functions
-        with open(self.calls_file, "rb") as handle:
-            for calls in iter_call_chunks(handle, label, known):
-                for function_id, args in calls:
-                    yield Call(function_id, args)
+        for calls in self._call_chunks():
+            for function_id, args in calls:
+                yield Call(function_id, args)
 
     def iter_call_batches(self) -> Iterator[Any]:
         """The calls of ``calls_file`` as :class:`~blockx.worker.api.CallBatch` items, one
@@ -237,14 +277,25 @@ class TaskFile:
         takes a chunk at a time (``blockx run``'s local path).
 
         A bad line (the file changed since it was scanned) raises :class:`SpecError`
-        once the calls of the lines before it have been yielded.
+        once the calls of the lines before it have been yielded. The calls a scan kept
+        (:attr:`checked`) are the file as it was checked.
         """
         from blockx.worker.api import CallBatch
 
+        for calls in self._call_chunks():
+            yield CallBatch(calls)
+
+    def _call_chunks(self) -> Iterator[CallChunk]:
+        """The calls a scan kept, each chunk let go as it is taken; else the file's, read
+        and decoded a chunk at a time."""
+        kept = self.checked.take()
+        if kept is not None:
+            while kept:
+                yield kept.popleft()
+            return
         assert self.calls_file is not None
         with open(self.calls_file, "rb") as handle:
-            for calls in iter_call_chunks(handle, self.calls_label, self.functions):
-                yield CallBatch(calls)
+            yield from iter_call_chunks(handle, self.calls_label, self.functions)
 
     # --- code ------------------------------------------------------------------------------------
 
